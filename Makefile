@@ -1,0 +1,43 @@
+# vfnic: the two entry points a newcomer needs are `make demo` and `make test`.
+# Both install what is missing first (scripts/setup.sh) and are quick when
+# everything is present.
+
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+# Keep the whole suite inside CI's budget on 2 cores.
+TEST_TIMEOUT ?= 20m
+
+.PHONY: all setup deps build vet test test-host test-vm demo bench clean
+
+all: build
+
+setup:
+	@command -v $(GO) >/dev/null || { echo "vfnic: Go 1.26+ is required (expected at /usr/local/go/bin)"; exit 1; }
+	@bash scripts/setup.sh
+
+deps: setup
+	@$(GO) mod download
+
+build: deps
+	CGO_ENABLED=0 $(GO) build ./...
+
+vet: deps
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# All tests: host unit tests under the race detector, then everything that
+# boots QEMU guests (those tests fail, never skip, under CI=true).
+test: vet
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# The main job: boot a guest with emulated NICs and run vfnic against them.
+demo: deps
+	$(GO) run ./cmd/vfnic demo
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+clean:
+	$(GO) clean -testcache

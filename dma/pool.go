@@ -1,0 +1,104 @@
+package dma
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrBadBuffer means a buffer index or address is not one the pool handed
+// out, or a buffer was returned twice.
+var ErrBadBuffer = errors.New("dma: bad buffer")
+
+// Pool is a set of fixed-size packet buffers in device memory with
+// constant-time Get and Put and no allocation. Buffers are named by index;
+// the device sees Addr(i). A Pool belongs to one queue and is not safe for
+// concurrent use.
+type Pool struct {
+	mem     Slice
+	size    uint32
+	count   uint32
+	free    []uint32 // stack of free indexes
+	out     []uint64 // bitmap of buffers handed out, to catch double Put
+	iovaEnd uint64
+}
+
+// NewPool carves count buffers of size bytes (rounded up to 64 for cache
+// lines) from r.
+func NewPool(r *Region, count, size int) (*Pool, error) {
+	if count <= 0 || size <= 0 || count > 1<<24 || size > 1<<24 {
+		return nil, fmt.Errorf("%w: pool of %d x %d bytes", ErrBadRange, count, size)
+	}
+	size = (size + 63) &^ 63
+	mem, err := r.Carve(count*size, 64)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{mem: mem, size: uint32(size), count: uint32(count),
+		free: make([]uint32, count), out: make([]uint64, (count+63)/64)}
+	for i := range p.free {
+		p.free[i] = uint32(count - 1 - i) // index 0 comes out first
+	}
+	p.iovaEnd = mem.IOVA + uint64(count*size)
+	return p, nil
+}
+
+// Get takes a free buffer; ok is false when all are in use.
+func (p *Pool) Get() (idx uint32, ok bool) {
+	n := len(p.free)
+	if n == 0 {
+		return 0, false
+	}
+	idx = p.free[n-1]
+	p.free = p.free[:n-1]
+	p.out[idx/64] |= 1 << (idx % 64)
+	return idx, true
+}
+
+// Put returns a buffer. A bad index or a double Put is refused, not absorbed.
+func (p *Pool) Put(idx uint32) error {
+	if idx >= p.count {
+		return fmt.Errorf("%w: index %d of %d", ErrBadBuffer, idx, p.count)
+	}
+	bit := uint64(1) << (idx % 64)
+	if p.out[idx/64]&bit == 0 {
+		return fmt.Errorf("%w: buffer %d returned twice", ErrBadBuffer, idx)
+	}
+	p.out[idx/64] &^= bit
+	p.free = append(p.free, idx)
+	return nil
+}
+
+// InUse reports whether buffer idx is handed out.
+func (p *Pool) InUse(idx uint32) bool {
+	return idx < p.count && p.out[idx/64]&(1<<(idx%64)) != 0
+}
+
+// Buf returns buffer idx's bytes (nil for a bad index).
+func (p *Pool) Buf(idx uint32) []byte {
+	if idx >= p.count {
+		return nil
+	}
+	off := idx * p.size
+	return p.mem.Bytes[off : off+p.size : off+p.size]
+}
+
+// Addr returns the device address of buffer idx.
+func (p *Pool) Addr(idx uint32) uint64 { return p.mem.IOVA + uint64(idx)*uint64(p.size) }
+
+// Index maps a device address back to the buffer that holds it, refusing
+// addresses the device may have invented.
+func (p *Pool) Index(iova uint64) (uint32, error) {
+	if iova < p.mem.IOVA || iova >= p.iovaEnd {
+		return 0, fmt.Errorf("%w: address %#x outside the pool", ErrBadBuffer, iova)
+	}
+	return uint32((iova - p.mem.IOVA) / uint64(p.size)), nil
+}
+
+// BufSize returns the size of each buffer.
+func (p *Pool) BufSize() int { return int(p.size) }
+
+// Cap returns the number of buffers.
+func (p *Pool) Cap() int { return int(p.count) }
+
+// Free returns the number of buffers not in use.
+func (p *Pool) Free() int { return len(p.free) }

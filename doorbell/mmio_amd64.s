@@ -1,0 +1,61 @@
+#include "textflag.h"
+
+TEXT ·load8(SB), NOSPLIT, $0-9
+	MOVQ p+0(FP), AX
+	MOVB (AX), BX
+	MOVB BX, ret+8(FP)
+	RET
+
+TEXT ·load16(SB), NOSPLIT, $0-10
+	MOVQ p+0(FP), AX
+	MOVW (AX), BX
+	MOVW BX, ret+8(FP)
+	RET
+
+TEXT ·load32(SB), NOSPLIT, $0-12
+	MOVQ p+0(FP), AX
+	MOVL (AX), BX
+	MOVL BX, ret+8(FP)
+	RET
+
+TEXT ·load64(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), AX
+	MOVQ (AX), BX
+	MOVQ BX, ret+8(FP)
+	RET
+
+TEXT ·store8(SB), NOSPLIT, $0-9
+	MOVQ p+0(FP), AX
+	MOVB v+8(FP), BX
+	MOVB BX, (AX)
+	RET
+
+TEXT ·store16(SB), NOSPLIT, $0-10
+	MOVQ p+0(FP), AX
+	MOVW v+8(FP), BX
+	MOVW BX, (AX)
+	RET
+
+TEXT ·store32(SB), NOSPLIT, $0-12
+	MOVQ p+0(FP), AX
+	MOVL v+8(FP), BX
+	MOVL BX, (AX)
+	RET
+
+TEXT ·store64(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), AX
+	MOVQ v+8(FP), BX
+	MOVQ BX, (AX)
+	RET
+
+TEXT ·Wmb(SB), NOSPLIT, $0-0
+	SFENCE
+	RET
+
+TEXT ·Rmb(SB), NOSPLIT, $0-0
+	LFENCE
+	RET
+
+TEXT ·Mb(SB), NOSPLIT, $0-0
+	MFENCE
+	RET
