@@ -14,6 +14,8 @@ command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
 command -v cpio >/dev/null || need_apt+=(cpio)
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
+# xz unpacks vmlinux for the fast PVH boot (the qemu package falls back without it).
+command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v depmod >/dev/null || [ -x /sbin/depmod ] || need_apt+=(kmod)
 
 apt_updated=0

@@ -343,3 +343,27 @@ func (d *Device) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// PCI command register bits that a userspace driver owns.
+const (
+	pciCommand       = 0x04
+	pciCommandMemory = 0x2 // respond to memory-space (BAR) accesses
+	pciCommandMaster = 0x4 // bus master: the device may issue DMA and MSI writes
+)
+
+// SetBusMaster turns the device's bus mastering on or off (and memory-space
+// decoding on). VFIO does not enable it: without it the device's DMA and its
+// MSI/MSI-X messages go nowhere, so a driver sets it before starting queues
+// and clears it on the way out.
+func (d *Device) SetBusMaster(on bool) error {
+	cmd, err := d.ReadConfig16(pciCommand)
+	if err != nil {
+		return err
+	}
+	if on {
+		cmd |= pciCommandMemory | pciCommandMaster
+	} else {
+		cmd &^= pciCommandMaster
+	}
+	return d.WriteConfig16(pciCommand, cmd)
+}

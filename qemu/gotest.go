@@ -1,0 +1,406 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Errors of guest test runs.
+var (
+	// ErrBuild means `go build` or `go test -c` failed on the host.
+	ErrBuild = errors.New("qemu: building for the guest failed")
+	// ErrNoTests means the guest ran no tests (none matched, or no test files).
+	ErrNoTests = errors.New("qemu: no tests ran in the guest")
+	// ErrTestsFailed means at least one guest test failed or did not finish.
+	ErrTestsFailed = errors.New("qemu: guest tests failed")
+	// ErrTestsSkipped means at least one guest test skipped (and skips were not allowed).
+	ErrTestsSkipped = errors.New("qemu: guest tests skipped")
+)
+
+// goTool is the go command: the one in PATH (go test puts its own there), else $GOROOT/bin/go.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	if r := os.Getenv("GOROOT"); r != "" {
+		return filepath.Join(r, "bin", "go")
+	}
+	return "go"
+}
+
+// guestBuildEnv makes a static linux/amd64 binary: the guest has no libc.
+func guestBuildEnv() []string {
+	return append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+}
+
+func runGo(ctx context.Context, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, goTool(), args...)
+	cmd.Env = guestBuildEnv()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%w: go %s: %v\n%s", ErrBuild, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// BuildBinary builds the main package pkg (an import path or a ./dir, as
+// `go build` takes it, relative to the current directory) into out as a
+// static binary for the guest. flags go to `go build` (e.g. "-tags=x").
+func BuildBinary(ctx context.Context, pkg, out string, flags ...string) error {
+	args := append([]string{"build", "-o", out}, flags...)
+	_, err := runGo(ctx, append(args, pkg)...)
+	return err
+}
+
+// BuildTest compiles the test binary of pkg into out with `go test -c`, as a
+// static binary for the guest. It returns ErrNoTests when pkg has no tests.
+func BuildTest(ctx context.Context, pkg, out string, flags ...string) error {
+	args := append([]string{"test", "-c", "-o", out}, flags...)
+	if _, err := runGo(ctx, append(args, pkg)...); err != nil {
+		return err
+	}
+	if _, err := os.Stat(out); err != nil {
+		return fmt.Errorf("%w: %s has no test files", ErrNoTests, pkg)
+	}
+	return nil
+}
+
+// packageDir returns the source directory of pkg.
+func packageDir(ctx context.Context, pkg string) (string, error) {
+	out, err := runGo(ctx, "list", "-f", "{{.Dir}}", pkg)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// GoTest is a package's tests to run in a guest.
+type GoTest struct {
+	// Package is an import path or a ./dir, as `go test` takes it.
+	Package string
+	// Run is the -test.run pattern; empty runs all tests.
+	Run string
+	// Args are further test flags ("-test.count=2", "-test.bench=.") and
+	// then, after "-args" if the test wants them, its own arguments.
+	Args []string
+	// BuildFlags go to `go test -c` ("-tags=x", "-race" is not possible: no cgo).
+	BuildFlags []string
+	// Env is added to the test binary's environment in the guest.
+	Env []string
+	// AllowSkip accepts guest tests that skip; by default a skip is a failure,
+	// because a test meant for the VM that skips there tested nothing.
+	AllowSkip bool
+}
+
+// guestPkgDir is where the package's testdata goes; tests run there, as
+// `go test` runs them in their package directory.
+const guestPkgDir = "/vfnic/pkg"
+
+// RunGoTest builds gt.Package's test binary on the host, runs it with
+// -test.v in a guest described by cfg and parses the results. The error
+// wraps ErrTestsFailed, ErrTestsSkipped or ErrNoTests when the tests did
+// not all pass, or the run's own error (ErrBootFailed, ...) when the guest
+// did not get that far. The report is returned whenever the guest ran.
+func RunGoTest(ctx context.Context, cfg Config, gt GoTest) (*TestReport, error) {
+	dir, err := os.MkdirTemp(cfg.TempDir, "vfnic-gotest-")
+	if err != nil {
+		return nil, fmt.Errorf("qemu: temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, testBinaryName(gt.Package))
+	if err := BuildTest(ctx, gt.Package, bin, gt.BuildFlags...); err != nil {
+		return nil, err
+	}
+	cmd := Command{Path: bin, Env: gt.Env, Dir: guestPkgDir}
+	if pdir, err := packageDir(ctx, gt.Package); err == nil {
+		if st, err := os.Stat(filepath.Join(pdir, "testdata")); err == nil && st.IsDir() {
+			cfg.Files = append(slices.Clip(cfg.Files), File{Host: filepath.Join(pdir, "testdata"), Guest: guestPkgDir + "/testdata"})
+		}
+	}
+	cmd.Args = TestArgs(cfg, gt)
+	res, runErr := Run(ctx, cfg, cmd)
+	if res == nil {
+		return nil, runErr
+	}
+	rep := &TestReport{Package: gt.Package, Result: res, Tests: ParseTestOutput(res.Output), AllowSkip: gt.AllowSkip}
+	if runErr != nil && !errors.Is(runErr, ErrPayloadFailed) {
+		rep.Err = runErr
+		return rep, runErr
+	}
+	rep.Err = rep.verdict(runErr)
+	return rep, rep.Err
+}
+
+// TestArgs returns the test binary's arguments for gt: -test.v, -test.run,
+// a -test.timeout 20 s short of the guest's (so a hung test prints its
+// goroutines before the guest is killed), then gt.Args.
+func TestArgs(cfg Config, gt GoTest) []string {
+	args := []string{"-test.v=true"}
+	if gt.Run != "" {
+		args = append(args, "-test.run="+gt.Run)
+	}
+	has := func(flag string) bool {
+		return slices.ContainsFunc(gt.Args, func(a string) bool {
+			a = strings.TrimLeft(a, "-")
+			return a == flag || strings.HasPrefix(a, flag+"=")
+		})
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	if !has("test.timeout") && timeout > 40*time.Second {
+		args = append(args, "-test.timeout="+(timeout-20*time.Second).String())
+	}
+	return append(args, gt.Args...)
+}
+
+func testBinaryName(pkg string) string {
+	base := filepath.Base(strings.TrimRight(pkg, "/."))
+	if base == "" || base == "." || base == "/" {
+		base = "pkg"
+	}
+	return base + ".test"
+}
+
+// TestStatus is the outcome of one test.
+type TestStatus string
+
+// Test outcomes.
+const (
+	TestPass TestStatus = "PASS"
+	TestFail TestStatus = "FAIL"
+	TestSkip TestStatus = "SKIP"
+)
+
+// TestResult is one test (or subtest) of a guest run.
+type TestResult struct {
+	// Name is the full test name ("TestX/sub").
+	Name string
+	// Status is PASS, FAIL or SKIP; a test that started but never reported
+	// (a panic, a timeout) is FAIL.
+	Status TestStatus
+	// Elapsed is the time the test reported.
+	Elapsed time.Duration
+	// Output holds the lines the test logged.
+	Output string
+}
+
+// TestReport is a guest test run.
+type TestReport struct {
+	// Package is the package tested.
+	Package string
+	// Result is the guest run.
+	Result *Result
+	// Tests are the tests and subtests in the order they started.
+	Tests []TestResult
+	// AllowSkip is copied from GoTest.
+	AllowSkip bool
+	// Err is the verdict RunGoTest returned.
+	Err error
+}
+
+var (
+	resultRe = regexp.MustCompile(`^(\s*)--- (PASS|FAIL|SKIP): (\S+) \(([0-9.]+)s\)`)
+	eventRe  = regexp.MustCompile(`^=== (RUN|CONT|PAUSE|NAME)\s+(\S+)`)
+)
+
+// ParseTestOutput parses `go test -v` output into per-test results. Tests
+// that started but never reported a result are returned as FAIL.
+func ParseTestOutput(out string) []TestResult {
+	var order []string
+	byName := map[string]*TestResult{}
+	done := map[string]bool{}
+	get := func(name string) *TestResult {
+		r, ok := byName[name]
+		if !ok {
+			r = &TestResult{Name: name}
+			byName[name] = r
+			order = append(order, name)
+		}
+		return r
+	}
+	logs := map[string]*strings.Builder{}
+	logTo := func(name, line string) {
+		b := logs[name]
+		if b == nil {
+			b = &strings.Builder{}
+			logs[name] = b
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	current := ""     // test whose log lines follow
+	indentAfter := -1 // a result line's indent: deeper lines belong to it
+	for _, line := range strings.Split(out, "\n") {
+		if m := eventRe.FindStringSubmatch(line); m != nil {
+			current, indentAfter = m[2], -1
+			if m[1] == "RUN" {
+				get(current)
+			}
+			continue
+		}
+		if m := resultRe.FindStringSubmatch(line); m != nil {
+			r := get(m[3])
+			r.Status = TestStatus(m[2])
+			if s, err := strconv.ParseFloat(m[4], 64); err == nil {
+				r.Elapsed = time.Duration(s * float64(time.Second))
+			}
+			done[m[3]] = true
+			current, indentAfter = m[3], len(m[1])
+			continue
+		}
+		if current == "" || line == "" {
+			continue
+		}
+		if indentAfter >= 0 {
+			indent := len(line) - len(strings.TrimLeft(line, " \t"))
+			if indent <= indentAfter {
+				current, indentAfter = "", -1
+				continue
+			}
+		}
+		logTo(current, line)
+	}
+	res := make([]TestResult, 0, len(order))
+	for _, n := range order {
+		r := byName[n]
+		if b := logs[n]; b != nil {
+			r.Output = b.String()
+		}
+		if !done[n] {
+			r.Status = TestFail
+			r.Output += "(no result reported: the test binary crashed, panicked or timed out)\n"
+		}
+		res = append(res, *r)
+	}
+	return res
+}
+
+// Count returns how many results have the status.
+func (r *TestReport) Count(s TestStatus) int {
+	n := 0
+	for _, t := range r.Tests {
+		if t.Status == s {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *TestReport) names(s TestStatus) []string {
+	var n []string
+	for _, t := range r.Tests {
+		if t.Status == s {
+			n = append(n, t.Name)
+		}
+	}
+	return n
+}
+
+// verdict turns the parsed results and the run error into the report's error.
+func (r *TestReport) verdict(runErr error) error {
+	switch {
+	case r.Count(TestFail) > 0:
+		return fmt.Errorf("%w: %s: %s", ErrTestsFailed, r.Package, strings.Join(r.names(TestFail), ", "))
+	case runErr != nil:
+		// Non-zero exit with no failed test: a crash outside any test,
+		// TestMain, or a flag error.
+		return fmt.Errorf("%w: %s: test binary failed outside any test: %w", ErrTestsFailed, r.Package, runErr)
+	case len(r.Tests) == 0:
+		return fmt.Errorf("%w: %s", ErrNoTests, r.Package)
+	case r.Count(TestSkip) > 0 && !r.AllowSkip:
+		return fmt.Errorf("%w: %s: %s", ErrTestsSkipped, r.Package, strings.Join(r.names(TestSkip), ", "))
+	}
+	return nil
+}
+
+// Report makes each guest test a subtest of t (named like the guest test,
+// subtests nested), passing, failing or skipping as it did in the guest,
+// with its log. A guest skip fails unless AllowSkip. t fails if the guest
+// run failed or no test ran.
+func (r *TestReport) Report(t *testing.T) {
+	t.Helper()
+	if r.Result != nil {
+		t.Logf("guest: kernel %s, boot %v, run %v", r.Result.KernelVersion, r.Result.Boot.Round(time.Millisecond), r.Result.Duration.Round(time.Millisecond))
+	}
+	children := map[string][]TestResult{}
+	for _, tr := range r.Tests {
+		parent := ""
+		if i := strings.LastIndexByte(tr.Name, '/'); i >= 0 {
+			parent = tr.Name[:i]
+		}
+		children[parent] = append(children[parent], tr)
+	}
+	var run func(t *testing.T, tr TestResult)
+	run = func(t *testing.T, tr TestResult) {
+		leaf := tr.Name[strings.LastIndexByte(tr.Name, '/')+1:]
+		t.Run(leaf, func(t *testing.T) {
+			for _, c := range children[tr.Name] {
+				run(t, c)
+			}
+			if tr.Output != "" {
+				t.Logf("guest output:\n%s", tr.Output)
+			}
+			switch tr.Status {
+			case TestFail:
+				t.Errorf("guest test %s failed (%v)", tr.Name, tr.Elapsed)
+			case TestSkip:
+				if r.AllowSkip {
+					t.Skipf("guest test %s skipped", tr.Name)
+				}
+				t.Errorf("guest test %s skipped in the guest, where it must run", tr.Name)
+			}
+		})
+	}
+	for _, tr := range children[""] {
+		run(t, tr)
+	}
+	if r.Err != nil && !errors.Is(r.Err, ErrTestsFailed) && !errors.Is(r.Err, ErrTestsSkipped) {
+		t.Errorf("%v", r.Err)
+	} else if r.Err != nil && r.Count(TestFail) == 0 && r.Count(TestSkip) == 0 {
+		t.Errorf("%v\n--- guest output ---\n%s", r.Err, r.outputTail())
+	}
+}
+
+func (r *TestReport) outputTail() string {
+	if r.Result == nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(r.Result.Output, "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// RunGoTestT is RunGoTest for a host test: it fails t (or, outside CI,
+// skips it) when no VM can run, then reports every guest test as a subtest
+// of t (see Report). The guest console is logged when the run failed.
+func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
+	t.Helper()
+	RequireVM(t)
+	ctx := t.Context()
+	rep, err := RunGoTest(ctx, cfg, gt)
+	if rep == nil {
+		t.Fatalf("guest test run of %s: %v", gt.Package, err)
+		return nil
+	}
+	rep.Report(t)
+	if t.Failed() && rep.Result != nil && !errors.Is(err, ErrTestsFailed) && !errors.Is(err, ErrTestsSkipped) {
+		t.Logf("guest console:\n%s", rep.Result.Console)
+	}
+	return rep
+}

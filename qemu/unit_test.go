@@ -1,0 +1,398 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/qemu/initramfs"
+)
+
+func TestNICArgsPerModel(t *testing.T) {
+	nics, err := ResolveNICs([]NIC{
+		{Model: VirtioNet, Packed: true, Net: Dgram(40000, 40001)},
+		{Model: VirtioNet, Net: Hub(3)},
+		{Model: E1000E, Net: Hub(3), Bind: BindLinux, IPv4: "10.0.0.2/24"},
+		{Model: IGB, Slot: 0x04 + 10, MAC: "02:00:00:00:00:01"},
+		{Model: VMXNET3, Bind: BindNone},
+	})
+	require.NoError(t, err)
+	var got []string
+	for i, n := range nics {
+		got = append(got, strings.Join(n.qemuArgs(i), " "))
+	}
+	want := []string{
+		"-netdev dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=40000,remote.type=inet,remote.host=127.0.0.1,remote.port=40001 " +
+			"-device virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,ats=on,packed=on",
+		"-netdev hubport,id=n1,hubid=3 -device virtio-net-pci,id=nic1,bus=pcie.0,addr=0x05,mac=52:54:00:12:34:05,netdev=n1,disable-legacy=on,iommu_platform=on,ats=on,packed=off",
+		"-netdev hubport,id=n2,hubid=3 -device e1000e,id=nic2,bus=pcie.0,addr=0x06,mac=52:54:00:12:34:06,netdev=n2",
+		"-device igb,id=nic3,bus=pcie.0,addr=0x0e,mac=02:00:00:00:00:01",
+		"-device vmxnet3,id=nic4,bus=pcie.0,addr=0x07,mac=52:54:00:12:34:07",
+	}
+	require.Equal(t, want, got)
+	require.Equal(t, "0000:00:0e.0", nics[3].GuestAddr())
+	require.Equal(t, BindVFIO, nics[0].Bind, "default binding")
+}
+
+func TestResolveNICsErrors(t *testing.T) {
+	bad := [][]NIC{
+		{{Model: E1000E, Packed: true}},
+		{{Model: E1000E, Slot: 0x1f}},
+		{{Model: E1000E, Slot: 5}, {Model: IGB, Slot: 5}},
+		{{Model: E1000E, MAC: "zz"}},
+		{{Model: E1000E, IPv4: "10.0.0.1/24"}},                 // IP on a vfio NIC
+		{{Model: E1000E, Bind: BindLinux, IPv4: "10.0.0.1"}},   // no prefix
+		{{Model: E1000E, Bind: BindLinux, IPv4: "fe80::1/64"}}, // not IPv4
+		{{Model: E1000E, Net: Dgram(0, 5)}},                    // bad port
+		{{Model: E1000E, Net: Dgram(5, 5)}},                    // same port
+		{{Model: "e1000e,romfile=x"}},                          // option injection
+		{{Model: E1000E, Bind: "kernel"}},                      // unknown binding
+		{{Model: E1000E, Net: Netdev{Kind: "tap"}}},            // unknown backend
+	}
+	for i, nics := range bad {
+		_, err := ResolveNICs(nics)
+		require.ErrorIs(t, err, ErrBadConfig, "case %d", i)
+	}
+	var many []NIC
+	for range 30 {
+		many = append(many, NIC{Model: E1000E})
+	}
+	_, err := ResolveNICs(many)
+	require.ErrorIs(t, err, ErrBadConfig)
+	// Automatic slots skip explicit ones.
+	nics, err := ResolveNICs([]NIC{{Model: E1000E}, {Model: E1000E, Slot: 5}, {Model: E1000E}})
+	require.NoError(t, err)
+	require.Equal(t, []int{4, 5, 6}, []int{nics[0].Slot, nics[1].Slot, nics[2].Slot})
+}
+
+func TestParseFormatNICs(t *testing.T) {
+	nics, err := ParseNICs("virtio,packed=on,net=hub:0 e1000e,net=dgram:4000:4001;igb,ip=10.1.0.2/16,slot=0x10,mac=02:00:00:00:00:09")
+	require.NoError(t, err)
+	require.Equal(t, []NIC{
+		{Model: VirtioNet, Packed: true, Net: Hub(0)},
+		{Model: E1000E, Net: Dgram(4000, 4001)},
+		{Model: IGB, Bind: BindLinux, IPv4: "10.1.0.2/16", Slot: 0x10, MAC: "02:00:00:00:00:09"},
+	}, nics)
+	resolved, err := ResolveNICs(nics)
+	require.NoError(t, err)
+	back, err := ParseNICs(FormatNICs(resolved))
+	require.NoError(t, err)
+	require.Equal(t, resolved, back)
+	for _, s := range []string{"virtio,packed=maybe", "e1000e,slot=x", "e1000e,net=udp", "e1000e,color=red", "e1000e,novalue"} {
+		_, err := ParseNICs(s)
+		require.ErrorIs(t, err, ErrBadConfig, s)
+	}
+	empty, err := ParseNICs("  ")
+	require.NoError(t, err)
+	require.Empty(t, empty)
+}
+
+func TestFreeUDPPorts(t *testing.T) {
+	p, err := FreeUDPPorts(4)
+	require.NoError(t, err)
+	seen := map[int]bool{}
+	for _, x := range p {
+		require.False(t, seen[x])
+		require.Positive(t, x)
+		seen[x] = true
+	}
+	nd, err := NewDgram()
+	require.NoError(t, err)
+	require.Equal(t, NetDgram, nd.Kind)
+	require.NotEqual(t, nd.QEMUPort, nd.HostPort)
+	_, err = FreeUDPPorts(-1)
+	require.ErrorIs(t, err, ErrBadConfig)
+}
+
+func TestParseProbeOutput(t *testing.T) {
+	help := `Controller/Bridge/Hub devices:
+name "pcie-root-port", bus PCI
+
+Network devices:
+name "e1000e", bus PCI, desc "Intel 82574L GbE Controller"
+name "igb", bus PCI, desc "Intel 82576 Gigabit Ethernet Controller"
+name "usb-net", bus usb-bus
+name "virtio-net-pci", bus PCI, alias "virtio-net"
+name "vmxnet3", bus PCI, desc "VMWare Paravirtualized Ethernet v3"
+
+Storage devices:
+name "nvme", bus PCI
+`
+	q := &QEMUInfo{NICModels: parseNICModels(help)}
+	require.Equal(t, []string{"e1000e", "igb", "virtio-net-pci", "vmxnet3"}, q.NICModels)
+	require.True(t, q.HasNIC(IGB))
+	require.False(t, q.HasNIC("nvme"))
+	v, maj, minor := parseVersion("QEMU emulator version 7.2.15 (Debian 1:7.2+dfsg-7+deb12u13)\n")
+	require.Equal(t, "7.2.15", v)
+	require.Equal(t, [2]int{7, 2}, [2]int{maj, minor})
+}
+
+func TestNICUnavailable(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "fake-qemu")
+	probeMu.Lock()
+	probeCache[fake] = &QEMUInfo{Path: fake, Version: "7.2.0", NICModels: []string{"e1000e", "virtio-net-pci"}}
+	probeMu.Unlock()
+	_, err := Run(context.Background(), Config{QEMU: fake, NICs: []NIC{{Model: IGB}}}, Command{GuestPath: "/bin/true"})
+	require.ErrorIs(t, err, ErrNICUnavailable)
+	require.Contains(t, err.Error(), "igb")
+}
+
+func TestConfigErrors(t *testing.T) {
+	cases := []struct {
+		cfg Config
+		cmd Command
+	}{
+		{Config{}, Command{}},
+		{Config{}, Command{Path: "/x", GuestPath: "/y"}},
+		{Config{}, Command{GuestPath: "relative"}},
+		{Config{}, Command{GuestPath: "/bin/true", Env: []string{"1BAD=x"}}},
+		{Config{}, Command{GuestPath: "/bin/true", Dir: "tmp"}},
+		{Config{MemoryMB: 64}, Command{GuestPath: "/bin/true"}},
+		{Config{AWBits: 12}, Command{GuestPath: "/bin/true"}},
+		{Config{Hugepages: 600}, Command{GuestPath: "/bin/true"}},
+		{Config{Files: []File{{Host: "/etc/hosts", Guest: "rel"}}}, Command{GuestPath: "/bin/true"}},
+	}
+	for i, c := range cases {
+		_, err := Run(context.Background(), c.cfg, c.cmd)
+		require.ErrorIs(t, err, ErrBadConfig, "case %d", i)
+	}
+}
+
+func TestFindKernelIn(t *testing.T) {
+	root := t.TempDir()
+	_, err := FindKernelIn(root)
+	require.ErrorIs(t, err, ErrNoKernel)
+	require.Contains(t, err.Error(), filepath.Join(root, "boot"))
+	require.Contains(t, err.Error(), "scripts/setup.sh")
+	for _, v := range []string{"6.1.0-9-amd64", "6.1.0-56-amd64", "6.1.0-100-amd64"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "boot"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "boot", "vmlinuz-"+v), nil, 0o644))
+	}
+	_, err = FindKernelIn(root)
+	require.ErrorIs(t, err, ErrNoKernel, "no modules.dep yet")
+	for _, v := range []string{"6.1.0-9-amd64", "6.1.0-56-amd64"} {
+		md := filepath.Join(root, "lib", "modules", v)
+		require.NoError(t, os.MkdirAll(md, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(md, "modules.dep"), nil, 0o644))
+	}
+	k, err := FindKernelIn(root)
+	require.NoError(t, err)
+	require.Equal(t, "6.1.0-56-amd64", k.Version, "newest with modules")
+	require.Equal(t, filepath.Join(root, "lib", "modules", "6.1.0-56-amd64"), k.ModulesDir)
+}
+
+func TestEnvLookups(t *testing.T) {
+	t.Setenv("VFNIC_CACHE", "/x/cache")
+	require.Equal(t, "/x/cache", CacheDir())
+	t.Setenv("VFNIC_CACHE", "")
+	t.Setenv("XDG_CACHE_HOME", "/x/xdg")
+	require.Equal(t, "/x/xdg/vfnic", CacheDir())
+
+	t.Setenv("VFNIC_QEMU", "/nonexistent/qemu")
+	_, err := FindQEMU()
+	require.ErrorIs(t, err, ErrNoQEMU)
+	require.Contains(t, err.Error(), "/nonexistent/qemu")
+
+	t.Setenv("VFNIC_BUSYBOX", "/etc/hosts")
+	_, err = FindBusybox()
+	require.ErrorIs(t, err, ErrNoBusybox)
+}
+
+func TestCheckPVHRejects(t *testing.T) {
+	require.Error(t, checkPVH([]byte("not an elf")))
+	_, err := extractVmlinux(context.Background(), []byte("no compressed stream in here"))
+	require.Error(t, err)
+}
+
+func testInitParams() initParams {
+	nics, _ := ResolveNICs([]NIC{
+		{Model: VirtioNet, Packed: true},
+		{Model: E1000E, Bind: BindLinux, IPv4: "10.0.0.2/24"},
+		{Model: IGB, Bind: BindNone},
+	})
+	return initParams{
+		Modules:   []string{"/lib/modules/v/kernel/virt/lib/irqbypass.ko", "/lib/modules/v/kernel/drivers/vfio/vfio.ko"},
+		Hugepages: 32,
+		NICs:      nics,
+		Argv:      []string{"/vfnic/bin/payload", "-test.v", "it's quoted"},
+		Env:       []string{"A=b c"},
+		Dir:       "/vfnic/pkg",
+		Nonce:     "abc123",
+	}
+}
+
+func TestInitScript(t *testing.T) {
+	s := initScript(testInitParams())
+	steps := []string{
+		"mount -t proc proc /proc",
+		"mount -t devtmpfs devtmpfs /dev",
+		`echo "VFNIC-KERNEL: $(uname -r)"`,
+		"echo vfio-pci > /sys/bus/pci/devices/0000:00:04.0/driver_override",
+		"echo none > /sys/bus/pci/devices/0000:00:06.0/driver_override",
+		"insmod '/lib/modules/v/kernel/virt/lib/irqbypass.ko'",
+		"insmod '/lib/modules/v/kernel/drivers/vfio/vfio.ko'",
+		"echo 32 > /proc/sys/vm/nr_hugepages",
+		"bind_vfio 0000:00:04.0",
+		"bind_linux 0000:00:05.0 '10.0.0.2/24'",
+		"cd '/vfnic/pkg'",
+		"dmesg -n 1",
+		"echo 'VFNIC-BEGIN abc123'",
+		"env -i 'VFNIC_GUEST=1' 'HOME=/root' 'TMPDIR=/tmp' 'PATH=/bin:/sbin:/usr/bin:/usr/sbin' 'A=b c' '/vfnic/bin/payload' '-test.v' 'it'\\''s quoted' </dev/null",
+		"echo 'VFNIC-END abc123'",
+		`echo "VFNIC-EXIT: $rc"`,
+		"poweroff -f",
+	}
+	pos := 0
+	for _, st := range steps {
+		i := strings.Index(s[pos:], st)
+		require.GreaterOrEqual(t, i, 0, "step %q missing or out of order in:\n%s", st, s)
+		pos += i + len(st)
+	}
+	require.NotContains(t, s, "bind_vfio 0000:00:05.0")
+	require.NotContains(t, s, "bind_vfio 0000:00:06.0")
+
+	// The script must parse under the shell that runs it.
+	bb, err := FindBusybox()
+	if err != nil {
+		t.Skipf("no busybox to syntax-check /init: %v", err)
+	}
+	f := filepath.Join(t.TempDir(), "init")
+	require.NoError(t, os.WriteFile(f, []byte(s), 0o755))
+	out, err := exec.Command(bb, "sh", "-n", f).CombinedOutput()
+	require.NoError(t, err, "busybox sh -n: %s", out)
+}
+
+func TestShQuoteRoundTrip(t *testing.T) {
+	bb, err := FindBusybox()
+	if err != nil {
+		t.Skipf("no busybox: %v", err)
+	}
+	words := []string{"plain", "with space", "it's", `"dq" $HOME \back`, "", "new\nline"}
+	out, err := exec.Command(bb, "sh", "-c", "for w in "+shWords(words)+`; do printf '%s\0' "$w"; done`).Output()
+	require.NoError(t, err)
+	require.Equal(t, words, strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00"))
+}
+
+func TestConsoleParsing(t *testing.T) {
+	var live, liveOut bytes.Buffer
+	c := newConsole("n1", &live, &liveOut)
+	stream := "[    1.0] noise\r\nVFNIC-KERNEL: 6.1.0-56-amd64\r\n" +
+		"VFNIC-VFIO: 0000:00:04.0 group 1\r\n" +
+		"VFNIC-BEGIN n1\r\nline one\r\nVFNIC-END other\r\nlast without newlineVFNIC-END n1\r\n" +
+		"VFNIC-EXIT: 3\r\nVFNIC-KLOG n1\r\n[ 2.0] DMAR: fault\r\nVFNIC-KLOG-END n1\r\n[    3.0] reboot: Power down"
+	// Feed in awkward pieces: markers split across writes.
+	for i := 0; i < len(stream); i += 7 {
+		_, err := c.Write([]byte(stream[i:min(i+7, len(stream))]))
+		require.NoError(t, err)
+	}
+	c.flush()
+	require.Equal(t, "6.1.0-56-amd64", c.kernelVersion)
+	require.Equal(t, "line one\nVFNIC-END other\nlast without newline", c.out.String(), "a foreign nonce does not end the capture")
+	require.Equal(t, c.out.String(), liveOut.String())
+	require.True(t, c.haveExit)
+	require.Equal(t, 3, c.exitCode)
+	require.Equal(t, "[ 2.0] DMAR: fault\n", c.klog.String())
+	require.Equal(t, []string{"VFNIC-VFIO: 0000:00:04.0 group 1"}, c.info)
+	require.NotContains(t, live.String(), "\r")
+	require.Equal(t, phaseDone, c.phase)
+	require.Equal(t, "[    3.0] reboot: Power down", c.tail(1))
+
+	c = newConsole("n2", nil, nil)
+	_, _ = c.Write([]byte("VFNIC-KERNEL: v\nVFNIC-ERROR: insmod vfio\n"))
+	require.Equal(t, phaseSetup, c.phase)
+	require.Equal(t, "insmod vfio", c.setupErr)
+}
+
+const sampleTestOutput = `=== RUN   TestA
+    a_test.go:10: hello from A
+--- PASS: TestA (0.01s)
+=== RUN   TestB
+=== RUN   TestB/one
+    b_test.go:5: sub log
+=== RUN   TestB/two
+    b_test.go:9: skipping
+--- FAIL: TestB (0.20s)
+    --- PASS: TestB/one (0.10s)
+    --- SKIP: TestB/two (0.00s)
+=== RUN   TestC
+    c_test.go:3: boom
+--- SKIP: TestC (0.00s)
+=== RUN   TestD
+panic: runtime error
+FAIL
+`
+
+func TestParseTestOutput(t *testing.T) {
+	res := ParseTestOutput(sampleTestOutput)
+	got := map[string]TestStatus{}
+	for _, r := range res {
+		got[r.Name] = r.Status
+	}
+	require.Equal(t, map[string]TestStatus{
+		"TestA": TestPass, "TestB": TestFail, "TestB/one": TestPass, "TestB/two": TestSkip,
+		"TestC": TestSkip, "TestD": TestFail,
+	}, got)
+	require.Equal(t, "TestA", res[0].Name)
+	require.Contains(t, res[0].Output, "hello from A")
+	require.Equal(t, 10*time.Millisecond, res[0].Elapsed)
+	for _, r := range res {
+		switch r.Name {
+		case "TestB/one":
+			require.Contains(t, r.Output, "sub log")
+		case "TestD":
+			require.Contains(t, r.Output, "panic: runtime error")
+			require.Contains(t, r.Output, "no result reported")
+		}
+	}
+
+	rep := &TestReport{Package: "p", Tests: res}
+	require.ErrorIs(t, rep.verdict(nil), ErrTestsFailed)
+	rep = &TestReport{Package: "p", Tests: ParseTestOutput("=== RUN   TestS\n--- SKIP: TestS (0.00s)\n")}
+	require.ErrorIs(t, rep.verdict(nil), ErrTestsSkipped)
+	rep.AllowSkip = true
+	require.NoError(t, rep.verdict(nil))
+	rep = &TestReport{Package: "p", Tests: ParseTestOutput("testing: warning: no tests to run\nPASS\n")}
+	require.ErrorIs(t, rep.verdict(nil), ErrNoTests)
+	rep = &TestReport{Package: "p", Tests: ParseTestOutput("=== RUN   TestA\n--- PASS: TestA (0.00s)\n")}
+	require.NoError(t, rep.verdict(nil))
+	require.ErrorIs(t, rep.verdict(ErrPayloadFailed), ErrTestsFailed, "non-zero exit without a failed test")
+}
+
+func TestTestArgs(t *testing.T) {
+	require.Equal(t, []string{"-test.v=true", "-test.run=TestX", "-test.timeout=2m40s", "-test.count=1"},
+		TestArgs(Config{}, GoTest{Run: "TestX", Args: []string{"-test.count=1"}}))
+	require.Equal(t, []string{"-test.v=true", "-test.timeout=5s"},
+		TestArgs(Config{Timeout: time.Hour}, GoTest{Args: []string{"-test.timeout=5s"}}))
+	require.Equal(t, []string{"-test.v=true"}, TestArgs(Config{Timeout: 30 * time.Second}, GoTest{}))
+}
+
+// TestRealModulesResolve checks the VFIO chain against the installed guest
+// kernel's modules.dep (no VM needed).
+func TestRealModulesResolve(t *testing.T) {
+	k, err := FindKernel()
+	if err != nil {
+		if InCI() {
+			t.Fatalf("%v", err)
+		}
+		t.Skipf("%v", err)
+	}
+	m, err := initramfs.LoadModules(k.ModulesDir)
+	require.NoError(t, err)
+	mods, err := m.Resolve(vfioModules...)
+	require.NoError(t, err)
+	var names []string
+	for _, mod := range mods {
+		names = append(names, mod.Name)
+	}
+	for _, want := range []string{"irqbypass", "vfio", "vfio_virqfd", "vfio_iommu_type1", "vfio_pci_core", "vfio_pci"} {
+		require.Contains(t, names, want)
+	}
+	require.Equal(t, "vfio_pci", names[len(names)-2], "vfio_pci after its chain: %v", names)
+}
