@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/vfio"
+)
+
+// iovaFloor keeps probe's DMA memory above 4 GiB, clear of guest RAM
+// addresses, so a device using a physical address by mistake faults.
+const iovaFloor = 4 << 30
+
+func runProbe(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlags("probe", "[-all] [ADDR...]")
+	all := fs.Bool("all", false, "probe every NIC bound to vfio-pci")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var addrs []pci.Address
+	if *all {
+		devs, err := pci.List(pci.ListOptions{NetworkOnly: true, Driver: "vfio-pci"})
+		if err != nil {
+			return err
+		}
+		for _, d := range devs {
+			addrs = append(addrs, d.Address)
+		}
+		if len(addrs) == 0 {
+			return errors.New("no NIC is bound to vfio-pci (see 'vfnic list' and 'vfnic bind')")
+		}
+	} else {
+		var err error
+		if addrs, err = parseAddrs(fs.Args()); err != nil {
+			return err
+		}
+	}
+	for _, a := range addrs {
+		if err := probe(ctx, a, out); err != nil {
+			return fmt.Errorf("%s: %w", a, err)
+		}
+	}
+	return nil
+}
+
+// probe opens one device through VFIO and exercises what every driver
+// needs: BARs, the IOMMU's ranges, hugepage DMA memory, MSI-X eventfds.
+func probe(ctx context.Context, a pci.Address, out io.Writer) error {
+	d, err := pci.Lookup(a)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s %04x:%04x %s, IOMMU group %d, driver %s\n", a, d.VendorID, d.DeviceID, nicName(d), d.IOMMUGroup, d.Driver)
+	if d.Driver != "vfio-pci" {
+		return fmt.Errorf("not bound to vfio-pci (run 'vfnic bind %s')", a)
+	}
+	c, err := vfio.OpenContainer()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	g, err := c.OpenGroup(d.IOMMUGroup)
+	if err != nil {
+		return err
+	}
+	dev, err := g.OpenDevice(a.String())
+	if err != nil {
+		return err
+	}
+	if err := dev.SetBusMaster(true); err != nil {
+		return err
+	}
+	for i := vfio.RegionBAR0; i <= vfio.RegionBAR5; i++ {
+		ri, err := dev.RegionInfo(i)
+		if err != nil || ri.Size == 0 {
+			continue
+		}
+		how := "not mappable"
+		if m, err := dev.MapRegion(i); err == nil {
+			how = fmt.Sprintf("mapped, %d areas", len(m.Areas()))
+			_ = m.Close()
+		}
+		fmt.Fprintf(out, "  BAR%d: %s, %s\n", i, size(ri.Size), how)
+	}
+	if d.VendorID == pci.VirtioVendorID {
+		if err := probeVirtio(dev, out); err != nil {
+			return err
+		}
+	}
+
+	ranges, err := c.IOVARanges()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  IOMMU IOVA ranges: %v\n", ranges)
+	rs := make([]dma.Range, len(ranges))
+	for i, r := range ranges {
+		rs[i] = dma.Range(r)
+	}
+	space, err := dma.NewSpace(c, rs, iovaFloor)
+	if err != nil {
+		return err
+	}
+	defer space.Close()
+	r, err := space.Alloc(2<<20, hugepage.Options{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  DMA: %d KiB in %s pages mapped at IOVA %#x\n", r.Len()>>10, r.PageSize(), r.IOVA())
+
+	info, err := dev.IRQInfo(vfio.IRQMSIX)
+	if err != nil {
+		return err
+	}
+	efs := make([]*eventfd.FD, info.Count)
+	fds := make([]int, info.Count)
+	for i := range efs {
+		if efs[i], err = eventfd.New(); err != nil {
+			return err
+		}
+		defer efs[i].Close()
+		fds[i] = efs[i].Fd()
+	}
+	if err := dev.EnableMSIX(fds); err != nil {
+		return err
+	}
+	// Raise each vector through VFIO and sleep on its eventfd: the path an
+	// interrupt takes from the kernel to a parked goroutine.
+	got := 0
+	for i := range efs {
+		if err := dev.TriggerIRQ(vfio.IRQMSIX, i); err != nil {
+			return err
+		}
+		n, err := efs[i].Wait(ctx, time.Now().Add(2*time.Second))
+		if err != nil {
+			return fmt.Errorf("MSI-X vector %d: %w", i, err)
+		}
+		got += int(n)
+	}
+	fmt.Fprintf(out, "  MSI-X: %d vectors wired to eventfds in one SET_IRQS, %d interrupts received\n", info.Count, got)
+	if err := dev.DisableMSIX(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func probeVirtio(dev *vfio.Device, out io.Writer) error {
+	cfg, err := pci.ReadConfig(dev.ConfigReader())
+	if err != nil {
+		return err
+	}
+	caps, err := cfg.VirtioCaps()
+	if err != nil {
+		return err
+	}
+	for _, vc := range caps {
+		if vc.CfgType != pci.VirtioCommonCfg {
+			continue
+		}
+		m, err := dev.MapRegion(int(vc.Bar))
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		w := doorbell.NewWindow(m.Bytes())
+		var feat uint64
+		for sel := uint32(0); sel < 2; sel++ {
+			if err := w.Write32(uintptr(vc.Offset), sel); err != nil { // device_feature_select
+				return fmt.Errorf("virtio common config: %w", err)
+			}
+			v, err := w.Read32(uintptr(vc.Offset) + 4) // device_feature
+			if err != nil {
+				return fmt.Errorf("virtio common config: %w", err)
+			}
+			feat |= uint64(v) << (32 * sel)
+		}
+		fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n",
+			feat, feat&(1<<32) != 0, feat&(1<<33) != 0, feat&(1<<34) != 0)
+		return nil
+	}
+	return errors.New("virtio common configuration capability missing")
+}
+
+func size(n uint64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
+}
