@@ -3,6 +3,7 @@
 # everything is present.
 
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
@@ -27,10 +28,13 @@ vet: deps
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# All tests: host unit tests under the race detector, then everything that
-# boots QEMU guests (those tests fail, never skip, under CI=true).
+# All tests, host unit tests under the race detector and the VM tests that
+# boot QEMU guests (those fail, never skip, under CI=true). testsum lists
+# every VM and guest test with its verdict and the guest kernel it booted,
+# prints what failed in full, and ends with "N passed, N failed, N skipped".
 test: vet
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(GO) build -o /tmp/vfnic-testsum ./tests/testsum
+	$(GO) test -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... | /tmp/vfnic-testsum
 
 # The main job: boot a guest with emulated NICs and run vfnic against them.
 demo: deps
