@@ -40,6 +40,9 @@ func noteworthy(line string) bool {
 
 func summarize(r io.Reader, w io.Writer) int {
 	out := map[key][]string{}
+	// VM lines wait for their package's verdict so packages running in
+	// parallel do not interleave.
+	pending := map[string][]string{}
 	var pass, fail, skip int
 	failedPkgs := 0
 	var failed []key
@@ -62,12 +65,14 @@ func summarize(r io.Reader, w io.Writer) int {
 		case "output":
 			out[k] = append(out[k], e.Output)
 			if e.Test != "" && isVM(e.Test) && noteworthy(e.Output) {
-				fmt.Fprintf(w, "    %s", strings.TrimLeft(e.Output, " "))
+				pending[e.Package] = append(pending[e.Package], "    "+strings.TrimLeft(e.Output, " "))
 			}
 		case "pass", "fail", "skip":
 			if e.Test == "" {
 				verdict := map[string]string{"pass": "ok  ", "fail": "FAIL", "skip": "?   "}[e.Action]
 				fmt.Fprintf(w, "%s %s\t%.1fs\n", verdict, e.Package, e.Elapsed)
+				fmt.Fprint(w, strings.Join(pending[e.Package], ""))
+				delete(pending, e.Package)
 				if e.Action == "fail" {
 					failedPkgs++
 					if len(failed) == 0 || failed[len(failed)-1].pkg != e.Package {
@@ -88,7 +93,8 @@ func summarize(r io.Reader, w io.Writer) int {
 				skip++
 			}
 			if isVM(e.Test) {
-				fmt.Fprintf(w, "    --- %s: %s (%.2fs)\n", strings.ToUpper(e.Action), e.Test, e.Elapsed)
+				pending[e.Package] = append(pending[e.Package],
+					fmt.Sprintf("    --- %s: %s (%.2fs)\n", strings.ToUpper(e.Action), e.Test, e.Elapsed))
 			}
 		}
 	}
