@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -70,6 +71,21 @@ func runList(_ context.Context, args []string, out io.Writer) error {
 	return tw.Flush()
 }
 
+// parseWithAddrs parses flags and then the PCI addresses that follow them.
+func parseWithAddrs(fs *flag.FlagSet, args []string) ([]pci.Address, error) {
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	return parseAddrs(fs.Args())
+}
+
+// withTimeout runs op under a deadline: sysfs binds wait for the kernel.
+func withTimeout(ctx context.Context, op func(context.Context) error) error {
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return op(c)
+}
+
 func parseAddrs(args []string) ([]pci.Address, error) {
 	if len(args) == 0 {
 		return nil, fmt.Errorf("%w: name at least one PCI address (see 'vfnic list')", errUsage)
@@ -88,10 +104,7 @@ func parseAddrs(args []string) ([]pci.Address, error) {
 func runBind(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("bind", "[-force] ADDR...")
 	force := fs.Bool("force", false, "take a NIC even if its interface is up, has addresses or routes")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	addrs, err := parseAddrs(fs.Args())
+	addrs, err := parseWithAddrs(fs, args)
 	if err != nil {
 		return err
 	}
@@ -100,10 +113,7 @@ func runBind(ctx context.Context, args []string, out io.Writer) error {
 		if err := sys.CheckInUse(a, nil, *force); err != nil {
 			return fmt.Errorf("%w (use -force to take it anyway)", err)
 		}
-		c, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := sys.Bind(c, a, "vfio-pci")
-		cancel()
-		if err != nil {
+		if err := withTimeout(ctx, func(c context.Context) error { return sys.Bind(c, a, "vfio-pci") }); err != nil {
 			return err
 		}
 		d, err := sys.Lookup(a)
@@ -116,20 +126,13 @@ func runBind(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func runUnbind(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlags("unbind", "ADDR...")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	addrs, err := parseAddrs(fs.Args())
+	addrs, err := parseWithAddrs(newFlags("unbind", "ADDR..."), args)
 	if err != nil {
 		return err
 	}
 	sys := pci.Sysfs{}
 	for _, a := range addrs {
-		c, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := sys.Unbind(c, a)
-		cancel()
-		if err != nil {
+		if err := withTimeout(ctx, func(c context.Context) error { return sys.Unbind(c, a) }); err != nil {
 			return err
 		}
 		if err := sys.ClearOverride(a); err != nil {

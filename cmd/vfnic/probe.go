@@ -26,6 +26,7 @@ func runProbe(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	var addrs []pci.Address
+	var err error
 	if *all {
 		devs, err := pci.List(pci.ListOptions{NetworkOnly: true, Driver: "vfio-pci"})
 		if err != nil {
@@ -37,11 +38,8 @@ func runProbe(ctx context.Context, args []string, out io.Writer) error {
 		if len(addrs) == 0 {
 			return errors.New("no NIC is bound to vfio-pci (see 'vfnic list' and 'vfnic bind')")
 		}
-	} else {
-		var err error
-		if addrs, err = parseAddrs(fs.Args()); err != nil {
-			return err
-		}
+	} else if addrs, err = parseAddrs(fs.Args()); err != nil {
+		return err
 	}
 	for _, a := range addrs {
 		if err := probe(ctx, a, out); err != nil {
