@@ -1,0 +1,94 @@
+package cq
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDescriptorDoneRingThroughCQ runs an e1000e-style write-back ring (no
+// id: the descriptor position is the id; DD bit cleared on consume) through
+// a CQ over several laps: the way the e1000e/igb driver will use it.
+func TestDescriptorDoneRingThroughCQ(t *testing.T) {
+	l := conventionLayouts(8)[4]
+	mem := mmap(t, 8*16)
+	src, err := NewRingSource(RingConfig{Mem: mem, Layout: l,
+		Codes: Codes{Statuses: []Status{{Value: 0, Name: "OK"}, {Value: 1 << 1, Err: ECRC, Name: "CE"}}}})
+	require.NoError(t, err)
+	src.Ring().Reset()
+	c, err := New(Attr{Size: 8, Format: FormatMsg}, Limits{})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.AddSource(src))
+	tab, err := NewTable(8, 3) // id bits == slot bits: ids are positions
+	require.NoError(t, err)
+	require.NoError(t, src.BindTable(0, tab))
+	dev := &fakeDev{mem: mem, l: l}
+	ents := make([]Entry, 8)
+	for i := 0; i < 40; i++ {
+		id, err := tab.Post(Op{Context: i, Len: 2048, Flags: FlagRecv | FlagMsg})
+		require.NoError(t, err)
+		require.EqualValues(t, i%8, id, "posted in ring order, the id is the descriptor position")
+		st := uint32(0)
+		if i%13 == 12 {
+			st = 1 << 1 // a CRC error
+		}
+		dev.write(rawEntry{ln: uint32(60 + i), status: st}, false)
+		n, err := c.Read(ents)
+		if st != 0 {
+			require.ErrorIs(t, err, ErrAvail)
+			var ee ErrEntry
+			require.NoError(t, c.ReadErr(&ee))
+			require.Equal(t, i, ee.Context)
+			require.Equal(t, ECRC, ee.Err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, i, ents[0].Context)
+		require.Equal(t, 60+i, ents[0].Len)
+	}
+}
+
+// TestPackedRingThroughCQ runs a virtio packed ring (16-bit buffer ids,
+// AVAIL/USED wrap bits read through the aligned 32-bit word) through a CQ,
+// completing out of order as virtio devices may.
+func TestPackedRingThroughCQ(t *testing.T) {
+	l := conventionLayouts(16)[2]
+	mem := mmap(t, 16*16)
+	src, err := NewRingSource(RingConfig{Mem: mem, Layout: l})
+	require.NoError(t, err)
+	c, err := New(Attr{Size: 16, Format: FormatMsg}, Limits{})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.AddSource(src))
+	tab, err := NewTable(16, 16)
+	require.NoError(t, err)
+	require.NoError(t, src.BindTable(0, tab))
+	dev := &fakeDev{mem: mem, l: l}
+	ents := make([]Entry, 16)
+	ids := map[int]uint32{}
+	next := 0
+	for round := 0; round < 10; round++ {
+		for len(ids) < 6 {
+			id, err := tab.Post(Op{Context: next, Len: 1500, Flags: FlagSend | FlagMsg})
+			require.NoError(t, err)
+			require.Less(t, id, uint32(1<<16))
+			ids[next] = id
+			next++
+		}
+		// Complete the newest first.
+		var done []int
+		for ctx := next - 1; ctx >= next-6; ctx-- {
+			dev.write(rawEntry{id: ids[ctx], ln: 100}, false)
+			done = append(done, ctx)
+		}
+		n, err := c.Read(ents)
+		require.NoError(t, err)
+		require.Equal(t, 6, n)
+		for i := range done {
+			require.Equal(t, done[i], ents[i].Context)
+			delete(ids, done[i])
+		}
+	}
+}

@@ -1,0 +1,310 @@
+package cq
+
+import (
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/doorbell"
+)
+
+// RingRegs are the device registers a ring reader uses besides the entries.
+type RingRegs struct {
+	// Doorbell receives the consumer position or count (Layout.Doorbell)
+	// once per batch. Nil when the device has none.
+	Doorbell *doorbell.Doorbell
+	// Overrun is a status register (or word in DMA memory) in which the
+	// device sets OverrunMask when it had to drop a completion because the
+	// ring was full. Invalid (zero) when the device reports no overrun.
+	Overrun doorbell.Reg32
+	// OverrunMask selects the overrun bit(s) in Overrun.
+	OverrunMask uint32
+}
+
+// Raw is one entry as the device wrote it, decoded by the layout but not
+// validated: the verbs layer and tests read it; the CQ path validates it.
+type Raw struct {
+	Index    uint32 // ring position of the entry
+	ID       uint32 // posted id (the position with IDIsIndex)
+	Queue    uint32 // device queue
+	Opcode   uint32 // device opcode
+	Status   uint32 // device status
+	Len      uint32 // bytes transferred
+	Flags    uint32 // device flag bits
+	Syndrome uint32 // vendor error detail
+	BufOff   uint32 // offset in a multi-receive buffer
+	SrcValid bool   // Src is meaningful
+	Data     uint64 // remote CQ data / immediate
+	Tag      uint64 // message tag
+	Src      uint64 // source address
+}
+
+// Ring reads a completion ring that a device writes into DMA memory. It
+// keeps the consumer position and the expected phase; it is not safe for
+// concurrent use (the CQ serialises its readers).
+type Ring struct {
+	mem   []byte
+	base  unsafe.Pointer
+	l     Layout
+	n     uint32
+	esz   uintptr
+	own   uintptr
+	mask  uint32 // ownership bits
+	want  uint32 // masked ownership word of a driver-owned entry this lap
+	head  uint32 // ring position of the next entry
+	phase uint32
+	count uint32 // entries consumed since Reset, modulo 2^32
+	flip  bool   // the expected value flips on wrap (all but DD)
+	clear bool   // consuming clears the ownership bits (DD)
+	holes bool
+	idx   bool // IDIsIndex
+	regs  RingRegs
+	f     [numFields]cfield
+	srcOK bool // SrcValid absent: Src valid whenever present
+}
+
+// NewRing makes a reader over mem, which holds l.Entries entries of
+// l.EntrySize bytes and must stay mapped while the Ring is used. mem must
+// not be Go heap memory that the garbage collector may move (it never
+// does for make()d slices, but device memory belongs outside the heap).
+// The reader starts at position 0 expecting lap 0; it does not write mem
+// (see Reset).
+func NewRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	need := l.EntrySize * l.Entries
+	if len(mem) < need {
+		return nil, fmt.Errorf("%w: layout %q: ring memory of %d bytes for %d entries of %d", ErrInvalid, l.Name, len(mem), l.Entries, l.EntrySize)
+	}
+	if uintptr(unsafe.Pointer(&mem[0]))%4 != 0 {
+		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", ErrInvalid, l.Name)
+	}
+	if regs.Overrun.Valid() && regs.OverrunMask == 0 {
+		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", ErrInvalid, l.Name)
+	}
+	r := &Ring{
+		mem:   mem[:need:need],
+		base:  unsafe.Pointer(&mem[0]),
+		l:     l,
+		n:     uint32(l.Entries),
+		esz:   uintptr(l.EntrySize),
+		own:   uintptr(l.OwnerOff),
+		mask:  l.OwnerMask,
+		flip:  l.Convention != DescriptorDone,
+		clear: l.Convention == DescriptorDone,
+		holes: l.DetectHoles && l.Entries > 1,
+		idx:   l.IDIsIndex,
+		regs:  regs,
+		srcOK: l.Fields.SrcValid.Bits == 0,
+	}
+	fl := l.Fields.list()
+	for i := range fl {
+		r.f[i], _ = compileField(fl[i], l.EntrySize) // checked by Validate
+	}
+	r.rewind()
+	return r, nil
+}
+
+// rewind resets the reader state to lap 0, position 0.
+func (r *Ring) rewind() {
+	r.head, r.count = 0, 0
+	r.phase = r.l.InitPhase
+	if r.l.Convention == DescriptorDone {
+		r.phase = 1
+	}
+	r.want = 0
+	if r.phase == 1 {
+		r.want = r.mask
+	}
+}
+
+// Reset rewinds the reader and writes every ownership word so that no entry
+// looks driver-owned on the first lap: the state a driver gives a ring
+// before handing it to the device (mlx5 sets owner bits to 1, e1000e clears
+// DD). Call it only while the device does not use the ring.
+func (r *Ring) Reset() {
+	r.rewind()
+	notReady := r.want ^ r.mask
+	if !r.flip {
+		notReady = 0
+	}
+	for i := uint32(0); i < r.n; i++ {
+		p := r.ownerWord(i)
+		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask|notReady)
+	}
+}
+
+// Layout returns the ring's layout.
+func (r *Ring) Layout() Layout { return r.l }
+
+// Head returns the ring position of the next entry to read.
+func (r *Ring) Head() uint32 { return r.head }
+
+// Count returns the number of entries consumed, modulo 2^32: the consumer
+// index a device compares with its producer index.
+func (r *Ring) Count() uint32 { return r.count }
+
+// Phase returns the phase (wrap counter, generation) expected on this lap.
+func (r *Ring) Phase() uint32 { return r.phase }
+
+func (r *Ring) entry(i uint32) unsafe.Pointer {
+	return unsafe.Add(r.base, uintptr(i)*r.esz)
+}
+
+func (r *Ring) ownerWord(i uint32) *uint32 {
+	return (*uint32)(unsafe.Add(r.base, uintptr(i)*r.esz+r.own))
+}
+
+// Ready reports whether the entry at the head is owned by the driver.
+func (r *Ring) Ready() bool {
+	return atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want
+}
+
+// readyAt reports whether position i, on the lap whose expected value is
+// want, is driver-owned.
+func (r *Ring) readyAt(i, want uint32) bool {
+	return atomic.LoadUint32(r.ownerWord(i))&r.mask == want
+}
+
+// next returns the position and expected value that follow (i, want).
+func (r *Ring) next(i, want uint32) (uint32, uint32) {
+	i++
+	if i == r.n {
+		i = 0
+		if r.flip {
+			want ^= r.mask
+		}
+	}
+	return i, want
+}
+
+// Pending counts the driver-owned entries from the head, up to max, without
+// consuming them.
+func (r *Ring) Pending(max int) int {
+	i, want := r.head, r.want
+	n := 0
+	for n < max && n < int(r.n) && r.readyAt(i, want) {
+		n++
+		i, want = r.next(i, want)
+	}
+	return n
+}
+
+// Hole reports, when the head entry is not driver-owned, whether the entry
+// after it is: a device that writes in order never leaves such a hole, so
+// the head entry carries a wrong ownership bit. The head is checked again
+// after the next entry, so an entry being written at that moment is not
+// mistaken for a hole. It is false unless the layout enables DetectHoles.
+func (r *Ring) Hole() bool {
+	if !r.holes || r.Ready() {
+		return false
+	}
+	i, want := r.next(r.head, r.want)
+	return r.readyAt(i, want) && !r.Ready()
+}
+
+// Overrun reports whether the device has flagged an overrun and no
+// driver-owned entry remains at the head.
+func (r *Ring) Overrun() bool {
+	if !r.regs.Overrun.Valid() || r.regs.Overrun.Read()&r.regs.OverrunMask == 0 {
+		return false
+	}
+	// The device stops writing when it flags the overrun, so an entry
+	// that looked empty before the flag was read may since have appeared.
+	return !r.Ready()
+}
+
+// Advance consumes the head entry; for DescriptorDone it clears the DD bit.
+// It does not ring the doorbell (Publish does, once per batch).
+func (r *Ring) Advance() {
+	if r.clear {
+		p := r.ownerWord(r.head)
+		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask)
+	}
+	r.head++
+	r.count++
+	if r.head == r.n {
+		r.head = 0
+		if r.flip {
+			r.phase ^= 1
+			r.want ^= r.mask
+		}
+	}
+}
+
+// Publish tells the device how far the reader has consumed, through the
+// doorbell (skipped when the value has not moved).
+func (r *Ring) Publish() {
+	switch {
+	case r.regs.Doorbell == nil:
+	case r.l.Doorbell == DoorbellHead:
+		r.regs.Doorbell.Ring(r.head)
+	case r.l.Doorbell == DoorbellCount:
+		r.regs.Doorbell.Ring(r.count)
+	}
+}
+
+// get loads a compiled field from entry e. The load is unaligned and never
+// crosses the end of the entry.
+func (f *cfield) get(e unsafe.Pointer) uint64 {
+	v := *(*uint64)(unsafe.Add(e, f.off))
+	if bigEndian {
+		v = bits.ReverseBytes64(v)
+	}
+	return v >> (f.shift & 63) & f.mask
+}
+
+func (r *Ring) decode(i uint32, raw *Raw) {
+	e := r.entry(i)
+	*raw = Raw{
+		Index:    i,
+		ID:       uint32(r.f[fID].get(e)),
+		Queue:    uint32(r.f[fQueue].get(e)),
+		Opcode:   uint32(r.f[fOpcode].get(e)),
+		Status:   uint32(r.f[fStatus].get(e)),
+		Len:      uint32(r.f[fLen].get(e)),
+		Flags:    uint32(r.f[fFlags].get(e)),
+		Syndrome: uint32(r.f[fSyndrome].get(e)),
+		BufOff:   uint32(r.f[fBufOff].get(e)),
+		SrcValid: r.srcOK || r.f[fSrcValid].get(e) != 0,
+		Data:     r.f[fData].get(e),
+		Tag:      r.f[fTag].get(e),
+		Src:      r.f[fSrc].get(e),
+	}
+	if r.idx {
+		raw.ID = i
+	}
+}
+
+// Peek decodes the head entry into raw without consuming it; false when
+// the head is not driver-owned. Fields are read only after the ownership
+// word was loaded (acquire).
+func (r *Ring) Peek(raw *Raw) bool {
+	if !r.Ready() {
+		return false
+	}
+	r.decode(r.head, raw)
+	return true
+}
+
+// Next decodes and consumes the head entry; false when it is not
+// driver-owned. Call Publish after a batch.
+func (r *Ring) Next(raw *Raw) bool {
+	if !r.Peek(raw) {
+		return false
+	}
+	r.Advance()
+	return true
+}
+
+// EntryBytes returns the bytes of the entry at ring position i (for error
+// data and debugging); nil when i is outside the ring.
+func (r *Ring) EntryBytes(i uint32) []byte {
+	if i >= r.n {
+		return nil
+	}
+	off := uintptr(i) * r.esz
+	return r.mem[off : off+r.esz : off+r.esz]
+}

@@ -1,0 +1,596 @@
+package cq
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// State is what a source reports after a poll.
+type State uint8
+
+// Source states.
+const (
+	// StateOK: the batch ended because the caller's buffer is full or no
+	// further entry is available.
+	StateOK State = iota
+	// StateError: an error completion waits at the head; ReadErr takes it.
+	StateError
+	// StateOverrun: the device overran the ring and every valid entry has
+	// been read.
+	StateOverrun
+)
+
+// Source is one device completion ring feeding a CQ. The CQ calls it once
+// per batch, never per entry, and serialises the calls (one goroutine at a
+// time, under the CQ's lock). A driver normally uses RingSource; the
+// interface lets a layer with its own ring bookkeeping plug in.
+type Source interface {
+	// Attach tells the source the format of the CQ it joins. It is called
+	// once, by CQ.AddSource.
+	Attach(f Format) error
+	// Poll moves up to len(ents) successful completions into ents (and
+	// their source addresses into addrs when addrs is not nil), stopping
+	// before an error entry, and publishes the consumer index once.
+	Poll(ents []Entry, addrs []Addr) (int, State)
+	// Pending counts the entries ready to be polled, up to max, without
+	// consuming them. An error entry counts; an overrun counts as max.
+	Pending(max int) int
+	// ReadErr takes the error completion at the head into e (all fields
+	// but ErrData) and returns its error data, which stays valid until the
+	// next Poll or ReadErr. ok is false when the head is not an error.
+	ReadErr(e *ErrEntry) (data []byte, ok bool)
+	// Arm asks the device to interrupt when threshold entries are queued
+	// (solicitedOnly: only for solicited or error completions). One
+	// interrupt per Arm; arming again before it fires has no more effect.
+	Arm(solicitedOnly bool, threshold int) error
+	// StrError describes a provider error number (and error data) that this
+	// source produced; ok is false when it does not know the number.
+	StrError(provErrno int, errData []byte) (s string, ok bool)
+	// Close releases the ring; the CQ calls it from Close.
+	Close() error
+}
+
+// Notifier arms a device's completion interrupt, the device-specific part
+// of blocking: mlx5 writes an arm doorbell with the consumer index, virtio
+// clears its used-buffer notification suppression, e1000e unmasks an
+// interrupt cause. consumed is the ring's consumer count (Ring.Count), so a
+// device can fire at once for entries it wrote before the arm.
+type Notifier interface {
+	Arm(consumed uint32, solicitedOnly bool, threshold int) error
+}
+
+// Status describes one value of a device's status field.
+type Status struct {
+	// Value is the status field's value (below 256).
+	Value uint32
+	// Err is the completion error for this status; 0 means success.
+	Err Errno
+	// Name is shown by StrError.
+	Name string
+}
+
+// Opcode describes one value of a device's opcode field.
+type Opcode struct {
+	// Value is the opcode field's value (below 256).
+	Value uint32
+	// Flags are added to the posted operation's flags.
+	Flags Flags
+	// Name is shown in errors.
+	Name string
+}
+
+// Codes give meaning to a device's status, opcode and flag values. Values
+// outside the lists (and any value from 256 up) are refused with an error
+// completion.
+type Codes struct {
+	// Statuses lists the status values; nil means 0 is success and nothing
+	// else is defined.
+	Statuses []Status
+	// Opcodes lists the opcode values; nil means the opcode is not checked
+	// and flags come from the posted operation alone.
+	Opcodes []Opcode
+	// FlagBits maps bit i of the device flags field to completion flags:
+	// FlagRemoteCQData makes Data valid, FlagTagged makes Tag valid (and
+	// replaces FlagMsg), FlagMultiRecv releases a multi-receive buffer.
+	FlagBits [8]Flags
+}
+
+type statusCode struct {
+	err   Errno
+	known bool
+}
+
+type opCode struct {
+	flags Flags
+	known bool
+}
+
+// RingConfig configures a RingSource.
+type RingConfig struct {
+	// Mem holds the ring entries (DMA memory the device writes).
+	Mem []byte
+	// Layout describes the entries.
+	Layout Layout
+	// Regs are the doorbell and overrun registers.
+	Regs RingRegs
+	// Codes give meaning to status, opcode and flag values.
+	Codes Codes
+	// Notifier arms the device's interrupt; nil when it has none.
+	Notifier Notifier
+	// Closer releases the device ring when the CQ closes; may be nil.
+	Closer io.Closer
+}
+
+// RingSource is a Source over one device completion ring: it reads entries
+// with a Ring, checks each against the posted-operation tables bound to
+// it, and converts it to the CQ's format in a single pass with no call per
+// entry. Error entries are staged one at a time, in ring order.
+type RingSource struct {
+	ring  *Ring
+	stat  [256]statusCode
+	op    [256]opCode
+	hasOp bool
+	bits  [256]Flags
+	names map[uint32]string
+
+	tables atomic.Pointer[[]*Table] // by queue number; copied on write
+	bindMu sync.Mutex
+
+	notifier Notifier
+	closer   io.Closer
+
+	// Format masks: all ones for the fields the CQ's format has.
+	attached bool
+	mFlags   Flags
+	mLen     int
+	mBuf     uintptr
+	mData    uint64
+	mTag     uint64
+
+	staged   bool
+	overrun  bool
+	closed   bool
+	errEnt   ErrEntry
+	errData  []byte
+	errLen   int
+	dirty    []*Table
+	scratch  [1]Entry
+	scratchA [1]Addr
+}
+
+// NewRingSource makes a source over cfg.Mem.
+func NewRingSource(cfg RingConfig) (*RingSource, error) {
+	r, err := NewRing(cfg.Mem, cfg.Layout, cfg.Regs)
+	if err != nil {
+		return nil, err
+	}
+	q := &RingSource{ring: r, notifier: cfg.Notifier, closer: cfg.Closer,
+		names: map[uint32]string{}, errData: make([]byte, cfg.Layout.EntrySize),
+		dirty: make([]*Table, 0, 16)}
+	if cfg.Codes.Statuses == nil {
+		q.stat[0] = statusCode{known: true}
+	}
+	for _, s := range cfg.Codes.Statuses {
+		if s.Value >= 256 {
+			return nil, fmt.Errorf("%w: layout %q: status value %d above 255", ErrInvalid, cfg.Layout.Name, s.Value)
+		}
+		q.stat[s.Value] = statusCode{err: s.Err, known: true}
+		q.names[s.Value] = s.Name
+	}
+	for _, o := range cfg.Codes.Opcodes {
+		if o.Value >= 256 {
+			return nil, fmt.Errorf("%w: layout %q: opcode %d above 255", ErrInvalid, cfg.Layout.Name, o.Value)
+		}
+		q.op[o.Value] = opCode{flags: o.Flags, known: true}
+		q.hasOp = true
+	}
+	if !q.hasOp {
+		for i := range q.op {
+			q.op[i].known = true
+		}
+	}
+	for v := range q.bits {
+		var f Flags
+		for b := 0; b < 8; b++ {
+			if v&(1<<b) != 0 {
+				f |= cfg.Codes.FlagBits[b]
+			}
+		}
+		q.bits[v] = f
+	}
+	empty := []*Table{}
+	q.tables.Store(&empty)
+	return q, nil
+}
+
+// Ring returns the ring reader (for layers that walk raw entries).
+func (q *RingSource) Ring() *Ring { return q.ring }
+
+// maxQueue bounds queue numbers so the lookup table stays small.
+const maxQueue = 1 << 16
+
+// BindTable routes completions whose Queue field is queue to t. A table
+// belongs to one source.
+func (q *RingSource) BindTable(queue uint32, t *Table) error {
+	if queue >= maxQueue {
+		return fmt.Errorf("%w: queue %d", ErrInvalid, queue)
+	}
+	if !t.owner.CompareAndSwap(nil, q) && t.owner.Load() != q {
+		return fmt.Errorf("%w: table already bound to another ring", ErrInvalid)
+	}
+	q.bindMu.Lock()
+	defer q.bindMu.Unlock()
+	old := *q.tables.Load()
+	if int(queue) < len(old) && old[queue] != nil && old[queue] != t {
+		return fmt.Errorf("%w: queue %d already bound", ErrInvalid, queue)
+	}
+	n := len(old)
+	if int(queue) >= n {
+		n = int(queue) + 1
+	}
+	tabs := make([]*Table, n)
+	copy(tabs, old)
+	tabs[queue] = t
+	q.tables.Store(&tabs)
+	return nil
+}
+
+// UnbindTable stops routing queue; later completions for it are refused
+// (ProvBadQueue).
+func (q *RingSource) UnbindTable(queue uint32) {
+	q.bindMu.Lock()
+	defer q.bindMu.Unlock()
+	old := *q.tables.Load()
+	if int(queue) >= len(old) || old[queue] == nil {
+		return
+	}
+	tabs := make([]*Table, len(old))
+	copy(tabs, old)
+	tabs[queue] = nil
+	q.tables.Store(&tabs)
+}
+
+// Attach implements Source.
+func (q *RingSource) Attach(f Format) error {
+	if q.attached {
+		return fmt.Errorf("%w: ring %q already attached to a CQ", ErrInvalid, q.ring.l.Name)
+	}
+	q.attached = true
+	if f >= FormatMsg {
+		q.mFlags, q.mLen = ^Flags(0), -1
+	}
+	if f >= FormatData {
+		q.mBuf, q.mData = ^uintptr(0), ^uint64(0)
+	}
+	if f >= FormatTagged {
+		q.mTag = ^uint64(0)
+	}
+	return nil
+}
+
+// Poll implements Source.
+func (q *RingSource) Poll(ents []Entry, addrs []Addr) (int, State) {
+	return q.poll(ents, addrs, false)
+}
+
+// poll is the hot loop. With errOnly it consumes nothing but an error entry
+// at the head (for ReadErr). The ring state lives in locals for the batch,
+// so consecutive entries do not wait on stores to the Ring.
+func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State) {
+	if q.staged {
+		return 0, StateError
+	}
+	if q.overrun {
+		return 0, StateOverrun
+	}
+	r := q.ring
+	tabs := *q.tables.Load()
+	base, esz, own, mask, size := r.base, r.esz, r.own, r.mask, r.n
+	head, want, count := r.head, r.want, r.count
+	// Copies on the stack: the stores into ents cannot alias them, so the
+	// compiler need not reload them through r and q for every entry.
+	gID, gQ, gSt, gOp, gLen, gOff, gFl := r.f[fID], r.f[fQueue], r.f[fStatus], r.f[fOpcode], r.f[fLen], r.f[fBufOff], r.f[fFlags]
+	idx, clr, flip := r.idx, r.clear, r.flip
+	mFlags, mLen, mBuf, mData, mTag := q.mFlags, q.mLen, q.mBuf, q.mData, q.mTag
+	n := 0
+	stopped := false // stopped at a not-ready entry, not at the end of ents
+	fail := false    // the head entry is refused: staged after the loop
+	for n < len(ents) {
+		e := unsafe.Add(base, uintptr(head)*esz)
+		if atomic.LoadUint32((*uint32)(unsafe.Add(e, own)))&mask != want {
+			stopped = true
+			break
+		}
+		id := uint32(gID.get(e))
+		if idx {
+			id = head
+		}
+		qn := uint32(gQ.get(e))
+		var t *Table
+		if qn < uint32(len(tabs)) {
+			t = tabs[qn]
+		}
+		if t == nil {
+			fail = true
+			break
+		}
+		s := t.lookup(id)
+		if s == nil {
+			fail = true
+			break
+		}
+		st := gSt.get(e)
+		opv := gOp.get(e)
+		ln := uint32(gLen.get(e))
+		off := uint32(gOff.get(e))
+		var sc statusCode
+		var oc opCode
+		if st < 256 {
+			sc = q.stat[st]
+		}
+		if opv < 256 {
+			oc = q.op[opv]
+		}
+		if !sc.known || sc.err != 0 || !oc.known || ln > s.len || off > s.len-ln {
+			fail = true
+			break
+		}
+		if errOnly {
+			break
+		}
+		fl := s.flags | oc.flags | q.bits[gFl.get(e)&0xff]
+		if fl&FlagTagged != 0 {
+			fl &^= FlagMsg
+		}
+		var buf uintptr
+		if fl&FlagRecv != 0 {
+			buf = s.buf + uintptr(off)
+		}
+		var data, tag uint64
+		if fl&FlagRemoteCQData != 0 {
+			data = r.f[fData].get(e)
+		}
+		if fl&(FlagTagged|FlagRecv) == FlagTagged|FlagRecv {
+			tag = r.f[fTag].get(e)
+		}
+		ent := &ents[n]
+		ent.Context = s.ctx
+		ent.Flags = fl & mFlags
+		ent.Len = int(ln) & mLen
+		ent.Buf = buf & mBuf
+		ent.Data = data & mData
+		ent.Tag = tag & mTag
+		ent.Queue = qn
+		if addrs != nil {
+			a := AddrNotAvail
+			if fl&FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
+				a = Addr(r.f[fSrc].get(e))
+			}
+			addrs[n] = a
+		}
+		if !s.multi || fl&FlagMultiRecv != 0 {
+			t.release(s, id)
+			if !t.dirty {
+				q.markDirty(t)
+			}
+		}
+		if clr {
+			p := (*uint32)(unsafe.Add(e, own))
+			atomic.StoreUint32(p, atomic.LoadUint32(p)&^mask)
+		}
+		head++
+		count++
+		if head == size {
+			head = 0
+			if flip {
+				want ^= mask
+			}
+		}
+		n++
+	}
+	r.head, r.want, r.count = head, want, count
+	if r.flip {
+		r.phase = 0
+		if want == mask {
+			r.phase = 1
+		}
+	}
+	switch {
+	case fail:
+		q.stageHead(tabs)
+	case stopped:
+		switch {
+		case r.Hole():
+			q.stagePhase()
+		case r.Overrun():
+			q.overrun = true
+		}
+	}
+	r.Publish()
+	for _, t := range q.dirty {
+		t.flush()
+	}
+	q.dirty = q.dirty[:0]
+	switch {
+	case q.staged:
+		return n, StateError
+	case q.overrun && n == 0:
+		return 0, StateOverrun
+	}
+	return n, StateOK
+}
+
+func (q *RingSource) markDirty(t *Table) {
+	if len(q.dirty) == cap(q.dirty) {
+		t.flush() // keep the list fixed-size: flush now instead
+		return
+	}
+	t.dirty = true
+	q.dirty = append(q.dirty, t)
+}
+
+// stageHead classifies the refused head entry again (cold path) and
+// stages it.
+func (q *RingSource) stageHead(tabs []*Table) {
+	r := q.ring
+	e := r.entry(r.head)
+	id := uint32(r.f[fID].get(e))
+	if r.idx {
+		id = r.head
+	}
+	qn := uint32(r.f[fQueue].get(e))
+	var t *Table
+	if qn < uint32(len(tabs)) {
+		t = tabs[qn]
+	}
+	switch {
+	case t == nil:
+		q.stage(qn, nil, nil, ProvBadQueue, EIO)
+	case t.lookup(id) == nil:
+		q.stage(qn, nil, nil, ProvBadID, EIO)
+	default:
+		q.stage(qn, t, t.lookup(id), 0, 0)
+	}
+}
+
+// stage turns the head entry into the pending error completion and
+// consumes it. With a nil slot the entry names no outstanding operation
+// (prov and errno given); with a slot, the device status, opcode and length
+// decide the error, and the slot is released. Cold path.
+func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) {
+	r := q.ring
+	var raw Raw
+	r.decode(r.head, &raw)
+	ee := &q.errEnt
+	*ee = ErrEntry{}
+	ee.Queue = qn
+	if s != nil {
+		var sc statusCode
+		var oc opCode
+		if raw.Status < 256 {
+			sc = q.stat[raw.Status]
+		}
+		if raw.Opcode < 256 {
+			oc = q.op[raw.Opcode]
+		}
+		fl := s.flags | oc.flags | q.bits[raw.Flags&0xff]
+		if fl&FlagTagged != 0 {
+			fl &^= FlagMsg
+		}
+		ee.Context = s.ctx
+		ee.Flags = fl
+		ee.Len = int(min(raw.Len, s.len))
+		if fl&FlagRecv != 0 && raw.BufOff <= s.len {
+			ee.Buf = s.buf + uintptr(raw.BufOff)
+		}
+		if fl&FlagRemoteCQData != 0 {
+			ee.Data = raw.Data
+		}
+		if fl&FlagTagged != 0 && fl&FlagRecv != 0 {
+			ee.Tag = raw.Tag
+		}
+		switch {
+		case !sc.known:
+			prov, errno = ProvBadStatus, EIO
+		case sc.err != 0:
+			prov, errno = int(raw.Status), sc.err
+			if raw.Len > s.len {
+				ee.OLen = int(raw.Len - s.len)
+			}
+		case !oc.known:
+			prov, errno = ProvBadOpcode, EIO
+		default:
+			prov, errno = ProvBadLen, EIO
+		}
+		t.release(s, raw.ID)
+		if !t.dirty {
+			q.markDirty(t)
+		}
+	}
+	ee.Err = errno
+	ee.ProvErrno = prov
+	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	q.staged = true
+	r.Advance()
+}
+
+// stagePhase reports the head entry, whose ownership bit is wrong while the
+// next entry's is right, as an error without interpreting its contents.
+func (q *RingSource) stagePhase() {
+	r := q.ring
+	q.errEnt = ErrEntry{Err: EIO, ProvErrno: ProvBadPhase}
+	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	q.staged = true
+	r.Advance()
+}
+
+// Pending implements Source.
+func (q *RingSource) Pending(max int) int {
+	if q.staged {
+		return 1 + q.ring.Pending(max-1)
+	}
+	if q.overrun {
+		return max
+	}
+	n := q.ring.Pending(max)
+	if n == 0 && (q.ring.Hole() || q.ring.Overrun()) {
+		return max
+	}
+	return n
+}
+
+// ReadErr implements Source.
+func (q *RingSource) ReadErr(e *ErrEntry) ([]byte, bool) {
+	if !q.staged {
+		q.poll(q.scratch[:], q.scratchA[:], true)
+		q.scratch[0] = Entry{}
+		if !q.staged {
+			return nil, false
+		}
+	}
+	data := e.ErrData
+	*e = q.errEnt
+	e.ErrData = data
+	q.staged = false
+	return q.errData[:q.errLen], true
+}
+
+// Arm implements Source.
+func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
+	if q.notifier == nil {
+		return nil
+	}
+	return q.notifier.Arm(q.ring.count, solicitedOnly, threshold)
+}
+
+// StrError implements Source: the device's status names, with the vendor
+// syndrome taken from the raw entry in errData.
+func (q *RingSource) StrError(provErrno int, errData []byte) (string, bool) {
+	if provErrno < 0 {
+		return "", false
+	}
+	name, ok := q.names[uint32(provErrno)]
+	if !ok {
+		return "", false
+	}
+	msg := fmt.Sprintf("%s: status %s (%d)", q.ring.l.Name, name, provErrno)
+	if sf := q.ring.f[fSyndrome]; sf.mask != 0 && len(errData) >= q.ring.l.EntrySize {
+		msg += fmt.Sprintf(", syndrome %#x", sf.get(unsafe.Pointer(&errData[0])))
+	}
+	return msg, true
+}
+
+// Close implements Source.
+func (q *RingSource) Close() error {
+	if q.closed {
+		return nil
+	}
+	q.closed = true
+	if q.closer != nil {
+		return q.closer.Close()
+	}
+	return nil
+}

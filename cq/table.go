@@ -1,0 +1,174 @@
+package cq
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// Op is an operation a driver posts to a device queue: what its completion
+// must be checked against and reported with.
+type Op struct {
+	// Context is returned in the completion (op_context).
+	Context any
+	// Buf is the address of the buffer, reported (plus any multi-receive
+	// offset) in receive completions.
+	Buf uintptr
+	// Len is the buffer length: a completion reporting more is refused.
+	Len int
+	// Flags are the operation's completion flags, e.g. FlagSend|FlagMsg or
+	// FlagRecv|FlagMsg. FlagMultiRecv marks a multi-receive buffer: it
+	// stays posted until a completion carries FlagMultiRecv.
+	Flags Flags
+}
+
+const (
+	slotFree   = 0
+	slotPosted = 1
+)
+
+type slot struct {
+	state uint32 // slotPosted is published with an atomic store by Post
+	id    uint32 // full id of the current posting (index | generation)
+	len   uint32
+	multi bool
+	flags Flags
+	buf   uintptr
+	ctx   any
+}
+
+// Table records the operations posted to one device queue, so that a
+// completion is accepted only for an id that is outstanding, with a length
+// that fits, and completes it exactly once. Ids are slot indexes with a
+// generation in the high bits, so a stale or repeated id is refused.
+//
+// Post may be called from any goroutine (posters are serialised by a
+// mutex); completions are taken by the ring source the table is bound to,
+// under its CQ's lock. The two sides meet through a single-producer
+// single-consumer queue of free ids, so completing takes no lock.
+type Table struct {
+	// Read-only after NewTable.
+	slots    []slot
+	slotMask uint32
+	slotBits uint
+	idMask   uint32
+	freeq    []uint32
+	qmask    uint32
+	owner    atomic.Pointer[RingSource]
+
+	// The poster's, the shared and the completer's words sit on separate
+	// cache lines, so that posting on one core and completing on another
+	// do not bounce a line per operation.
+	_     [64]byte
+	mu    sync.Mutex // posters
+	fhead uint32     // next free id to take, guarded by mu
+	_     [64]byte
+	ftail uint32 // published end of the free queue (atomic)
+	_     [64]byte
+	// completer side
+	ftailLocal uint32
+	dirty      bool
+}
+
+// NewTable makes a table for n outstanding operations whose ids the device
+// echoes in idBits bits (32 for the software device, 16 for virtio buffer
+// ids). Ids use ceil(log2 n) bits for the slot and the rest for a
+// generation; when idBits equals that, the id is the slot index (rings
+// whose id is the descriptor position, posted and completed in order).
+func NewTable(n, idBits int) (*Table, error) {
+	if n < 1 || n > maxEntries {
+		return nil, fmt.Errorf("%w: table of %d operations", ErrInvalid, n)
+	}
+	sb := uint(bits.Len(uint(n - 1)))
+	if idBits < int(sb) || idBits > 32 {
+		return nil, fmt.Errorf("%w: %d-bit ids for %d operations", ErrInvalid, idBits, n)
+	}
+	qn := 1 << bits.Len(uint(n-1))
+	t := &Table{
+		slots:    make([]slot, n),
+		slotMask: 1<<sb - 1,
+		slotBits: sb,
+		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
+		freeq:    make([]uint32, qn),
+		qmask:    uint32(qn - 1),
+		ftail:    uint32(n),
+	}
+	t.ftailLocal = t.ftail
+	for i := range t.slots {
+		t.slots[i].id = uint32(i)
+		t.freeq[i] = uint32(i)
+	}
+	return t, nil
+}
+
+// Cap returns the number of operations the table holds.
+func (t *Table) Cap() int { return len(t.slots) }
+
+// Outstanding returns how many posted operations have not been completed
+// (as far as the completer has published).
+func (t *Table) Outstanding() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.slots) - int(atomic.LoadUint32(&t.ftail)-t.fhead)
+}
+
+// Post records op and returns the id to put in the descriptor. It fails
+// with ErrFull when every slot is outstanding.
+func (t *Table) Post(op Op) (uint32, error) {
+	if op.Len < 0 || uint64(op.Len) > 1<<32-1 {
+		return 0, fmt.Errorf("%w: post of %d bytes", ErrInvalid, op.Len)
+	}
+	t.mu.Lock()
+	if t.fhead == atomic.LoadUint32(&t.ftail) {
+		t.mu.Unlock()
+		return 0, ErrFull
+	}
+	i := t.freeq[t.fhead&t.qmask]
+	t.fhead++
+	s := &t.slots[i]
+	gen := (s.id >> t.slotBits) + 1
+	s.id = (gen<<t.slotBits | i) & t.idMask
+	s.len = uint32(op.Len)
+	s.multi = op.Flags&FlagMultiRecv != 0
+	s.flags = op.Flags &^ FlagMultiRecv
+	s.buf = op.Buf
+	s.ctx = op.Context
+	// The atomic store publishes the slot to the completer; the device's
+	// path (doorbell, DMA, ownership word) is invisible to the Go memory
+	// model and to the race detector.
+	atomic.StoreUint32(&s.state, slotPosted)
+	id := s.id
+	t.mu.Unlock()
+	return id, nil
+}
+
+// lookup returns the outstanding slot for id, or nil. Completer side.
+func (t *Table) lookup(id uint32) *slot {
+	i := id & t.slotMask
+	if i >= uint32(len(t.slots)) {
+		return nil
+	}
+	s := &t.slots[i]
+	if atomic.LoadUint32(&s.state) != slotPosted || s.id != id {
+		return nil
+	}
+	return s
+}
+
+// release frees a slot; the id becomes visible to posters at flush.
+// Completer side.
+func (t *Table) release(s *slot, id uint32) {
+	s.ctx = nil
+	// A plain store: posters see the slot again only after taking its id
+	// from the free queue, which flush publishes with an atomic store.
+	s.state = slotFree
+	t.freeq[t.ftailLocal&t.qmask] = id & t.slotMask
+	t.ftailLocal++
+}
+
+// flush publishes the ids released since the last flush.
+func (t *Table) flush() {
+	atomic.StoreUint32(&t.ftail, t.ftailLocal)
+	t.dirty = false
+}

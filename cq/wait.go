@@ -1,0 +1,284 @@
+package cq
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"time"
+
+	"github.com/vfnic/vfnic/eventfd"
+)
+
+// SRead is the blocking Read (fi_cq_sread). It returns as soon as
+// completions are available, or, on a CQ opened with CondThreshold, when
+// cond entries are queued (at most len(ents)). A timeout below zero waits
+// forever, zero tries once; the timeout counts down across spurious
+// wake-ups. When it expires the queue is read once more, and ErrTimeout
+// is returned if nothing was there. A Signal, even one sent before the
+// call, wakes SRead with ErrSignaled when nothing is queued; both errors
+// match ErrAgain. ctx cancellation returns ctx.Err(); Close returns
+// ErrClosed. On a CQ without a wait object SRead returns ErrNoWait.
+//
+// SRead arms the device's interrupt, polls once more, then parks the
+// goroutine on the CQ's eventfd through the runtime poller; no OS thread
+// is held while it waits. Any number of goroutines may block at once: one
+// waits on the eventfd and wakes the others.
+func (c *CQ) SRead(ctx context.Context, ents []Entry, cond int, timeout time.Duration) (int, error) {
+	return c.sread(ctx, ents, nil, cond, timeout)
+}
+
+// SReadFrom is SRead with source addresses, as ReadFrom (fi_cq_sreadfrom).
+func (c *CQ) SReadFrom(ctx context.Context, ents []Entry, addrs []Addr, cond int, timeout time.Duration) (int, error) {
+	if len(addrs) < len(ents) {
+		return 0, errShortAddrs
+	}
+	return c.sread(ctx, ents, addrs[:len(ents)], cond, timeout)
+}
+
+func (c *CQ) sread(ctx context.Context, ents []Entry, addrs []Addr, cond int, timeout time.Duration) (int, error) {
+	if c.attr.WaitObj == WaitNone {
+		return 0, ErrNoWait
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if len(ents) == 0 {
+		return c.read(ents, addrs)
+	}
+	thr := 1
+	if c.attr.WaitCond == CondThreshold && cond > 1 {
+		thr = min(cond, len(ents))
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		if c.signal.Swap(false) {
+			n, err := c.read(ents, addrs)
+			if err == ErrAgain {
+				err = ErrSignaled
+			}
+			return n, err
+		}
+		if n, done, err := c.tryRead(ents, addrs, thr); done {
+			return n, err
+		}
+		if timeout == 0 || (!deadline.IsZero() && !time.Now().Before(deadline)) {
+			return c.finalRead(ents, addrs)
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		// Arm, then poll again: an entry written between the first poll
+		// and the arm raises no interrupt on every device, so the second
+		// poll is what closes the race.
+		gen := c.generation()
+		if err := c.arm(thr); err != nil {
+			return 0, err
+		}
+		if n, done, err := c.tryRead(ents, addrs, thr); done {
+			return n, err
+		}
+		if err := c.park(ctx, deadline, gen); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// tryRead reads when enough entries are queued; done says whether the
+// result is final.
+func (c *CQ) tryRead(ents []Entry, addrs []Addr, thr int) (int, bool, error) {
+	if thr > 1 && c.pending(thr) < thr {
+		return 0, false, nil
+	}
+	n, err := c.read(ents, addrs)
+	if err == ErrAgain {
+		return 0, false, nil
+	}
+	return n, true, err
+}
+
+func (c *CQ) finalRead(ents []Entry, addrs []Addr) (int, error) {
+	n, err := c.read(ents, addrs)
+	if err == ErrAgain {
+		err = ErrTimeout
+	}
+	return n, err
+}
+
+// pending counts ready entries over all sources, up to max.
+func (c *CQ) pending(max int) int {
+	c.lock()
+	defer c.unlock()
+	return c.pendingLocked(max)
+}
+
+func (c *CQ) pendingLocked(max int) int {
+	if c.closed || c.fatal {
+		return max
+	}
+	n := 0
+	for _, s := range c.srcs {
+		n += s.Pending(max - n)
+		if n >= max {
+			return max
+		}
+	}
+	return n
+}
+
+func (c *CQ) arm(thr int) error {
+	if c.attr.WaitObj == WaitYield {
+		return nil
+	}
+	c.lock()
+	defer c.unlock()
+	return c.armLocked(thr)
+}
+
+func (c *CQ) armLocked(thr int) error {
+	if c.closed {
+		return nil
+	}
+	for _, s := range c.srcs {
+		if err := s.Arm(false, thr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *CQ) generation() uint64 {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.wakeGen
+}
+
+// park sleeps until an interrupt, a Signal, the deadline, ctx or Close. The
+// first goroutine to park waits on the eventfd (one waiter at a time); the
+// others wait for it to wake and re-poll. gen, taken before arming, makes a
+// wake-up that happened since then return at once, so no interrupt is lost
+// between a follower's last poll and its sleep.
+func (c *CQ) park(ctx context.Context, deadline time.Time, gen uint64) error {
+	if c.attr.WaitObj == WaitYield {
+		runtime.Gosched()
+		select {
+		case <-c.done:
+			return ErrClosed
+		default:
+			return ctx.Err()
+		}
+	}
+	c.wmu.Lock()
+	if c.wakeGen != gen {
+		c.wmu.Unlock()
+		return nil
+	}
+	if !c.leading {
+		c.leading = true
+		c.wmu.Unlock()
+		_, err := c.wait.Wait(ctx, deadline)
+		c.wmu.Lock()
+		c.leading = false
+		c.wakeGen++
+		close(c.wakeCh)
+		c.wakeCh = make(chan struct{})
+		c.wmu.Unlock()
+		switch {
+		case err == nil, errors.Is(err, eventfd.ErrTimeout):
+			return nil
+		case errors.Is(err, eventfd.ErrClosed):
+			return ErrClosed
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		return err
+	}
+	ch := c.wakeCh
+	c.wmu.Unlock()
+	var tc <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case <-ch:
+	case <-tc:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return ErrClosed
+	}
+	return nil
+}
+
+// Signal wakes a goroutine blocked in SRead, which returns ErrSignaled if
+// nothing is queued (fi_cq_signal). A Signal with no reader blocked is
+// remembered and consumed by the next SRead. It returns ErrNoWait on a CQ
+// without a wait object.
+func (c *CQ) Signal() error {
+	if c.attr.WaitObj == WaitNone {
+		return ErrNoWait
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	c.signal.Store(true)
+	if c.wait != nil {
+		if err := c.wait.Add(1); err != nil && !errors.Is(err, eventfd.ErrClosed) {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitFD returns the file descriptor of the CQ's wait object (FI_GETWAIT),
+// an eventfd usable with poll, select and epoll, for CQs opened with WaitFD
+// or WaitUnspec. Before blocking on it, call TryWait. Other wait objects
+// have no descriptor: ErrNoData. The descriptor stays owned by the CQ.
+func (c *CQ) WaitFD() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return -1, ErrClosed
+	}
+	if c.wait == nil || (c.attr.WaitObj != WaitFD && c.attr.WaitObj != WaitUnspec) {
+		return -1, ErrNoData
+	}
+	return c.wait.Fd(), nil
+}
+
+// TryWait readies the wait object for a caller about to block on WaitFD
+// (fi_trywait): it returns ErrAgain when completions (or an error, or an
+// overrun) are already queued, so the caller reads instead of blocking;
+// otherwise it clears the descriptor, arms the device interrupts and
+// returns nil, after which the descriptor becomes readable when an entry
+// arrives.
+func (c *CQ) TryWait() error {
+	if c.wait == nil {
+		return ErrNoWait
+	}
+	c.lock()
+	defer c.unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.pendingLocked(1) > 0 {
+		return ErrAgain
+	}
+	if _, err := c.wait.Take(); err != nil {
+		return err
+	}
+	if err := c.armLocked(1); err != nil {
+		return err
+	}
+	if c.pendingLocked(1) > 0 {
+		return ErrAgain
+	}
+	return nil
+}

@@ -1,0 +1,566 @@
+package sim
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"time"
+
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
+)
+
+// CQE geometry and field offsets (see the package documentation).
+const (
+	CQESize     = 64
+	OffID       = 0
+	OffQueue    = 4
+	OffOpcode   = 6
+	OffStatus   = 7
+	OffByteLen  = 8
+	OffDevFlags = 12
+	OffData     = 16
+	OffTag      = 24
+	OffSrc      = 32
+	OffSyndrome = 40
+	OffBufOff   = 44
+	OffOwner    = 60
+	// OwnerBit is the phase bit in the owner word.
+	OwnerBit = 1 << 31
+)
+
+// Opcode is the CQE opcode.
+type Opcode uint8
+
+// Opcodes.
+const (
+	OpSend            Opcode = 0
+	OpRecv            Opcode = 1
+	OpWrite           Opcode = 2
+	OpRead            Opcode = 3
+	OpRecvRDMAWithImm Opcode = 4
+)
+
+// Status is the CQE status.
+type Status uint8
+
+// Statuses.
+const (
+	StatusOK              Status = 0
+	StatusLocalLenErr     Status = 1
+	StatusLocalProtErr    Status = 2
+	StatusWRFlushErr      Status = 3
+	StatusRemoteAccessErr Status = 4
+	StatusGeneralErr      Status = 5
+)
+
+// CQE dev_flags bits.
+const (
+	DevHasData   = 1 << 0
+	DevTagged    = 1 << 1
+	DevMultiRecv = 1 << 2
+	DevMore      = 1 << 3
+	DevHasSrc    = 1 << 4
+)
+
+// CQ status page offsets.
+const (
+	OffCQConsumer = 0
+	OffCQArm      = 8
+	OffCQOverrun  = 16
+	OffCQProducer = 20
+)
+
+// CQ sizes.
+const (
+	DefaultCQSize = 1024
+	MaxCQSize     = 65536
+)
+
+// Layout returns the ring layout of a CQ of size entries, for cq.Ring.
+func Layout(size int) cq.Layout {
+	return cq.Layout{
+		Name: "sim", EntrySize: CQESize, Entries: size, Convention: cq.PhaseBit,
+		OwnerOff: OffOwner, OwnerMask: OwnerBit, InitPhase: 1,
+		DetectHoles: true, Doorbell: cq.DoorbellCount,
+		Fields: cq.Fields{
+			ID:       cq.Field{Off: OffID, Bits: 32},
+			Queue:    cq.Field{Off: OffQueue, Bits: 16},
+			Opcode:   cq.Field{Off: OffOpcode, Bits: 8},
+			Status:   cq.Field{Off: OffStatus, Bits: 8},
+			Len:      cq.Field{Off: OffByteLen, Bits: 32},
+			Flags:    cq.Field{Off: OffDevFlags, Bits: 8},
+			Data:     cq.Field{Off: OffData, Bits: 64},
+			Tag:      cq.Field{Off: OffTag, Bits: 64},
+			Src:      cq.Field{Off: OffSrc, Bits: 64},
+			SrcValid: cq.Field{Off: OffDevFlags, Shift: 4, Bits: 1},
+			Syndrome: cq.Field{Off: OffSyndrome, Bits: 32},
+			BufOff:   cq.Field{Off: OffBufOff, Bits: 32},
+		},
+	}
+}
+
+// Codes returns the meaning of the CQE's status, opcode and flag values.
+func Codes() cq.Codes {
+	return cq.Codes{
+		Statuses: []cq.Status{
+			{Value: uint32(StatusOK), Name: "OK"},
+			{Value: uint32(StatusLocalLenErr), Err: cq.ETRUNC, Name: "LOCAL_LEN_ERR"},
+			{Value: uint32(StatusLocalProtErr), Err: cq.EFAULT, Name: "LOCAL_PROT_ERR"},
+			{Value: uint32(StatusWRFlushErr), Err: cq.ECANCELED, Name: "WR_FLUSH_ERR"},
+			{Value: uint32(StatusRemoteAccessErr), Err: cq.EACCES, Name: "REMOTE_ACCESS_ERR"},
+			{Value: uint32(StatusGeneralErr), Err: cq.EIO, Name: "GENERAL_ERR"},
+		},
+		Opcodes: []cq.Opcode{
+			{Value: uint32(OpSend), Flags: cq.FlagSend, Name: "SEND"},
+			{Value: uint32(OpRecv), Flags: cq.FlagRecv, Name: "RECV"},
+			{Value: uint32(OpWrite), Flags: cq.FlagRMA | cq.FlagWrite, Name: "WRITE"},
+			{Value: uint32(OpRead), Flags: cq.FlagRMA | cq.FlagRead, Name: "READ"},
+			{Value: uint32(OpRecvRDMAWithImm), Flags: cq.FlagRMA | cq.FlagRemoteWrite | cq.FlagRemoteCQData, Name: "RECV_RDMA_WITH_IMM"},
+		},
+		FlagBits: [8]cq.Flags{cq.FlagRemoteCQData, cq.FlagTagged, cq.FlagMultiRecv, cq.FlagMore},
+	}
+}
+
+// Limits are the CQ attributes the device supports.
+func Limits() cq.Limits {
+	return cq.Limits{DefaultSize: DefaultCQSize, MaxSize: MaxCQSize, PowerOfTwo: true,
+		DefaultFormat: cq.FormatData, Vectors: runtime.NumCPU()}
+}
+
+// cqe is a completion before the device writes it.
+type cqe struct {
+	id        uint32
+	queue     uint16
+	opcode    uint8
+	status    uint8
+	byteLen   uint32
+	flags     uint32
+	data, tag uint64
+	src       uint64
+	syndrome  uint32
+	bufOff    uint32
+	solicited bool // device-internal: counts for solicited-only arms
+}
+
+// devCQ is the device side of a CQ.
+type devCQ struct {
+	c      *cq.CQ
+	src    *cq.RingSource
+	region *dma.Region
+	ring   []byte
+	win    doorbell.Window
+	size   uint32
+	shift  uint // log2(size)
+	cons   doorbell.Reg32
+	arm    doorbell.Reg64
+	over   doorbell.Reg32
+	prodR  doorbell.Reg32
+	irq    *eventfd.FD
+
+	prod     uint32
+	consSeen uint32 // last consumer count read: re-read only when the ring looks full
+	dead     bool
+	armSeq   uint8
+	armed    bool
+	armCI    uint32
+	armThr   uint32
+	armSol   bool
+	solSeen  bool
+	lose     int
+	faults   []Fault
+	last     cqe
+	hasLast  bool
+	closed   bool
+
+	// Counters, under d.mu.
+	written, dropped, interrupts, overruns uint64
+	lastWrite                              time.Duration
+}
+
+// CQStats are a CQ's device-side counters.
+type CQStats struct {
+	Written    uint64        // entries written (including injected ones)
+	Dropped    uint64        // completions dropped after an overrun
+	Interrupts uint64        // interrupts raised (lost ones not counted)
+	Overruns   uint64        // 1 once the CQ overran
+	LastWrite  time.Duration // device clock (Device.Now) of the last entry written
+}
+
+// notifier is the driver side of the arm doorbell.
+type notifier struct {
+	d   *Device
+	arm doorbell.Reg64
+	seq uint8
+}
+
+// Arm writes the arm doorbell (cq.Notifier).
+func (n *notifier) Arm(consumed uint32, solicitedOnly bool, threshold int) error {
+	n.seq++
+	thr := uint64(min(max(threshold, 1), 0xffff))
+	v := uint64(consumed) | thr<<32 | uint64(n.seq)<<56
+	if solicitedOnly {
+		v |= 1 << 48
+	}
+	n.arm.Write(v)
+	n.d.kickDevice()
+	return nil
+}
+
+type closerFunc func() error
+
+// Close calls f.
+func (f closerFunc) Close() error { return f() }
+
+// OpenCQ opens a completion queue backed by a device completion ring of
+// the attribute's size (rounded up to a power of two; 0 means 1024; at most
+// 65536). FormatUnspec means FormatData.
+func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
+	c, err := cq.New(attr, Limits())
+	if err != nil {
+		return nil, err
+	}
+	size := c.Attr().Size
+	d.mu.Lock()
+	r, err := d.alloc(size*CQESize + 4096)
+	d.mu.Unlock()
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	dc, src, err := d.newDevCQ(c, r, size)
+	if err == nil {
+		err = c.AddSource(src)
+	}
+	if err != nil {
+		_ = c.Close()
+		d.mu.Lock()
+		_ = d.free(r)
+		d.mu.Unlock()
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		_ = c.Close()
+		return nil, ErrClosed
+	}
+	d.cqs[c] = dc
+	d.cqList = append(d.cqList, dc)
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSource, error) {
+	ring, err := r.Carve(size*CQESize, 4096)
+	if err != nil {
+		return nil, nil, err
+	}
+	page, err := r.Carve(64, 64)
+	if err != nil {
+		return nil, nil, err
+	}
+	pw := doorbell.NewWindow(page.Bytes)
+	dc := &devCQ{c: c, region: r, ring: ring.Bytes, win: doorbell.NewWindow(ring.Bytes),
+		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: c.Interrupt()}
+	var errs [4]error
+	dc.cons, errs[0] = pw.Reg32(OffCQConsumer)
+	dc.arm, errs[1] = pw.Reg64(OffCQArm)
+	dc.over, errs[2] = pw.Reg32(OffCQOverrun)
+	dc.prodR, errs[3] = pw.Reg32(OffCQProducer)
+	for _, e := range errs {
+		if e != nil {
+			return nil, nil, e
+		}
+	}
+	src, err := cq.NewRingSource(cq.RingConfig{
+		Mem: ring.Bytes, Layout: Layout(size), Codes: Codes(),
+		Regs:     cq.RingRegs{Doorbell: doorbell.NewDoorbell(dc.cons), Overrun: dc.over, OverrunMask: 1},
+		Notifier: &notifier{d: d, arm: dc.arm},
+		Closer:   closerFunc(func() error { return d.releaseCQ(dc) }),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	dc.src = src
+	return dc, src, nil
+}
+
+// releaseCQ is the ring source's Closer: it runs from cq.CQ.Close, after
+// every queue pair has unbound.
+func (d *Device) releaseCQ(dc *devCQ) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if dc.closed {
+		return nil
+	}
+	dc.closed = true
+	delete(d.cqs, dc.c)
+	for i, x := range d.cqList {
+		if x == dc {
+			d.cqList = append(d.cqList[:i], d.cqList[i+1:]...)
+			break
+		}
+	}
+	return d.free(dc.region)
+}
+
+// devCQOf finds the device side of c. Called with d.mu held.
+func (d *Device) devCQOf(c *cq.CQ) (*devCQ, error) {
+	if d.closed {
+		return nil, ErrClosed
+	}
+	dc, ok := d.cqs[c]
+	if !ok {
+		return nil, ErrUnknownCQ
+	}
+	return dc, nil
+}
+
+// CQStats returns the device-side counters of c.
+func (d *Device) CQStats(c *cq.CQ) (CQStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dc, err := d.devCQOf(c)
+	if err != nil {
+		return CQStats{}, err
+	}
+	return CQStats{Written: dc.written, Dropped: dc.dropped, Interrupts: dc.interrupts,
+		Overruns: dc.overruns, LastWrite: dc.lastWrite}, nil
+}
+
+// stepCQ takes a new arm request and fires if it is already satisfied.
+// Device loop, d.mu held.
+func (d *Device) stepCQ(dc *devCQ) bool {
+	if dc.prodR.Read() != dc.prod {
+		dc.prodR.Write(dc.prod) // once per pass: the line is shared with the consumer doorbell
+	}
+	v := dc.arm.Read()
+	seq := uint8(v >> 56)
+	if seq == dc.armSeq {
+		return false
+	}
+	dc.armSeq = seq
+	dc.armed = true
+	dc.armCI = uint32(v)
+	dc.armThr = max(uint32(v>>32)&0xffff, 1)
+	dc.armSol = v&(1<<48) != 0
+	dc.solSeen = false
+	d.maybeFire(dc)
+	return true
+}
+
+// maybeFire raises the interrupt when an arm is satisfied.
+func (d *Device) maybeFire(dc *devCQ) {
+	if !dc.armed || dc.irq == nil {
+		return
+	}
+	if dc.armSol {
+		if !dc.solSeen {
+			return
+		}
+	} else if dc.prod-dc.armCI < dc.armThr {
+		return
+	}
+	dc.armed = false
+	if dc.lose > 0 {
+		dc.lose--
+		return
+	}
+	if err := dc.irq.Add(1); err == nil {
+		dc.interrupts++
+		d.fired = true
+	}
+}
+
+// complete writes a completion, applying the next pending fault. Device
+// loop, d.mu held.
+func (d *Device) complete(dc *devCQ, e cqe) {
+	if dc.dead || dc.closed {
+		dc.dropped++
+		return
+	}
+	if len(dc.faults) > 0 {
+		f := dc.faults[0]
+		dc.faults = dc.faults[1:]
+		switch f.Kind {
+		case FaultErrorStatus:
+			e.status = uint8(f.Status)
+			if f.Status == StatusOK {
+				e.status = uint8(StatusGeneralErr)
+			}
+			e.syndrome = f.Syndrome
+		case FaultBadLen:
+			e.byteLen += 4096
+		case FaultBadStatus:
+			e.status = 0xee
+		case FaultBadOpcode:
+			e.opcode = 0xee
+		case FaultBadID:
+			bad := e
+			bad.id ^= 0x80000000 // same slot, another generation: never outstanding
+			if !d.write(dc, bad, false) {
+				return
+			}
+		case FaultDuplicateID:
+			dup := e
+			if dc.hasLast {
+				dup = dc.last
+			} else {
+				dup.id ^= 0x80000000
+			}
+			if !d.write(dc, dup, false) {
+				return
+			}
+		case FaultWrongPhase:
+			// A copy of the real entry, left with the previous lap's
+			// phase: misreading it would complete the operation twice.
+			if !d.write(dc, e, true) {
+				return
+			}
+		}
+	}
+	if d.write(dc, e, false) {
+		dc.last, dc.hasLast = e, true
+	}
+}
+
+// write puts one entry in the ring, or enters the overrun state when the
+// ring is full. It reports whether the entry was written.
+func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
+	if dc.prod-dc.consSeen >= dc.size {
+		dc.consSeen = dc.cons.Read()
+		if dc.prod-dc.consSeen >= dc.size {
+			d.overrun(dc)
+			return false
+		}
+	}
+	pos := dc.prod & (dc.size - 1)
+	// Build the entry on the stack and copy it with wide stores: the ring
+	// line is in the reader's cache, and a few wide stores waiting for it
+	// fill the store buffer less than a dozen narrow ones.
+	var t [CQESize]byte
+	binary.LittleEndian.PutUint32(t[OffID:], e.id)
+	binary.LittleEndian.PutUint16(t[OffQueue:], e.queue)
+	t[OffOpcode] = e.opcode
+	t[OffStatus] = e.status
+	binary.LittleEndian.PutUint32(t[OffByteLen:], e.byteLen)
+	binary.LittleEndian.PutUint32(t[OffDevFlags:], e.flags)
+	binary.LittleEndian.PutUint64(t[OffData:], e.data)
+	binary.LittleEndian.PutUint64(t[OffTag:], e.tag)
+	binary.LittleEndian.PutUint64(t[OffSrc:], e.src)
+	binary.LittleEndian.PutUint32(t[OffSyndrome:], e.syndrome)
+	binary.LittleEndian.PutUint32(t[OffBufOff:], e.bufOff)
+	copy(dc.ring[pos*CQESize:pos*CQESize+OffOwner], t[:OffOwner])
+	phase := uint32(1) ^ (dc.prod>>dc.shift)&1
+	if wrongPhase {
+		phase ^= 1
+	}
+	owner, _ := dc.win.Reg32(uintptr(pos*CQESize + OffOwner)) // in range: pos < size
+	owner.Write(phase << 31)                                  // last, a release store
+	dc.prod++
+	dc.written++
+	dc.lastWrite = d.stamp()
+	if dc.armed && dc.armSol && (e.solicited || e.status != 0) {
+		dc.solSeen = true
+	}
+	d.maybeFire(dc)
+	return true
+}
+
+// overrun makes the CQ fatal: the flag tells the driver, an interrupt
+// wakes a blocked reader, and every later completion is dropped.
+func (d *Device) overrun(dc *devCQ) {
+	if dc.dead {
+		return
+	}
+	dc.dead = true
+	dc.over.Write(1)
+	dc.overruns++
+	dc.dropped++
+	if dc.irq != nil {
+		if err := dc.irq.Add(1); err == nil {
+			dc.interrupts++
+			d.fired = true
+		}
+	}
+}
+
+// FaultKind selects an injected fault.
+type FaultKind int
+
+// Faults. Those that change or add an entry apply to the next completion
+// the device writes on the CQ, one fault per completion, in order.
+const (
+	// FaultErrorStatus: the next completion carries Status (GENERAL_ERR
+	// when zero) and Syndrome.
+	FaultErrorStatus FaultKind = iota + 1
+	// FaultBadID: an extra entry whose id was never posted precedes the
+	// next completion.
+	FaultBadID
+	// FaultDuplicateID: an extra entry repeating the previous completion's
+	// id precedes the next completion.
+	FaultDuplicateID
+	// FaultBadLen: the next completion reports 4096 bytes more than it
+	// transferred (more than posted).
+	FaultBadLen
+	// FaultBadStatus: the next completion carries an undefined status.
+	FaultBadStatus
+	// FaultBadOpcode: the next completion carries an undefined opcode.
+	FaultBadOpcode
+	// FaultWrongPhase: a copy of the next completion is first written with
+	// the wrong phase bit.
+	FaultWrongPhase
+	// FaultOverrun: the CQ overruns now.
+	FaultOverrun
+	// FaultLostIRQ: the next interrupt is not delivered.
+	FaultLostIRQ
+	// FaultSpuriousIRQ: an interrupt is raised now with nothing new.
+	FaultSpuriousIRQ
+)
+
+// String names the fault.
+func (k FaultKind) String() string {
+	names := [...]string{"", "error-status", "bad-id", "duplicate-id", "bad-len", "bad-status",
+		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq"}
+	if k > 0 && int(k) < len(names) {
+		return names[k]
+	}
+	return fmt.Sprintf("FaultKind(%d)", int(k))
+}
+
+// Fault is an injected fault.
+type Fault struct {
+	Kind     FaultKind // what goes wrong
+	Status   Status    // FaultErrorStatus
+	Syndrome uint32    // FaultErrorStatus
+}
+
+// Inject makes the device misbehave on CQ c.
+func (d *Device) Inject(c *cq.CQ, f Fault) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dc, err := d.devCQOf(c)
+	if err != nil {
+		return err
+	}
+	switch f.Kind {
+	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase:
+		dc.faults = append(dc.faults, f)
+	case FaultOverrun:
+		d.overrun(dc)
+	case FaultLostIRQ:
+		dc.lose++
+	case FaultSpuriousIRQ:
+		if dc.irq == nil {
+			return fmt.Errorf("sim: %v: CQ has no interrupt: %w", f.Kind, cq.ErrNoData)
+		}
+		return dc.irq.Add(1)
+	default:
+		return fmt.Errorf("sim: unknown fault %v", f.Kind)
+	}
+	return nil
+}

@@ -1,0 +1,17 @@
+package simcq
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/tests/conformance"
+)
+
+func TestConformance(t *testing.T) {
+	d, err := sim.New(sim.Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	conformance.Run(t, &Provider{Dev: d})
+}
