@@ -1,0 +1,143 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/cq"
+)
+
+// Small counts: a ring of 512 entries (the smallest the producer takes)
+// and 20000 completions, so every mode wraps the ring many times.
+const (
+	testEntries = 512
+	testCount   = 20000
+)
+
+// needGCC skips the test when gcc is missing, except under CI=true, where
+// the C reference must be checked.
+func needGCC(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("gcc not found (CI=true): the C reference cannot be checked; install it with apt-get install gcc")
+		}
+		t.Skip("gcc not found: skipping the C reference check; install it with apt-get install gcc")
+	}
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash not found: run.sh cannot run")
+	}
+}
+
+// parseLine reads a reader's "key=value ..." line.
+func parseLine(t *testing.T, line string) map[string]string {
+	t.Helper()
+	kv := map[string]string{}
+	for _, f := range strings.Fields(line) {
+		k, v, ok := strings.Cut(f, "=")
+		require.True(t, ok, "field %q in %q", f, line)
+		kv[k] = v
+	}
+	return kv
+}
+
+// expectDigest is the digest both readers must report with -k for
+// completions 0..n-1: per completion the buffer index, the flags cq gives
+// a RECV with HAS_DATA on a posted FlagRecv|FlagMsg buffer, the length,
+// the buffer offset and the data, as producer.c writes them (ring.h).
+func expectDigest(n uint64, entries uint64) string {
+	const postLen, prime = 2048, 0x100000001b3
+	flags := uint64(cq.FlagRecv | cq.FlagMsg | cq.FlagRemoteCQData)
+	h := uint64(0xcbf29ce484222325)
+	for s := uint64(0); s < n; s++ {
+		slot := s % entries
+		for _, x := range []uint64{slot, flags, 64 + s&1023, slot * postLen, s} {
+			h = (h ^ x) * prime
+		}
+	}
+	return fmt.Sprintf("%016x", h)
+}
+
+// runPair runs the producer and one reader on a fresh file; for mode
+// "local" the reader alone.
+func runPair(ctx context.Context, t *testing.T, out, reader, mode string, batch int) string {
+	t.Helper()
+	bin := filepath.Join(out, reader)
+	b := strconv.Itoa(batch)
+	if mode == "local" {
+		o, err := exec.CommandContext(ctx, bin, "-l", "-n", strconv.Itoa(testEntries), "-c", strconv.Itoa(testCount), "-b", b, "-k").CombinedOutput()
+		require.NoError(t, err, "%s: %s", reader, o)
+		return strings.TrimSpace(string(o))
+	}
+	f := filepath.Join(t.TempDir(), "ring")
+	var perr bytes.Buffer
+	prod := exec.CommandContext(ctx, filepath.Join(out, "producer"), "-f", f, "-n", strconv.Itoa(testEntries),
+		"-m", mode, "-c", strconv.Itoa(testCount), "-t", "10")
+	prod.Stderr = &perr
+	require.NoError(t, prod.Start())
+	o, rerr := exec.CommandContext(ctx, bin, "-f", f, "-b", b, "-k", "-t", "10").CombinedOutput()
+	werr := prod.Wait()
+	require.NoError(t, rerr, "%s: %s (producer: %s)", reader, o, perr.String())
+	require.NoError(t, werr, "producer: %s", perr.String())
+	return strings.TrimSpace(string(o))
+}
+
+// TestReadersAgree builds the benchmark with run.sh (which also runs a
+// tiny table: its output is checked for every row), then runs the C and
+// the Go reader in every mode with the digest on and checks that both
+// report every completion, in order, with the same converted fields, equal
+// to what the producer wrote. Correctness only: no timing is asserted.
+func TestReadersAgree(t *testing.T) {
+	needGCC(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out := t.TempDir()
+
+	cmd := exec.CommandContext(ctx, "bash", "run.sh")
+	cmd.Env = append(os.Environ(), "OUT="+out, "ENTRIES="+strconv.Itoa(testEntries),
+		"COUNT="+strconv.Itoa(testCount), "REPEAT=1", "BATCHES=1 32",
+		"GO="+filepath.Join(runtime.GOROOT(), "bin", "go"))
+	table, err := cmd.CombinedOutput()
+	require.NoError(t, err, "run.sh:\n%s", table)
+	for _, mode := range []string{"filled", "stream", "local"} {
+		for _, batch := range []string{"1", "32"} {
+			require.Regexp(t, `(?m)^`+mode+` +`+batch+` +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +0\.0000$`, string(table),
+				"run.sh's table has no row for %s batch %s with zero Go allocations", mode, batch)
+		}
+		require.Regexp(t, `(?m)^batch 32, `+mode+`: Go [0-9.]+ ns, C [0-9.]+ ns per completion: Go/C = [0-9.]+x, (within|above) the 1.25x target$`,
+			string(table))
+	}
+
+	for _, mode := range []string{"filled", "stream", "local"} {
+		want := uint64(testCount)
+		if mode != "stream" { // whole laps
+			want = (want + testEntries - 1) / testEntries * testEntries
+		}
+		digest := expectDigest(want, testEntries)
+		for _, batch := range []int{1, 8, 256} {
+			for _, reader := range []string{"reader", "goreader"} {
+				kv := parseLine(t, runPair(ctx, t, out, reader, mode, batch))
+				name := fmt.Sprintf("%s mode=%s batch=%d", reader, mode, batch)
+				require.Equal(t, mode, kv["mode"], name)
+				require.Equal(t, strconv.Itoa(batch), kv["batch"], name)
+				require.Equal(t, "ok", kv["order"], name)
+				require.Equal(t, strconv.FormatUint(want, 10), kv["completions"], name)
+				require.Equal(t, digest, kv["digest"], name)
+				if reader == "goreader" {
+					require.Equal(t, "0.0000", kv["allocs_per_completion"], name)
+				}
+			}
+		}
+	}
+}

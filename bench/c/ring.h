@@ -1,0 +1,163 @@
+/*
+ * ring.h: the shared-memory file that the benchmark producer writes and both
+ * readers (reader.c and ../goreader) map. Keep it in step with the constants
+ * in ../goreader/shm.go; the offsets are checked by _Static_assert here and
+ * at run time by the Go reader (magic and version).
+ *
+ * File layout:
+ *   [0, 4096)          control page (struct vb_ctrl)
+ *   [4096, 4096+N*64)  ring of N 64-byte completion entries (struct vb_cqe)
+ *
+ * The entry is nic/sim's CQE, little-endian; the owner word at 60 holds the
+ * phase bit (bit 31), NVMe style: phase 1 on the first lap, flipping each
+ * lap, stored last with a release store.
+ */
+#ifndef VFNIC_BENCH_RING_H
+#define VFNIC_BENCH_RING_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VB_MAGIC 0x51434656u /* "VFCQ" */
+#define VB_VERSION 1u
+#define VB_CTRL_SIZE 4096u
+#define VB_ENTRY_SIZE 64u
+#define VB_OWNER_BIT 0x80000000u
+
+/* Modes written in the header by the producer. */
+#define VB_MODE_FILLED 1u /* one whole lap at a time, then wait until read */
+#define VB_MODE_STREAM 2u /* as fast as the reader frees slots */
+#define VB_MODE_LOCAL 3u  /* no producer: the reader fills each lap itself */
+
+/* The producer never has more than entries - VB_SLACK completions
+ * unconsumed, so it never completes an id the reader has consumed but not
+ * yet re-posted (the consumer index is published before the re-posts).
+ * Readers refuse batches above it. */
+#define VB_SLACK 256u
+
+/* nic/sim's opcodes, statuses and dev_flags bits. */
+enum { VB_OP_SEND = 0, VB_OP_RECV = 1, VB_OP_WRITE = 2, VB_OP_READ = 3, VB_OP_RECV_RDMA_IMM = 4 };
+enum {
+	VB_ST_OK = 0,
+	VB_ST_LOCAL_LEN_ERR = 1,
+	VB_ST_LOCAL_PROT_ERR = 2,
+	VB_ST_WR_FLUSH_ERR = 3,
+	VB_ST_REMOTE_ACCESS_ERR = 4,
+	VB_ST_GENERAL_ERR = 5
+};
+enum { VB_DEV_HAS_DATA = 1, VB_DEV_TAGGED = 2, VB_DEV_MULTI_RECV = 4, VB_DEV_MORE = 8, VB_DEV_HAS_SRC = 16 };
+
+/* The completions the producer writes, so readers and the Go test can
+ * check every field: sequence number s completes id s % entries (the
+ * readers post ids 0..N-1 and re-post in completion order), opcode RECV,
+ * status OK, HAS_DATA with data = s, byte_len = VB_LEN(s). */
+#define VB_POST_LEN 2048u
+#define VB_LEN(s) (64u + (uint32_t)((s) & 1023u))
+#define VB_BUF_BASE 0x10000000ull /* fake buffer addresses: no payload moves */
+
+struct vb_cqe {
+	uint32_t id;        /* 0 */
+	uint16_t queue;     /* 4 */
+	uint8_t opcode;     /* 6 */
+	uint8_t status;     /* 7 */
+	uint32_t byte_len;  /* 8 */
+	uint32_t dev_flags; /* 12 */
+	uint64_t data;      /* 16 */
+	uint64_t tag;       /* 24 */
+	uint64_t src;       /* 32 */
+	uint32_t syndrome;  /* 40 */
+	uint32_t buf_off;   /* 44 */
+	uint8_t reserved[12];
+	_Atomic uint32_t owner; /* 60: phase bit 31, written last */
+};
+
+/* Each side's words sit on their own cache line, so that a reader spinning
+ * on one does not steal the line the other side is writing. */
+struct vb_ctrl {
+	/* line 0, as nic/sim's CQ status page: the consumer doorbell (entries
+	 * consumed, modulo 2^32) written by the reader once per batch; the
+	 * overrun word (bit 0) the producer would set; the producer index. */
+	_Atomic uint32_t consumer; /* 0 */
+	uint32_t pad0[3];
+	_Atomic uint32_t overrun;  /* 16 */
+	_Atomic uint32_t producer; /* 20 */
+	uint8_t pad1[40];
+	/* line 1: header, complete before the file appears under its name */
+	uint32_t magic;      /* 64 */
+	uint32_t version;    /* 68 */
+	uint32_t entries;    /* 72 */
+	uint32_t entry_size; /* 76 */
+	uint32_t mode;       /* 80 */
+	uint32_t slack;      /* 84 */
+	uint64_t total;      /* 88: completions the producer will write */
+	uint8_t pad2[32];
+	/* line 2: reader -> producer, set once the reader has posted its ops */
+	_Atomic uint32_t reader_ready; /* 128 */
+	uint8_t pad3[60];
+	/* line 3: producer -> reader: completions written (filled mode: after
+	 * each lap; stream mode: at the end) */
+	_Atomic uint64_t produced; /* 192 */
+	uint8_t pad4[56];
+	/* line 4: reader -> producer (filled mode): laps read and re-posted */
+	_Atomic uint32_t laps_done; /* 256 */
+	uint8_t pad5[60];
+	/* line 5: either side sets it when it gives up, so the other stops */
+	_Atomic uint32_t abort_flag; /* 320 */
+};
+
+_Static_assert(sizeof(struct vb_cqe) == VB_ENTRY_SIZE, "entry size");
+_Static_assert(offsetof(struct vb_cqe, data) == 16, "data offset");
+_Static_assert(offsetof(struct vb_cqe, buf_off) == 44, "buf_off offset");
+_Static_assert(offsetof(struct vb_cqe, owner) == 60, "owner offset");
+_Static_assert(offsetof(struct vb_ctrl, overrun) == 16, "overrun offset");
+_Static_assert(offsetof(struct vb_ctrl, magic) == 64, "magic offset");
+_Static_assert(offsetof(struct vb_ctrl, total) == 88, "total offset");
+_Static_assert(offsetof(struct vb_ctrl, reader_ready) == 128, "reader_ready offset");
+_Static_assert(offsetof(struct vb_ctrl, produced) == 192, "produced offset");
+_Static_assert(offsetof(struct vb_ctrl, laps_done) == 256, "laps_done offset");
+_Static_assert(offsetof(struct vb_ctrl, abort_flag) == 320, "abort offset");
+_Static_assert(sizeof(struct vb_ctrl) <= VB_CTRL_SIZE, "control page");
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the ring is little-endian; this benchmark supports little-endian hosts only"
+#endif
+
+/* vb_fill writes every field of the entry for sequence s but its owner
+ * word: id s % n, opcode RECV, status OK, HAS_DATA, data s, VB_LEN(s). */
+static inline void vb_fill(struct vb_cqe *ring, uint64_t s, uint32_t n)
+{
+	struct vb_cqe *e = &ring[s & (n - 1)];
+	e->id = (uint32_t)(s & (n - 1));
+	e->queue = 0;
+	e->opcode = VB_OP_RECV;
+	e->status = VB_ST_OK;
+	e->byte_len = VB_LEN(s);
+	e->dev_flags = VB_DEV_HAS_DATA;
+	e->data = s;
+	e->tag = 0;
+	e->src = 0;
+	e->syndrome = 0;
+	e->buf_off = 0;
+	for (unsigned i = 0; i < sizeof e->reserved; i++)
+		e->reserved[i] = 0;
+}
+
+/* vb_publish hands the entry for sequence s to the reader: the owner word
+ * with this lap's phase (1 on lap 0, flipping each lap; shift = log2 n),
+ * stored last with release semantics. */
+static inline void vb_publish(struct vb_cqe *ring, uint64_t s, uint32_t n, unsigned shift)
+{
+	uint32_t phase = 1u ^ ((uint32_t)(s >> shift) & 1u);
+	atomic_store_explicit(&ring[s & (n - 1)].owner, phase << 31, memory_order_release);
+}
+
+static inline void vb_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+#endif
