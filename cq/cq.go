@@ -141,6 +141,33 @@ func (c *CQ) ReadFrom(ents []Entry, addrs []Addr) (int, error) {
 
 func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	c.lock()
+	if c.closed || len(ents) == 0 || len(c.srcs) != 1 {
+		return c.readAll(ents, addrs)
+	}
+	// One source, the common case: what readAll does, with nothing but c
+	// to keep across the call.
+	n, st := c.srcs[0].Poll(ents, addrs)
+	if st == StateOverrun && n == 0 {
+		c.fatal = true
+	}
+	fatal := c.fatal
+	if !c.single { // c.unlock, which the compiler does not inline
+		c.mu.Unlock()
+	}
+	switch {
+	case n > 0:
+		return n, nil
+	case st == StateError:
+		return 0, ErrAvail
+	case fatal:
+		return 0, ErrOverrun
+	}
+	return 0, ErrAgain
+}
+
+// readAll is read for a closed CQ, a zero-count read and any number of
+// sources. Called locked; it unlocks.
+func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 	if c.closed {
 		c.unlock()
 		return 0, ErrClosed

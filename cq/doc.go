@@ -14,8 +14,10 @@
 //     error completion (ProvBadID, ProvBadLen, ...), never a panic.
 //   - RingSource: a Ring plus its Tables and the device's status and
 //     opcode codes, converting entries to the CQ's format in one pass with
-//     no call per entry. Source is the small interface (called once per
-//     batch) through which a CQ reaches it.
+//     no call per entry. A layout whose fields are byte-aligned is read by
+//     a loop compiled for the CQ's format and the fields' widths, chosen
+//     once (fast.go); any other by a generic loop. Source is the small
+//     interface (called once per batch) through which a CQ reaches it.
 //   - CQ: one or more Sources behind Read, ReadFrom, ReadErr, SRead,
 //     SReadFrom, Signal, StrError, WaitFD/TryWait and Close. Blocking
 //     reads arm the device's interrupt, poll again and park the goroutine

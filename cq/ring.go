@@ -53,7 +53,6 @@ type Ring struct {
 	mask  uint32 // ownership bits
 	want  uint32 // masked ownership word of a driver-owned entry this lap
 	head  uint32 // ring position of the next entry
-	phase uint32
 	count uint32 // entries consumed since Reset, modulo 2^32
 	flip  bool   // the expected value flips on wrap (all but DD)
 	clear bool   // consuming clears the ownership bits (DD)
@@ -110,12 +109,8 @@ func NewRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 // rewind resets the reader state to lap 0, position 0.
 func (r *Ring) rewind() {
 	r.head, r.count = 0, 0
-	r.phase = r.l.InitPhase
-	if r.l.Convention == DescriptorDone {
-		r.phase = 1
-	}
 	r.want = 0
-	if r.phase == 1 {
+	if r.l.InitPhase == 1 || r.l.Convention == DescriptorDone {
 		r.want = r.mask
 	}
 }
@@ -146,8 +141,14 @@ func (r *Ring) Head() uint32 { return r.head }
 // index a device compares with its producer index.
 func (r *Ring) Count() uint32 { return r.count }
 
-// Phase returns the phase (wrap counter, generation) expected on this lap.
-func (r *Ring) Phase() uint32 { return r.phase }
+// Phase returns the phase (wrap counter, generation) expected on this lap:
+// 1 when the ownership bits must be set (always, for DescriptorDone).
+func (r *Ring) Phase() uint32 {
+	if r.want == r.mask {
+		return 1
+	}
+	return 0
+}
 
 func (r *Ring) entry(i uint32) unsafe.Pointer {
 	return unsafe.Add(r.base, uintptr(i)*r.esz)
@@ -228,7 +229,6 @@ func (r *Ring) Advance() {
 	if r.head == r.n {
 		r.head = 0
 		if r.flip {
-			r.phase ^= 1
 			r.want ^= r.mask
 		}
 	}

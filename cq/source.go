@@ -150,6 +150,11 @@ type RingSource struct {
 	mData    uint64
 	mTag     uint64
 
+	// fast is the fast path (fast.go), made with the source when the
+	// layout allows it; its loop is chosen by Attach for the CQ's format.
+	// Nil when the generic loop must be used.
+	fast *fastPath
+
 	staged   bool
 	overrun  bool
 	closed   bool
@@ -201,6 +206,7 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 		}
 		q.bits[v] = f
 	}
+	q.fast = newFastPath(q, r)
 	empty := []*Table{}
 	q.tables.Store(&empty)
 	return q, nil
@@ -268,17 +274,23 @@ func (q *RingSource) Attach(f Format) error {
 	if f >= FormatTagged {
 		q.mTag = ^uint64(0)
 	}
+	if q.fast != nil {
+		q.fast.setFormat(f)
+	}
 	return nil
 }
 
-// Poll implements Source.
+// Poll implements Source. A Read (no addrs) takes the fast path when the
+// source has one (pollFast).
 func (q *RingSource) Poll(ents []Entry, addrs []Addr) (int, State) {
-	return q.poll(ents, addrs, false)
+	if q.fast == nil || addrs != nil || q.staged || q.overrun {
+		return q.poll(ents, addrs, false)
+	}
+	return q.pollFast(ents)
 }
 
-// poll is the hot loop. With errOnly it consumes nothing but an error entry
-// at the head (for ReadErr). The ring state lives in locals for the batch,
-// so consecutive entries do not wait on stores to the Ring.
+// poll reads one batch with the generic loop. With errOnly it consumes
+// nothing but an error entry at the head (for ReadErr).
 func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State) {
 	if q.staged {
 		return 0, StateError
@@ -286,8 +298,18 @@ func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State)
 	if q.overrun {
 		return 0, StateOverrun
 	}
-	r := q.ring
 	tabs := *q.tables.Load()
+	n, stopped, fail := q.pollGeneric(ents, addrs, errOnly, tabs)
+	return q.endBatch(n, stopped, fail, tabs)
+}
+
+// pollGeneric is the loop for any layout, format and call. The ring state
+// lives in locals for the batch, so consecutive entries do not wait on
+// stores to the Ring. It returns the entries moved, whether it stopped at
+// an entry that is not driver-owned, and whether it stopped at a refused
+// one.
+func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs []*Table) (n int, stopped, fail bool) {
+	r := q.ring
 	base, esz, own, mask, size := r.base, r.esz, r.own, r.mask, r.n
 	head, want, count := r.head, r.want, r.count
 	// Copies on the stack: the stores into ents cannot alias them, so the
@@ -295,9 +317,6 @@ func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State)
 	gID, gQ, gSt, gOp, gLen, gOff, gFl := r.f[fID], r.f[fQueue], r.f[fStatus], r.f[fOpcode], r.f[fLen], r.f[fBufOff], r.f[fFlags]
 	idx, clr, flip := r.idx, r.clear, r.flip
 	mFlags, mLen, mBuf, mData, mTag := q.mFlags, q.mLen, q.mBuf, q.mData, q.mTag
-	n := 0
-	stopped := false // stopped at a not-ready entry, not at the end of ents
-	fail := false    // the head entry is refused: staged after the loop
 	for n < len(ents) {
 		e := unsafe.Add(base, uintptr(head)*esz)
 		if atomic.LoadUint32((*uint32)(unsafe.Add(e, own)))&mask != want {
@@ -392,12 +411,14 @@ func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State)
 		n++
 	}
 	r.head, r.want, r.count = head, want, count
-	if r.flip {
-		r.phase = 0
-		if want == mask {
-			r.phase = 1
-		}
-	}
+	return n, stopped, fail
+}
+
+// endBatch finishes a batch of n entries: it stages the refused head entry
+// (fail) or, when the ring ran dry (stopped), checks for a hole and for an
+// overrun; then it rings the doorbell once and publishes the released ids.
+func (q *RingSource) endBatch(n int, stopped, fail bool, tabs []*Table) (int, State) {
+	r := q.ring
 	switch {
 	case fail:
 		q.stageHead(tabs)
