@@ -135,7 +135,7 @@ echo "(medians of $REPEAT runs; \"best\" is the ratio of the fastest runs, the l
 echo
 echo "The C reader does the Go path's checks and conversion; it differs in: a refused entry"
 echo "stops the run (Go stages an error completion for ReadErr); fields are read through a C"
-echo "struct, not cq.Layout's (offset, shift, mask) fields; it fills a 40-byte"
+echo "struct with constant offsets (Go loads them at cq.Layout's offsets); it fills a 40-byte"
 echo "fi_cq_data_entry (cq.Entry is 64 bytes: interface Context, Tag, Queue); its release"
 echo "stores are plain stores (Go's atomic.StoreUint32 is an XCHG)."
 echo
