@@ -369,3 +369,31 @@ func TestErrno(t *testing.T) {
 	require.NotErrorIs(t, ErrTimeout, ErrSignaled)
 	require.Equal(t, "RECV|SEND", (FlagSend | FlagRecv).String())
 }
+
+// TestResolveEverySize resolves every size from 1 to 65536: the actual size
+// is at least the request, a power of two when the device needs one, and
+// the smallest such; one past the maximum is refused.
+func TestResolveEverySize(t *testing.T) {
+	for _, pow2 := range []bool{false, true} {
+		lim := Limits{MaxSize: 65536, PowerOfTwo: pow2}
+		for n := 1; n <= 65536; n++ {
+			a, err := lim.Resolve(Attr{Size: n})
+			if err != nil {
+				t.Fatalf("size %d: %v", n, err)
+			}
+			want := n
+			if pow2 {
+				want = 1
+				for want < n {
+					want <<= 1
+				}
+			}
+			if a.Size != want {
+				t.Fatalf("size %d (power of two %v): got %d, want %d", n, pow2, a.Size, want)
+			}
+		}
+		if _, err := lim.Resolve(Attr{Size: 65537}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("size 65537: %v", err)
+		}
+	}
+}
