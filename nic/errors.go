@@ -1,0 +1,58 @@
+package nic
+
+import "errors"
+
+// Errors of opening and using a device.
+var (
+	// ErrNoDriver means no registered driver handles the device.
+	ErrNoDriver = errors.New("nic: no driver for device")
+	// ErrNotSupported means the device lacks something the driver needs
+	// (a feature, enough interrupt vectors, a modern interface).
+	ErrNotSupported = errors.New("nic: not supported by the device")
+	// ErrInvalid means an argument or a Config field is out of range.
+	ErrInvalid = errors.New("nic: invalid argument")
+	// ErrClosed means the device or queue was closed.
+	ErrClosed = errors.New("nic: closed")
+	// ErrFull means the queue has no free descriptor or buffer: read
+	// completions (and Release receive buffers), then retry.
+	ErrFull = errors.New("nic: queue full")
+	// ErrFrameSize means a frame is shorter than an Ethernet header or
+	// longer than the device's MTU allows.
+	ErrFrameSize = errors.New("nic: bad frame size")
+	// ErrBadBuffer means a buffer handed back (Release, Repost) is not one
+	// the queue gave out, or was handed back twice.
+	ErrBadBuffer = errors.New("nic: bad buffer")
+	// ErrTimeout means a blocking read's timeout passed with nothing to read.
+	ErrTimeout = errors.New("nic: timeout")
+	// ErrDeviceFailed means the device stopped working: it did not reset,
+	// refused the negotiated features, or flagged DEVICE_NEEDS_RESET.
+	ErrDeviceFailed = errors.New("nic: device failed")
+)
+
+// Errors carried by error completions (Completion.Err). They describe a
+// device that wrote something the driver never posted; the entry is
+// consumed and the driver's state stays consistent.
+var (
+	// ErrBadID means the device completed a buffer id that is not
+	// outstanding (out of range, never posted, or already completed).
+	ErrBadID = errors.New("nic: completion names a buffer id that is not outstanding")
+	// ErrBadLen means the device reported a length larger than the posted
+	// buffer, or too short to hold the headers.
+	ErrBadLen = errors.New("nic: completion length does not fit the posted buffer")
+	// ErrBadPhase means a descriptor's ownership bits are in a state the
+	// device may never write (for example a virtio packed descriptor whose
+	// USED bit matches the wrap counter while AVAIL does not).
+	ErrBadPhase = errors.New("nic: completion descriptor out of phase")
+	// ErrBadIndex means the device moved its completion index further than
+	// the number of outstanding buffers. The queue is unusable afterwards:
+	// reads return nothing and other operations ErrBroken.
+	ErrBadIndex = errors.New("nic: device index beyond the posted buffers")
+	// ErrMultiBuffer means a received frame spans several buffers, which
+	// this driver does not reassemble; every buffer of the frame completes
+	// with this error and is recycled.
+	ErrMultiBuffer = errors.New("nic: frame spans several receive buffers")
+	// ErrBroken is returned by the operations of a queue whose device
+	// reported an impossible completion index (ErrBadIndex); only closing
+	// (and so resetting) the device recovers.
+	ErrBroken = errors.New("nic: queue broken by a misbehaving device")
+)

@@ -1,0 +1,273 @@
+package nic
+
+import (
+	"context"
+	"io"
+	"net"
+	"time"
+
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/hugepage"
+)
+
+// Frame size limits without the frame check sequence, which the devices
+// add and strip themselves.
+const (
+	// MinFrame is the shortest frame a queue sends: an Ethernet header.
+	MinFrame = 14
+	// MaxFrame is the longest frame for the standard 1500-byte MTU.
+	MaxFrame = 1514
+)
+
+// Completion is one finished operation, read in batches into records the
+// caller owns (Poll, SRead). Which fields are set depends on the queue:
+//
+//	receive: Context, Buf, Data, Len, Queue (Err on a bad entry)
+//	send:    Context, Len, Queue (Err on a bad entry)
+//
+// A receive completion lends its buffer to the caller: Data stays valid
+// until the buffer goes back with Release or Repost, and never past the
+// device's Close (the memory is unmapped). An error completion lends
+// nothing: the driver has already recycled its buffer.
+type Completion struct {
+	// Context is the value given when the operation was posted.
+	Context any
+	// Buf identifies a received frame's buffer: the address of the frame's
+	// first byte, to pass to Release or Repost. Zero for sends and errors.
+	Buf uintptr
+	// Data is the received frame (Ethernet header first, no FCS), a view
+	// of the driver's DMA buffer. Nil for sends and errors.
+	Data []byte
+	// Len is the frame length in bytes.
+	Len int
+	// Queue is the index of the queue the completion came from.
+	Queue int
+	// Err is nil, or why the device's entry was refused (ErrBadID,
+	// ErrBadLen, ErrBadPhase, ErrBadIndex, ErrMultiBuffer).
+	Err error
+}
+
+// Queue is what receive and transmit queues have in common: completions,
+// doorbells and interrupts.
+type Queue interface {
+	// Index is the queue's number (0 to QueuePairs-1).
+	Index() int
+	// Size is the number of descriptors in the queue's ring.
+	Size() int
+	// Outstanding is the number of operations posted and not completed.
+	Outstanding() int
+	// Flush makes the operations posted since the last Flush visible to
+	// the device and notifies it unless it suppressed notifications.
+	Flush() error
+	// Poll moves up to len(out) completions into out without blocking and
+	// returns how many. An error completion is always the last one.
+	Poll(out []Completion) int
+	// SRead is the blocking Poll: it returns once threshold completions
+	// (at least 1, at most len(out)) are read, an error completion is
+	// read, or the timeout passes with at least one read. With nothing
+	// read it returns ErrTimeout; a negative timeout waits forever, zero
+	// polls once. It arms the interrupt, polls once more, then sleeps
+	// (see SRead in this package); ctx cancellation and Close end it.
+	SRead(ctx context.Context, out []Completion, threshold int, timeout time.Duration) (int, error)
+	// Arm asks the device for one interrupt once threshold completions
+	// (counted from the next one Poll would return) are ready, or once
+	// every outstanding operation completed when fewer are outstanding.
+	// Poll turns interrupts off again when it returns completions. Callers
+	// poll once more after Arm: entries written before it raise no
+	// interrupt.
+	Arm(threshold int) error
+	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
+	// loops that poll(2) it themselves; the queue keeps ownership.
+	Interrupt() *eventfd.FD
+	// WaitInterrupt sleeps until the queue's interrupt fires (nil), the
+	// deadline passes (ErrTimeout; a zero deadline waits forever), ctx
+	// ends (its error) or the queue closes (ErrClosed).
+	WaitInterrupt(ctx context.Context, deadline time.Time) error
+	// Stats returns the queue's counters.
+	Stats() QueueStats
+}
+
+// RxQueue is a receive queue. Its buffers come from a pool the driver
+// allocated in DMA memory at Open; each PostRecv lends one to the device.
+type RxQueue interface {
+	Queue
+	// PostRecv posts a free buffer for one frame with the caller's context
+	// (call Flush to hand it to the device). ErrFull: no free descriptor,
+	// or every buffer is lent out.
+	PostRecv(ctx any) error
+	// Repost posts the buffer of a received frame again, with a new
+	// context, without a round trip through the pool.
+	Repost(buf uintptr, ctx any) error
+	// Release returns the buffer of a received frame to the pool.
+	Release(buf uintptr) error
+	// MaxFrame is the longest frame a buffer holds.
+	MaxFrame() int
+	// Frame returns the bytes of a received frame from the Buf and Len of
+	// its completion, for completions read through a cq.CQ (whose entries
+	// carry an address, not a slice). The bytes stay valid until Release
+	// or Repost.
+	Frame(buf uintptr, length int) ([]byte, error)
+}
+
+// TxQueue is a transmit queue.
+type TxQueue interface {
+	Queue
+	// Send copies frame into one of the queue's DMA buffers and posts it
+	// with the caller's context (call Flush to hand it to the device).
+	// ErrFull: read completions first. ErrFrameSize: the frame is shorter
+	// than MinFrame or longer than MaxFrame().
+	Send(frame []byte, ctx any) error
+	// MaxFrame is the longest frame Send takes.
+	MaxFrame() int
+}
+
+// Device is an open NIC driven from user space.
+type Device interface {
+	io.Closer
+	// Info describes the device and what was negotiated.
+	Info() Info
+	// MAC is the device's Ethernet address.
+	MAC() net.HardwareAddr
+	// Link reads the link state from the device.
+	Link() (Link, error)
+	// Stats sums the queues' counters.
+	Stats() Stats
+	// QueuePairs is the number of receive/transmit queue pairs in use.
+	QueuePairs() int
+	// Rx returns receive queue i.
+	Rx(i int) (RxQueue, error)
+	// Tx returns transmit queue i.
+	Tx(i int) (TxQueue, error)
+	// BindCQ makes the receive and/or transmit queue of pair i feed c: the
+	// queue's completions are then read with c.Read, c.SRead, ... (the
+	// queue's own Poll returns nothing and its SRead fails), and the
+	// queue's interrupt signals c's wait object. Each queue feeds at most
+	// one CQ; several queues may feed one. The binding lasts until the
+	// device is closed, which must happen before c is closed (c.Close
+	// fails with cq.ErrBusy while queues are bound).
+	//
+	// Entries carry the posted Context, Len, Flags (cq.FlagRecv or
+	// cq.FlagSend, with cq.FlagMsg) and, for receives, Buf: the frame's
+	// address, for RxQueue.Frame, Release and Repost. Queue is the
+	// device's number for the queue (see the driver). Bad device entries
+	// become error completions (cq.ProvBadID, cq.ProvBadLen, ...).
+	BindCQ(c *cq.CQ, i int, dir Direction) error
+}
+
+// Direction selects the queues of a pair.
+type Direction uint8
+
+// Directions.
+const (
+	Recv Direction = 1 << iota // the receive queue
+	Send                       // the transmit queue
+)
+
+// Config says how to open a device. The zero Config asks for the driver's
+// defaults: one queue pair of 256 descriptors, 2 KiB buffers, twice as many
+// receive buffers as descriptors, DMA memory in 2 MiB hugepages at IOVAs
+// from 4 GiB up.
+type Config struct {
+	// QueuePairs is the number of receive/transmit queue pairs; 0 means 1.
+	// More than the device offers is an error.
+	QueuePairs int
+	// QueueSize is the number of descriptors per ring; 0 means the
+	// driver's default, capped at what the device allows. Rings that must
+	// be a power of two are rounded down.
+	QueueSize int
+	// RxBuffers is the number of buffers per receive queue; 0 means twice
+	// QueueSize (so a full ring can be refilled while frames are held).
+	RxBuffers int
+	// BufferSize is the size of a buffer, driver headers included; 0 means
+	// 2048. It must hold a MaxFrame frame.
+	BufferSize int
+	// Promiscuous asks for every frame on the wire rather than those for
+	// the device's MAC, broadcast and multicast (where the device lets the
+	// driver choose).
+	Promiscuous bool
+	// Force takes a device even though a kernel network interface on it is
+	// up or carries addresses (see pci.CheckInUse).
+	Force bool
+	// IOVAFloor is the lowest device address used for DMA; 0 means 4 GiB,
+	// above the RAM of small machines, so that a stray physical address
+	// written by a device never lands in a buffer.
+	IOVAFloor uint64
+	// Memory says which pages back DMA memory (hugepage.Options); the zero
+	// value asks for 2 MiB hugepages without fallback.
+	Memory hugepage.Options
+}
+
+// Info describes an open device.
+type Info struct {
+	// Driver is the driver's name ("virtio").
+	Driver string
+	// Address is the PCI address ("0000:00:04.0").
+	Address string
+	// Model names the device ("virtio-net (packed ring)").
+	Model string
+	// MAC is the Ethernet address.
+	MAC net.HardwareAddr
+	// MTU is the largest payload the device carries (1500 unless it says).
+	MTU int
+	// QueuePairs is the number of queue pairs in use; MaxQueuePairs what
+	// the device offers.
+	QueuePairs    int
+	MaxQueuePairs int
+	// QueueSize is the number of descriptors per ring.
+	QueueSize int
+	// RxBuffers is the number of buffers per receive queue; BufferSize
+	// their size, driver headers included.
+	RxBuffers  int
+	BufferSize int
+	// Vectors is the number of MSI-X vectors wired to eventfds.
+	Vectors int
+	// Features lists the negotiated device features by name.
+	Features []string
+}
+
+// Link is a link state.
+type Link struct {
+	// Up is true when the link is up. Devices that do not report their
+	// link are always up, with Reported false.
+	Up bool
+	// Reported is true when the device reports its link state.
+	Reported bool
+	// SpeedMbps is the speed in Mbit/s, 0 when unknown.
+	SpeedMbps int
+	// FullDuplex is true for a full-duplex link (when known).
+	FullDuplex bool
+}
+
+// QueueStats are one queue's counters since Open.
+type QueueStats struct {
+	// Packets and Bytes count completed frames (without driver headers).
+	Packets, Bytes uint64
+	// Errors counts error completions.
+	Errors uint64
+	// Notifies counts doorbell writes; Suppressed the flushes whose
+	// doorbell the device's event suppression made unnecessary.
+	Notifies, Suppressed uint64
+	// Interrupts counts interrupts the queue's eventfd delivered.
+	Interrupts uint64
+}
+
+// Add adds o's counters to s.
+func (s *QueueStats) Add(o QueueStats) {
+	s.Packets += o.Packets
+	s.Bytes += o.Bytes
+	s.Errors += o.Errors
+	s.Notifies += o.Notifies
+	s.Suppressed += o.Suppressed
+	s.Interrupts += o.Interrupts
+}
+
+// Stats are a device's counters: totals and per queue.
+type Stats struct {
+	// Rx and Tx are the sums over the queues.
+	Rx, Tx QueueStats
+	// RxQueues and TxQueues are per queue.
+	RxQueues, TxQueues []QueueStats
+	// ConfigInterrupts counts configuration-change interrupts (link changes).
+	ConfigInterrupts uint64
+}

@@ -1,0 +1,751 @@
+package virtio
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/vfio"
+)
+
+// Defaults for the zero Config.
+const (
+	DefaultQueueSize  = 256     // descriptors per ring (QEMU's default and maximum)
+	DefaultBufferSize = 2048    // bytes per buffer, virtio-net header included
+	DefaultIOVAFloor  = 4 << 30 // lowest device address of DMA memory
+)
+
+const (
+	resetTimeout = time.Second     // for the device to read back status 0
+	ctrlTimeout  = 2 * time.Second // for a control command to complete
+)
+
+// Config is nic.Config plus virtio's own choices.
+type Config struct {
+	nic.Config
+	// Split uses split rings even when the device offers packed rings.
+	Split bool
+	// NoEventIdx does not negotiate RING_EVENT_IDX: notifications are then
+	// only switched on and off, never aimed at a ring position.
+	NoEventIdx bool
+	// NoMergeable does not negotiate MRG_RXBUF.
+	NoMergeable bool
+}
+
+// Device is a virtio-net device driven through VFIO (nic.Device).
+type Device struct {
+	name     string
+	pciDev   pci.Device
+	features Features
+	packed   bool
+	mac      net.HardwareAddr
+	mtu      int
+	maxPairs int
+	info     nic.Info
+
+	container *vfio.Container
+	vdev      *vfio.Device
+	t         *transport
+	space     *dma.Space
+	cfgEFD    *eventfd.FD
+	efds      []*eventfd.FD // the device's eventfds, one per vector, config first
+	vectorFDs []int         // what each MSI-X vector signals now (BindCQ rewires)
+	bound     []*cq.CQ      // one entry per queue bound with BindCQ
+	rx        []*RxQueue
+	tx        []*TxQueue
+	ctrl      *ctrlQueue
+
+	mu         sync.Mutex // Close and config-space reads
+	closed     bool
+	cfgIntr    atomic.Uint64
+	closeError error
+}
+
+var _ nic.Device = (*Device)(nil)
+
+func init() {
+	// The name is unique to this package, so registration cannot fail.
+	_ = nic.Register(nic.Driver{Name: "virtio", Match: Match,
+		Open: func(ctx context.Context, d pci.Device, cfg nic.Config) (nic.Device, error) {
+			return Open(ctx, d.Address.String(), Config{Config: cfg})
+		}})
+}
+
+// Match reports whether d is a virtio-net device (modern, or transitional
+// with a modern interface this driver can use).
+func Match(d pci.Device) bool {
+	return d.VendorID == pci.VirtioVendorID && (d.DeviceID == pciDeviceNetModern || d.DeviceID == pciDeviceNetTransitional)
+}
+
+// Open takes the virtio-net device at addr: it checks the kernel is not
+// using it (unless cfg.Force), binds it to vfio-pci, resets it, negotiates
+// features (VERSION_1 and ACCESS_PLATFORM are required; RING_PACKED,
+// EVENT_IDX, MRG_RXBUF, MAC, STATUS, MTU, CTRL_VQ, CTRL_RX and MQ are taken
+// when offered), sets up the queues in DMA memory with one MSI-X vector
+// per queue (vector 0 for configuration changes) and starts the device.
+// The receive queues start empty: post buffers, then Flush.
+func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
+	if !littleEndian() {
+		return nil, fmt.Errorf("%w: virtio rings are little-endian and this driver stores natively", nic.ErrNotSupported)
+	}
+	a, err := pci.ParseAddress(addr)
+	if err != nil {
+		return nil, err
+	}
+	name := a.String()
+	pd, err := pci.Lookup(a)
+	if err != nil {
+		return nil, err
+	}
+	if !Match(pd) {
+		return nil, fmt.Errorf("%w: %s is %04x:%04x, not virtio-net", nic.ErrNoDriver, name, pd.VendorID, pd.DeviceID)
+	}
+	if err := normalize(&cfg); err != nil {
+		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
+	}
+	sys := pci.Sysfs{}
+	if err := sys.CheckInUse(a, nil, cfg.Force); err != nil {
+		return nil, err
+	}
+	if err := sys.Bind(ctx, a, "vfio-pci"); err != nil {
+		return nil, err
+	}
+	if pd, err = pci.Lookup(a); err != nil {
+		return nil, err
+	}
+	if pd.IOMMUGroup < 0 {
+		return nil, fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, name)
+	}
+	d := &Device{name: name, pciDev: pd}
+	if err := d.bringUp(ctx, cfg); err != nil {
+		// Whatever was set up is released, the device reset first.
+		_ = d.teardown()
+		return nil, err
+	}
+	return d, nil
+}
+
+// bringUp opens the VFIO objects and starts the device.
+func (d *Device) bringUp(ctx context.Context, cfg Config) error {
+	var err error
+	if d.container, err = vfio.OpenContainer(); err != nil {
+		return err
+	}
+	g, err := d.container.OpenGroup(d.pciDev.IOMMUGroup)
+	if err != nil {
+		return err
+	}
+	if d.vdev, err = g.OpenDevice(d.name); err != nil {
+		return err
+	}
+	if err = d.vdev.SetBusMaster(true); err != nil {
+		return err
+	}
+	if err = d.mapTransport(); err != nil {
+		return err
+	}
+	return d.start(ctx, cfg)
+}
+
+// normalize fills in defaults and checks the Config.
+func normalize(cfg *Config) error {
+	c := &cfg.Config
+	if c.QueuePairs == 0 {
+		c.QueuePairs = 1
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = DefaultQueueSize
+	}
+	if c.BufferSize == 0 {
+		c.BufferSize = DefaultBufferSize
+	}
+	if c.RxBuffers == 0 {
+		c.RxBuffers = 2 * c.QueueSize
+	}
+	if c.IOVAFloor == 0 {
+		c.IOVAFloor = DefaultIOVAFloor
+	}
+	switch {
+	case c.QueuePairs < 1 || c.QueuePairs > 0x8000:
+		return fmt.Errorf("%w: %d queue pairs", nic.ErrInvalid, c.QueuePairs)
+	case c.QueueSize < 2 || c.QueueSize > 1<<15:
+		return fmt.Errorf("%w: queue size %d (2 to 32768)", nic.ErrInvalid, c.QueueSize)
+	case c.BufferSize < netHdrLen+nic.MaxFrame || c.BufferSize > 1<<16:
+		return fmt.Errorf("%w: buffer size %d (%d to 65536)", nic.ErrInvalid, c.BufferSize, netHdrLen+nic.MaxFrame)
+	case c.RxBuffers < 1 || c.RxBuffers > 1<<20:
+		return fmt.Errorf("%w: %d receive buffers", nic.ErrInvalid, c.RxBuffers)
+	}
+	return nil
+}
+
+// mapTransport decodes the virtio capabilities and maps their structures.
+func (d *Device) mapTransport() error {
+	cs, err := pci.ReadConfig(d.vdev.ConfigReader())
+	if err != nil {
+		return fmt.Errorf("virtio: config space of %s: %w", d.name, err)
+	}
+	caps, err := cs.VirtioCaps()
+	if err != nil {
+		return fmt.Errorf("virtio: capabilities of %s: %w", d.name, err)
+	}
+	bars := map[uint8]*vfio.RegionMapping{}
+	d.t, err = newTransport(d.name, caps, func(bar uint8, off, n uint64) ([]byte, error) {
+		m, ok := bars[bar]
+		if !ok {
+			if m, err = d.vdev.MapRegion(int(bar)); err != nil {
+				return nil, err
+			}
+			bars[bar] = m
+		}
+		return m.Slice(off, n)
+	})
+	return err
+}
+
+// start resets the device and brings it up (3.1.1 of the specification).
+func (d *Device) start(ctx context.Context, cfg Config) error {
+	t := d.t
+	if err := t.reset(ctx, resetTimeout); err != nil {
+		return err
+	}
+	t.setStatus(statusAcknowledge)
+	t.setStatus(statusAcknowledge | statusDriver)
+	if err := d.negotiate(cfg); err != nil {
+		t.setStatus(statusFailed)
+		return err
+	}
+	if err := d.readDeviceConfig(); err != nil {
+		return err
+	}
+	pairs := cfg.QueuePairs
+	if pairs > d.maxPairs {
+		return fmt.Errorf("%w: %s: %d queue pairs asked, the device offers %d", nic.ErrNotSupported, d.name, pairs, d.maxPairs)
+	}
+	if err := d.setupInterrupts(pairs); err != nil {
+		return err
+	}
+	if err := d.setupQueues(cfg, pairs); err != nil {
+		return err
+	}
+	t.setStatus(statusAcknowledge | statusDriver | statusFeaturesOK | statusDriverOK)
+	if s := t.status(); s&statusDeviceNeedsReset != 0 || s&statusDriverOK == 0 {
+		return fmt.Errorf("%w: %s: status %#x after DRIVER_OK", nic.ErrDeviceFailed, d.name, s)
+	}
+	if err := d.configure(ctx, cfg, pairs); err != nil {
+		return err
+	}
+	d.fillInfo(cfg, pairs)
+	return nil
+}
+
+// negotiate picks the features and has the device accept them.
+func (d *Device) negotiate(cfg Config) error {
+	t := d.t
+	offered := t.deviceFeatures()
+	for _, b := range []int{FeatureVersion1, FeatureAccessPlat} {
+		if !offered.Has(b) {
+			return fmt.Errorf("%w: %s does not offer %s (offers %v); a device without ACCESS_PLATFORM bypasses the IOMMU",
+				nic.ErrNotSupported, d.name, Features(bit(b)), offered)
+		}
+	}
+	want := bit(FeatureVersion1) | bit(FeatureAccessPlat) | bit(FeatureMAC) | bit(FeatureStatus) |
+		bit(FeatureMTU) | bit(FeatureSpeedDuplex)
+	if !cfg.Split {
+		want |= bit(FeatureRingPacked)
+	}
+	if !cfg.NoEventIdx {
+		want |= bit(FeatureEventIdx)
+	}
+	if !cfg.NoMergeable {
+		want |= bit(FeatureMrgRxBuf)
+	}
+	if offered.Has(FeatureCtrlVQ) {
+		want |= bit(FeatureCtrlVQ) | bit(FeatureCtrlRx) | bit(FeatureMQ)
+	}
+	f := offered & want
+	t.setDriverFeatures(f)
+	t.setStatus(statusAcknowledge | statusDriver | statusFeaturesOK)
+	if t.status()&statusFeaturesOK == 0 {
+		return fmt.Errorf("%w: %s refused features %v", nic.ErrDeviceFailed, d.name, f)
+	}
+	d.features = f
+	d.packed = f.Has(FeatureRingPacked)
+	return nil
+}
+
+// readDeviceConfig reads the MAC, MTU and queue pair count.
+func (d *Device) readDeviceConfig() error {
+	d.mtu, d.maxPairs = 1500, 1
+	mac := make(net.HardwareAddr, 6)
+	f := d.features
+	err := d.t.readConfig(func(w doorbell.Window) error {
+		if f.Has(FeatureMAC) {
+			for i := range mac {
+				v, err := w.Read8(netCfgMAC + uintptr(i))
+				if err != nil {
+					return err
+				}
+				mac[i] = v
+			}
+		}
+		if f.Has(FeatureMQ) {
+			v, err := w.Read16(netCfgMaxPairs)
+			if err != nil {
+				return err
+			}
+			d.maxPairs = int(v)
+		}
+		if f.Has(FeatureMTU) {
+			v, err := w.Read16(netCfgMTU)
+			if err != nil {
+				return err
+			}
+			d.mtu = int(v)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !f.Has(FeatureMAC) {
+		// No address from the device: a random locally administered one.
+		if _, err := rand.Read(mac); err != nil {
+			return fmt.Errorf("virtio: random MAC for %s: %w", d.name, err)
+		}
+		mac[0] = mac[0]&^1 | 2
+	}
+	if d.maxPairs < 1 {
+		return fmt.Errorf("%w: %s reports %d queue pairs", nic.ErrDeviceFailed, d.name, d.maxPairs)
+	}
+	d.mtu = min(max(d.mtu, 68), 1500) // buffers hold standard frames
+	d.mac = mac
+	return nil
+}
+
+// setupInterrupts wires config changes to vector 0 and queue i of pair p
+// (receive 0, transmit 1) to vector 1+2p+i, all in one SET_IRQS call
+// (MSI-X cannot be resized while enabled).
+func (d *Device) setupInterrupts(pairs int) error {
+	info, err := d.vdev.IRQInfo(vfio.IRQMSIX)
+	if err != nil {
+		return err
+	}
+	need := 1 + 2*pairs
+	if info.Count < need {
+		return fmt.Errorf("%w: %s has %d MSI-X vectors, %d queue pairs need %d", nic.ErrNotSupported, d.name, info.Count, pairs, need)
+	}
+	fds := make([]int, need)
+	for i := range fds {
+		e, err := eventfd.New()
+		if err != nil {
+			return fmt.Errorf("virtio: eventfd for %s: %w", d.name, err)
+		}
+		d.efds = append(d.efds, e)
+		fds[i] = e.Fd()
+	}
+	d.cfgEFD = d.efds[0]
+	d.vectorFDs = fds
+	if err := d.vdev.EnableMSIX(fds); err != nil {
+		return err
+	}
+	d.t.w16(regConfigMSIXVector, 0)
+	if v := d.t.r16(regConfigMSIXVector); v != 0 {
+		return fmt.Errorf("%w: %s did not take MSI-X vector 0 for config changes (reads %#x)", nic.ErrDeviceFailed, d.name, v)
+	}
+	return nil
+}
+
+// queueSpec is one virtqueue to set up.
+type queueSpec struct {
+	name   string
+	qidx   uint16
+	size   int
+	vector uint16
+}
+
+// setupQueues sizes the rings, allocates all DMA memory in one region and
+// programs every queue.
+func (d *Device) setupQueues(cfg Config, pairs int) error {
+	t := d.t
+	var specs []queueSpec
+	for p := range pairs {
+		specs = append(specs,
+			queueSpec{fmt.Sprintf("rx%d", p), uint16(2 * p), cfg.QueueSize, uint16(1 + 2*p)},
+			queueSpec{fmt.Sprintf("tx%d", p), uint16(2*p + 1), cfg.QueueSize, uint16(2 + 2*p)})
+	}
+	if d.features.Has(FeatureCtrlVQ) {
+		specs = append(specs, queueSpec{"ctrl", uint16(2 * d.maxPairs), maxCtrlQueueSize, noVector})
+	}
+	nq := int(t.r16(regNumQueues))
+	for i := range specs {
+		s := &specs[i]
+		if int(s.qidx) >= nq {
+			return fmt.Errorf("%w: %s has %d virtqueues, %s is number %d", nic.ErrNotSupported, d.name, nq, s.name, s.qidx)
+		}
+		t.w16(regQueueSelect, s.qidx)
+		maxSize := int(t.r16(regQueueSize))
+		if maxSize == 0 {
+			return fmt.Errorf("%w: %s: virtqueue %d (%s) is not available", nic.ErrNotSupported, d.name, s.qidx, s.name)
+		}
+		s.size = min(s.size, maxSize, 1<<15)
+		if !d.packed {
+			s.size = 1 << (bitLen(s.size) - 1) // split rings are powers of two
+		}
+	}
+	txBuf := align(netHdrLen+nic.MaxFrame, 64)
+	total := 0
+	for _, s := range specs {
+		a, b, c, al := ringSizes(s.size, d.packed)
+		total += a + b + c + 3*al
+		switch s.name[:2] {
+		case "rx":
+			total += cfg.RxBuffers*align(cfg.BufferSize, 64) + 64
+		case "tx":
+			total += s.size*txBuf + 64
+		default:
+			total += ctrlBufLen + 64
+		}
+	}
+	ranges, err := d.container.IOVARanges()
+	if err != nil {
+		return err
+	}
+	rs := make([]dma.Range, len(ranges))
+	for i, r := range ranges {
+		rs[i] = dma.Range(r)
+	}
+	if d.space, err = dma.NewSpace(d.container, rs, cfg.IOVAFloor); err != nil {
+		return fmt.Errorf("virtio: DMA space of %s: %w", d.name, err)
+	}
+	region, err := d.space.Alloc(total, cfg.Memory)
+	if err != nil {
+		return fmt.Errorf("virtio: %d bytes of DMA memory for %s: %w", total, d.name, err)
+	}
+	eventIdx := d.features.Has(FeatureEventIdx)
+	for _, s := range specs {
+		mem, err := carveRing(region, s.size, d.packed)
+		if err != nil {
+			return fmt.Errorf("virtio: ring %s of %s: %w", s.name, d.name, err)
+		}
+		t.w16(regQueueSelect, s.qidx)
+		t.w16(regQueueSize, uint16(s.size))
+		t.w16(regQueueMSIXVector, s.vector)
+		if v := t.r16(regQueueMSIXVector); v != s.vector {
+			return fmt.Errorf("%w: %s: virtqueue %d (%s) did not take MSI-X vector %d (reads %#x)", nic.ErrDeviceFailed, d.name, s.qidx, s.name, s.vector, v)
+		}
+		t.w64(regQueueDesc, mem.descIOVA)
+		t.w64(regQueueDriver, mem.driverIOVA)
+		t.w64(regQueueDevice, mem.deviceIOVA)
+		notify, err := t.notifyReg(t.r16(regQueueNotifyOff))
+		if err != nil {
+			return err
+		}
+		v, err := newVQ(s.name, s.qidx, s.size, d.packed, eventIdx, mem, notify)
+		if err != nil {
+			return err
+		}
+		t.w16(regQueueEnable, 1)
+		p := int(s.qidx / 2)
+		var efd *eventfd.FD
+		if s.vector != noVector {
+			efd = d.efds[s.vector]
+		}
+		switch s.name[:2] {
+		case "rx":
+			pool, err := dma.NewPool(region, cfg.RxBuffers, cfg.BufferSize)
+			if err != nil {
+				return fmt.Errorf("virtio: receive buffers of %s: %w", d.name, err)
+			}
+			q := newRxQueue(v, p, efd, pool, d.features.Has(FeatureMrgRxBuf))
+			q.vector = int(s.vector)
+			d.rx = append(d.rx, q)
+		case "tx":
+			pool, err := dma.NewPool(region, s.size, txBuf)
+			if err != nil {
+				return fmt.Errorf("virtio: transmit buffers of %s: %w", d.name, err)
+			}
+			q := newTxQueue(v, p, efd, pool, d.mtu)
+			q.vector = int(s.vector)
+			d.tx = append(d.tx, q)
+		default:
+			buf, err := region.Carve(ctrlBufLen, 64)
+			if err != nil {
+				return fmt.Errorf("virtio: control buffer of %s: %w", d.name, err)
+			}
+			d.ctrl = &ctrlQueue{vq: v, buf: buf}
+		}
+	}
+	return nil
+}
+
+// carveRing takes a ring's three areas from r.
+func carveRing(r *dma.Region, size int, packed bool) (ringMem, error) {
+	a, b, c, al := ringSizes(size, packed)
+	ds, err := r.Carve(a, al)
+	if err != nil {
+		return ringMem{}, err
+	}
+	dr, err := r.Carve(b, al)
+	if err != nil {
+		return ringMem{}, err
+	}
+	dv, err := r.Carve(c, al)
+	if err != nil {
+		return ringMem{}, err
+	}
+	return ringMem{desc: ds.Bytes, driver: dr.Bytes, device: dv.Bytes,
+		descIOVA: ds.IOVA, driverIOVA: dr.IOVA, deviceIOVA: dv.IOVA}, nil
+}
+
+// configure runs the control commands: receive mode and queue pairs.
+func (d *Device) configure(ctx context.Context, cfg Config, pairs int) error {
+	if d.ctrl == nil {
+		return nil
+	}
+	if d.features.Has(FeatureCtrlRx) {
+		on := func(b bool) []byte {
+			if b {
+				return []byte{1}
+			}
+			return []byte{0}
+		}
+		// Unicast to our MAC, broadcast and every multicast group, or
+		// everything when promiscuous.
+		if err := d.ctrl.command(ctx, ctrlClassRx, ctrlRxPromisc, on(cfg.Promiscuous), ctrlTimeout); err != nil {
+			return fmt.Errorf("virtio: %s: %w", d.name, err)
+		}
+		if err := d.ctrl.command(ctx, ctrlClassRx, ctrlRxAllMulti, on(true), ctrlTimeout); err != nil {
+			return fmt.Errorf("virtio: %s: %w", d.name, err)
+		}
+	}
+	if d.features.Has(FeatureMQ) {
+		if err := d.ctrl.command(ctx, ctrlClassMQ, ctrlMQPairsSet, []byte{byte(pairs), byte(pairs >> 8)}, ctrlTimeout); err != nil {
+			return fmt.Errorf("virtio: %s: %w", d.name, err)
+		}
+	}
+	return nil
+}
+
+func (d *Device) fillInfo(cfg Config, pairs int) {
+	ring := "split"
+	if d.packed {
+		ring = "packed"
+	}
+	d.info = nic.Info{
+		Driver: "virtio", Address: d.name, Model: "virtio-net (" + ring + " ring)",
+		MAC: d.mac, MTU: d.mtu, QueuePairs: pairs, MaxQueuePairs: d.maxPairs,
+		QueueSize: int(d.rx[0].vq.size), RxBuffers: cfg.RxBuffers, BufferSize: d.rx[0].pool.BufSize(),
+		Vectors: len(d.efds), Features: d.features.Names(),
+	}
+}
+
+// Info implements nic.Device.
+func (d *Device) Info() nic.Info {
+	i := d.info
+	i.MAC = append(net.HardwareAddr(nil), d.mac...)
+	i.Features = append([]string(nil), i.Features...)
+	return i
+}
+
+// Features returns the negotiated feature bits.
+func (d *Device) Features() Features { return d.features }
+
+// Packed reports whether the queues are packed rings.
+func (d *Device) Packed() bool { return d.packed }
+
+// MAC implements nic.Device.
+func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
+
+// QueuePairs implements nic.Device.
+func (d *Device) QueuePairs() int { return len(d.rx) }
+
+// Rx implements nic.Device.
+func (d *Device) Rx(i int) (nic.RxQueue, error) {
+	q, err := d.RxQueue(i)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// Tx implements nic.Device.
+func (d *Device) Tx(i int) (nic.TxQueue, error) {
+	q, err := d.TxQueue(i)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// RxQueue returns receive queue i as its concrete type.
+func (d *Device) RxQueue(i int) (*RxQueue, error) {
+	if i < 0 || i >= len(d.rx) {
+		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
+	}
+	return d.rx[i], nil
+}
+
+// TxQueue returns transmit queue i as its concrete type.
+func (d *Device) TxQueue(i int) (*TxQueue, error) {
+	if i < 0 || i >= len(d.tx) {
+		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
+	}
+	return d.tx[i], nil
+}
+
+// Link implements nic.Device: the STATUS field of the device configuration
+// when negotiated (otherwise the link is reported up), and speed and duplex
+// when the device reports them.
+func (d *Device) Link() (nic.Link, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nic.Link{}, nic.ErrClosed
+	}
+	d.takeConfigInterrupts()
+	if s := d.t.status(); s&statusDeviceNeedsReset != 0 {
+		return nic.Link{}, fmt.Errorf("%w: %s: DEVICE_NEEDS_RESET (status %#x)", nic.ErrDeviceFailed, d.name, s)
+	}
+	l := nic.Link{Up: true}
+	f := d.features
+	err := d.t.readConfig(func(w doorbell.Window) error {
+		if f.Has(FeatureStatus) {
+			v, err := w.Read16(netCfgStatus)
+			if err != nil {
+				return err
+			}
+			l.Up, l.Reported = v&netStatusLinkUp != 0, true
+		}
+		if f.Has(FeatureSpeedDuplex) {
+			sp, err := w.Read32(netCfgSpeed)
+			if err != nil {
+				return err
+			}
+			dup, err := w.Read8(netCfgDuplex)
+			if err != nil {
+				return err
+			}
+			if sp != netSpeedUnknown {
+				l.SpeedMbps = int(sp)
+			}
+			l.FullDuplex = dup == netDuplexFull
+		}
+		return nil
+	})
+	return l, err
+}
+
+// takeConfigInterrupts moves pending configuration interrupts to the counter.
+func (d *Device) takeConfigInterrupts() {
+	if d.cfgEFD != nil {
+		n, _ := d.cfgEFD.Take()
+		d.cfgIntr.Add(n)
+	}
+}
+
+// ConfigInterrupt is the eventfd that configuration changes (link up or
+// down) signal; the device keeps ownership. Nil after a failed Open.
+func (d *Device) ConfigInterrupt() *eventfd.FD { return d.cfgEFD }
+
+// Stats implements nic.Device.
+func (d *Device) Stats() nic.Stats {
+	d.mu.Lock()
+	if !d.closed {
+		d.takeConfigInterrupts()
+	}
+	d.mu.Unlock()
+	s := nic.Stats{ConfigInterrupts: d.cfgIntr.Load()}
+	for _, q := range d.rx {
+		qs := q.Stats()
+		s.RxQueues = append(s.RxQueues, qs)
+		s.Rx.Add(qs)
+	}
+	for _, q := range d.tx {
+		qs := q.Stats()
+		s.TxQueues = append(s.TxQueues, qs)
+		s.Tx.Add(qs)
+	}
+	return s
+}
+
+// Close stops the device and releases everything: it waits for queue
+// operations in progress, resets the device (status 0) so it stops using
+// the rings, disables MSI-X and bus mastering, frees the DMA memory, closes
+// the VFIO device, group and container, and closes the eventfds, which
+// wakes goroutines blocked in SRead with ErrClosed. CQs that queues were
+// bound to are unbound (and may then be closed). The device stays bound
+// to vfio-pci. Close is idempotent.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return d.closeError
+	}
+	d.closed = true
+	d.closeError = d.teardown()
+	return d.closeError
+}
+
+// teardown releases whatever Open set up, in the order the device needs:
+// no DMA memory is freed while the device may still use it.
+func (d *Device) teardown() error {
+	var errs []error
+	for _, q := range d.rx {
+		q.close()
+	}
+	for _, q := range d.tx {
+		q.close()
+	}
+	if d.t != nil {
+		if err := d.t.reset(context.Background(), resetTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if d.vdev != nil {
+		if len(d.efds) > 0 {
+			errs = append(errs, d.vdev.DisableMSIX())
+		}
+		errs = append(errs, d.vdev.SetBusMaster(false))
+	}
+	if d.space != nil {
+		errs = append(errs, d.space.Close())
+	}
+	if d.container != nil {
+		errs = append(errs, d.container.Close())
+	}
+	for _, e := range d.efds {
+		errs = append(errs, e.Close())
+	}
+	for _, c := range d.bound {
+		c.Unbind() // the CQ may close now; its sources read nothing more
+	}
+	d.bound = nil
+	return errors.Join(errs...)
+}
+
+func align(n, a int) int { return (n + a - 1) &^ (a - 1) }
+
+func bitLen(n int) int {
+	l := 0
+	for ; n > 0; n >>= 1 {
+		l++
+	}
+	return l
+}
+
+func littleEndian() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}

@@ -1,0 +1,36 @@
+// Package virtio drives a modern (VIRTIO 1.x) virtio-net PCI device from
+// user space through VFIO: QEMU's virtio-net-pci behind an emulated IOMMU,
+// or any device that speaks the same interface.
+//
+// Open binds the device to vfio-pci, finds the common, notify, ISR and
+// device configuration structures through the vendor capabilities, resets
+// the device (status 0: it has no VFIO reset), negotiates features and
+// sets up the queues in hugepage DMA memory at IOVAs taken from the ranges
+// the IOMMU reports. Packed rings are preferred; split rings are used when
+// the device does not offer packed ones (or Config.Split asks). Each queue
+// has its own MSI-X vector wired to an eventfd, vector 0 reports
+// configuration changes (the ISR structure, needed only without MSI-X, is
+// not used), and the control queue (when offered) sets the receive mode
+// and the number of queue pairs.
+//
+// The used side of each ring is a completion source. On a packed ring a
+// descriptor is used when its AVAIL and USED bits both equal the driver's
+// used wrap counter, which starts at 1 and flips on every lap; on a split
+// ring the used index says how many entries the device wrote. The word
+// that carries that ownership is loaded atomically before the rest of the
+// entry is read, and every field the device wrote is checked against what
+// was posted: a buffer id that is not outstanding, a length beyond the
+// posted buffer, a descriptor whose flags are out of phase or a used index
+// beyond the outstanding buffers become error completions, never a panic
+// or an access outside the ring.
+//
+// Doorbells are batched: Send and PostRecv only write descriptors; Flush
+// publishes the batch with one release store and notifies the device only
+// when its event suppression (flags, or the event index with EVENT_IDX)
+// asks for it. Used-buffer notifications are off while a queue is polled
+// and armed only by a blocking read (with the packed ring's descriptor
+// event, or the split ring's used_event, aimed at the threshold).
+//
+// The package stores ring fields in the machine's byte order and refuses to
+// open a device on big-endian machines.
+package virtio

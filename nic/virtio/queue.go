@@ -1,0 +1,438 @@
+package virtio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// Errors returned on the data path are prepared once so that returning
+// them does not allocate.
+var (
+	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
+	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
+	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
+	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
+	errNotBuffer = fmt.Errorf("%w: address is not the start of a frame in this queue's buffers", nic.ErrBadBuffer)
+)
+
+// queue is what receive and transmit queues share: the ring, its lock,
+// its interrupt and its counters.
+type queue struct {
+	mu     sync.Mutex
+	vq     *vq
+	index  int
+	efd    *eventfd.FD // nil when the queue has no interrupt
+	closed bool
+	src    *cqSource // set while the queue feeds a cq.CQ
+	vector int       // MSI-X vector, -1 for none
+
+	packets, bytes, errs, interrupts atomic.Uint64
+	notifies, suppressed             atomic.Uint64
+}
+
+// Index implements nic.Queue.
+func (q *queue) Index() int { return q.index }
+
+// Size implements nic.Queue.
+func (q *queue) Size() int { return int(q.vq.size) }
+
+// Outstanding implements nic.Queue.
+func (q *queue) Outstanding() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.vq.nbufs
+}
+
+// Flush implements nic.Queue.
+func (q *queue) Flush() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	n0, s0 := q.vq.notifies, q.vq.suppressed
+	q.vq.flush()
+	if q.vq.notifies != n0 {
+		q.notifies.Add(1)
+	}
+	if q.vq.suppressed != s0 {
+		q.suppressed.Add(1)
+	}
+	return nil
+}
+
+// Arm implements nic.Queue.
+func (q *queue) Arm(threshold int) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	if q.efd == nil {
+		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.vq.name)
+	}
+	q.vq.arm(threshold)
+	return nil
+}
+
+// Interrupt implements nic.Queue.
+func (q *queue) Interrupt() *eventfd.FD { return q.efd }
+
+// WaitInterrupt implements nic.Queue.
+func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	if q.efd == nil {
+		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.vq.name)
+	}
+	q.mu.Lock()
+	bound := q.src != nil
+	q.mu.Unlock()
+	if bound {
+		return fmt.Errorf("%w: queue %s feeds a completion queue: read it there", nic.ErrInvalid, q.vq.name)
+	}
+	n, err := q.efd.Wait(ctx, deadline)
+	q.interrupts.Add(n)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, eventfd.ErrTimeout):
+		return nic.ErrTimeout
+	case errors.Is(err, eventfd.ErrClosed):
+		return nic.ErrClosed
+	}
+	return err
+}
+
+// Stats implements nic.Queue.
+func (q *queue) Stats() nic.QueueStats {
+	return nic.QueueStats{
+		Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
+		Notifies: q.notifies.Load(), Suppressed: q.suppressed.Load(), Interrupts: q.interrupts.Load(),
+	}
+}
+
+// finishPoll updates the counters and turns notifications off again after
+// an armed queue returned completions. Called locked.
+func (q *queue) finishPoll(n int, bytes uint64, errs int) {
+	if n == 0 {
+		return
+	}
+	if q.vq.armed {
+		q.vq.disarm()
+	}
+	q.packets.Add(uint64(n - errs))
+	q.bytes.Add(bytes)
+	if errs > 0 {
+		q.errs.Add(uint64(errs))
+	}
+}
+
+// usable returns why the queue cannot take an operation, or nil. Called
+// locked.
+func (q *queue) usable() error {
+	switch {
+	case q.closed:
+		return nic.ErrClosed
+	case q.vq.broken:
+		return nic.ErrBroken
+	}
+	return nil
+}
+
+// close marks the queue closed once the operation in progress, if any,
+// has finished; later operations return ErrClosed.
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+}
+
+// Buffer states of a receive pool.
+const (
+	bufFree   = 0
+	bufPosted = 1 // lent to the device
+	bufLent   = 2 // lent to the caller in a completion
+)
+
+// RxQueue is a virtio-net receive queue (nic.RxQueue).
+type RxQueue struct {
+	queue
+	pool    *dma.Pool
+	base    uintptr // address of buffer 0
+	stride  uintptr
+	bufSize uint32
+	state   []uint8 // per pool buffer: bufFree, bufPosted, bufLent
+	mrg     bool    // MRG_RXBUF: check num_buffers
+	skip    int     // buffers of a multi-buffer frame still to drop
+}
+
+var _ nic.RxQueue = (*RxQueue)(nil)
+
+func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) *RxQueue {
+	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
+		base: uintptr(unsafe.Pointer(&pool.Buf(0)[0])), stride: uintptr(pool.BufSize()),
+		bufSize: uint32(pool.BufSize()), state: make([]uint8, pool.Cap()), mrg: mrg}
+	return q
+}
+
+// MaxFrame implements nic.RxQueue.
+func (q *RxQueue) MaxFrame() int { return int(q.bufSize) - netHdrLen }
+
+// PostRecv implements nic.RxQueue.
+func (q *RxQueue) PostRecv(ctx any) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	if q.vq.room() < 1 {
+		return errNoDesc
+	}
+	b, ok := q.pool.Get()
+	if !ok {
+		return errNoBuffer
+	}
+	q.post(b, ctx)
+	return nil
+}
+
+// post lends pool buffer b to the device. Called locked with room.
+func (q *RxQueue) post(b uint32, ctx any) {
+	id, _ := q.vq.allocID() // ids are as many as descriptors
+	s := &q.vq.slots[id]
+	s.ctx, s.buf, s.len = ctx, b, q.bufSize
+	q.state[b] = bufPosted
+	q.vq.add(id, q.pool.Addr(b), q.bufSize, descWrite)
+}
+
+// bufIndex maps a completion's Buf back to a lent pool buffer.
+func (q *RxQueue) bufIndex(buf uintptr) (uint32, error) {
+	off := buf - q.base - netHdrLen
+	if buf < q.base+netHdrLen || off%q.stride != 0 || off/q.stride >= uintptr(len(q.state)) {
+		return 0, errNotBuffer
+	}
+	b := uint32(off / q.stride)
+	if q.state[b] != bufLent {
+		return 0, errNotLent
+	}
+	return b, nil
+}
+
+// Repost implements nic.RxQueue.
+func (q *RxQueue) Repost(buf uintptr, ctx any) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return err
+	}
+	if q.vq.room() < 1 {
+		return errNoDesc
+	}
+	q.post(b, ctx)
+	return nil
+}
+
+// Release implements nic.RxQueue.
+func (q *RxQueue) Release(buf uintptr) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nic.ErrClosed
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return err
+	}
+	q.state[b] = bufFree
+	return q.pool.Put(b)
+}
+
+// Frame implements nic.RxQueue: the bytes of a frame lent to the caller,
+// from the Buf and Len of its completion (a cq.Entry carries no slice).
+func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, nic.ErrClosed
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return nil, err
+	}
+	if length < 0 || length > q.MaxFrame() {
+		return nil, fmt.Errorf("%w: %d bytes in a %d-byte frame buffer", nic.ErrInvalid, length, q.MaxFrame())
+	}
+	return q.pool.Buf(b)[netHdrLen : netHdrLen+length], nil
+}
+
+// recycle returns a buffer the caller never saw to the pool.
+func (q *RxQueue) recycle(b uint32) {
+	q.state[b] = bufFree
+	_ = q.pool.Put(b) // b came from the slot table: a buffer this queue posted
+}
+
+// Poll implements nic.Queue: it reads used buffers, strips the virtio-net
+// header, checks the length against the posted buffer and num_buffers,
+// and lends each good buffer to the caller.
+func (q *RxQueue) Poll(out []nic.Completion) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.src != nil {
+		return 0
+	}
+	return q.poll(out)
+}
+
+// poll is Poll, called locked (also by the queue's CQ source).
+func (q *RxQueue) poll(out []nic.Completion) int {
+	n, errs := 0, 0
+	var bytes uint64
+	for n < len(out) {
+		id, length, err := q.vq.pop()
+		if err == errNotReady {
+			break
+		}
+		c := &out[n]
+		n++
+		if err != nil {
+			*c = nic.Completion{Queue: q.index, Err: err}
+			errs++
+			break
+		}
+		s := q.vq.release(id)
+		if err := q.check(s, length); err != nil {
+			q.recycle(s.buf)
+			*c = nic.Completion{Context: s.ctx, Queue: q.index, Err: err}
+			errs++
+			break
+		}
+		q.state[s.buf] = bufLent
+		frame := q.pool.Buf(s.buf)[netHdrLen:length]
+		*c = nic.Completion{Context: s.ctx, Buf: uintptr(unsafe.Pointer(&frame[0])), Data: frame, Len: len(frame), Queue: q.index}
+		bytes += uint64(len(frame))
+	}
+	q.finishPoll(n, bytes, errs)
+	return n
+}
+
+// check validates a used receive buffer: the length the device wrote must
+// fit the posted buffer and hold the header and an Ethernet header, and
+// the frame must fit one buffer (num_buffers 1).
+func (q *RxQueue) check(s slot, length uint32) error {
+	if q.skip > 0 {
+		q.skip--
+		return fmt.Errorf("%w: %s: continuation buffer", nic.ErrMultiBuffer, q.vq.name)
+	}
+	if length > s.len || length < netHdrLen+nic.MinFrame {
+		return fmt.Errorf("%w: %s: device wrote %d bytes into a %d-byte buffer", nic.ErrBadLen, q.vq.name, length, s.len)
+	}
+	if q.mrg {
+		b := q.pool.Buf(s.buf)
+		if nb := int(b[netHdrNumBuffers]) | int(b[netHdrNumBuffers+1])<<8; nb != 1 {
+			if nb > 1 {
+				q.skip = min(nb-1, q.vq.nbufs)
+			}
+			return fmt.Errorf("%w: %s: num_buffers %d", nic.ErrMultiBuffer, q.vq.name, nb)
+		}
+	}
+	return nil
+}
+
+// SRead implements nic.Queue.
+func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	return nic.SRead(ctx, q, out, threshold, timeout)
+}
+
+// TxQueue is a virtio-net transmit queue (nic.TxQueue). Buffer id i always
+// uses transmit buffer i, whose virtio-net header stays zero (no offloads).
+type TxQueue struct {
+	queue
+	pool     *dma.Pool
+	maxFrame int
+}
+
+var _ nic.TxQueue = (*TxQueue)(nil)
+
+func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) *TxQueue {
+	return &TxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
+		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.MinFrame)}
+}
+
+// MaxFrame implements nic.TxQueue.
+func (q *TxQueue) MaxFrame() int { return q.maxFrame }
+
+// Send implements nic.TxQueue.
+func (q *TxQueue) Send(frame []byte, ctx any) error {
+	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
+		return errFrameSize
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	id, ok := q.vq.allocID()
+	if !ok {
+		return errNoDesc
+	}
+	b := q.pool.Buf(uint32(id))
+	n := netHdrLen + copy(b[netHdrLen:], frame)
+	s := &q.vq.slots[id]
+	s.ctx, s.buf, s.len = ctx, uint32(id), uint32(n)
+	q.vq.add(id, q.pool.Addr(uint32(id)), uint32(n), 0)
+	return nil
+}
+
+// Poll implements nic.Queue. The device's length of a transmit buffer is
+// reserved by the specification, so it is not read; the frame length
+// comes from what was posted.
+func (q *TxQueue) Poll(out []nic.Completion) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.src != nil {
+		return 0
+	}
+	return q.poll(out)
+}
+
+// poll is Poll, called locked (also by the queue's CQ source).
+func (q *TxQueue) poll(out []nic.Completion) int {
+	n, errs := 0, 0
+	var bytes uint64
+	for n < len(out) {
+		id, _, err := q.vq.pop()
+		if err == errNotReady {
+			break
+		}
+		c := &out[n]
+		n++
+		if err != nil {
+			*c = nic.Completion{Queue: q.index, Err: err}
+			errs++
+			break
+		}
+		s := q.vq.release(id)
+		l := int(s.len) - netHdrLen
+		*c = nic.Completion{Context: s.ctx, Len: l, Queue: q.index}
+		bytes += uint64(l)
+	}
+	q.finishPoll(n, bytes, errs)
+	return n
+}
+
+// SRead implements nic.Queue.
+func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	return nic.SRead(ctx, q, out, threshold, timeout)
+}

@@ -1,0 +1,192 @@
+package virtio
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// bindTest binds a rig's queue to a new CQ the way Device.BindCQ does,
+// without a device (its Close then has no vector to rewire).
+func bindTest(t *testing.T, q *queue, pq pollQueue, flags cq.Flags, f cq.Format) *cq.CQ {
+	t.Helper()
+	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
+	require.NoError(t, err)
+	s := &cqSource{dev: &Device{name: "test", closed: true}, pq: pq, q: q, qnum: uint32(q.vq.qidx), flags: flags}
+	require.NoError(t, c.AddSource(s))
+	q.src = s
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+func TestCQReceive(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 8, packed, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, true)
+		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		ctx := postN(t, rx, 8)
+		var comps [4]nic.Completion
+		require.Zero(t, rx.Poll(comps[:]), "a bound queue's own Poll reads nothing")
+		require.ErrorIs(t, rx.WaitInterrupt(context.Background(), time.Now()), nic.ErrInvalid)
+		ents := make([]cq.Entry, 8)
+		_, err := c.Read(ents)
+		require.ErrorIs(t, err, cq.ErrAgain)
+		for i := range 5 {
+			deliver(t, r.dev, frameFor(i, 64+i*100), 1)
+		}
+		_, err = c.Read(nil)
+		require.NoError(t, err, "a zero-count read sees completions waiting")
+		n, err := c.Read(ents)
+		require.NoError(t, err)
+		require.Equal(t, 5, n)
+		for i, e := range ents[:n] {
+			require.Equal(t, &ctx[i], e.Context)
+			require.Equal(t, cq.FlagRecv|cq.FlagMsg, e.Flags)
+			require.Equal(t, 64+i*100, e.Len)
+			require.Equal(t, uint32(3), e.Queue, "the virtqueue index")
+			f, err := rx.Frame(e.Buf, e.Len)
+			require.NoError(t, err)
+			require.Equal(t, frameFor(i, 64+i*100), f)
+			require.NoError(t, rx.Repost(e.Buf, nil))
+		}
+		_, err = rx.Frame(ents[0].Buf, ents[0].Len)
+		require.ErrorIs(t, err, nic.ErrBadBuffer, "a reposted frame is no longer lent")
+	})
+}
+
+func TestCQErrorsInOrder(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 8, packed, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, true)
+		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		ctx := postN(t, rx, 6)
+		d := r.dev
+		var tk []taken
+		for range 5 {
+			x, ok := d.take()
+			require.True(t, ok)
+			tk = append(tk, x)
+		}
+		d.complete(tk[0].id, writeFrame(tk[0], frameFor(0, 64), 1), 1)
+		d.complete(tk[1].id, 9000, 1)                                  // too long
+		d.complete(tk[2].id, writeFrame(tk[2], frameFor(2, 64), 2), 1) // a frame in two buffers
+		d.complete(tk[3].id, 100, 1)                                   // its continuation
+		d.complete(tk[4].id, writeFrame(tk[4], frameFor(4, 64), 1), 1)
+		ents := make([]cq.Entry, 8)
+		n, err := c.Read(ents)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the success before the first error")
+		_, err = c.Read(ents)
+		require.ErrorIs(t, err, cq.ErrAvail)
+		var ee cq.ErrEntry
+		require.NoError(t, c.ReadErr(&ee))
+		require.Equal(t, cq.ProvBadLen, ee.ProvErrno)
+		require.Equal(t, cq.EIO, ee.Err)
+		require.Equal(t, &ctx[1], ee.Context)
+		t.Logf("%s: %s", c.StrError(ee.ProvErrno, ee.ErrData), ee.ErrData)
+		for range 2 {
+			_, err = c.Read(ents)
+			require.ErrorIs(t, err, cq.ErrAvail)
+			require.NoError(t, c.ReadErr(&ee))
+			require.Equal(t, ProvMultiBuffer, ee.ProvErrno)
+			require.Equal(t, cq.ETRUNC, ee.Err)
+			require.Contains(t, c.StrError(ee.ProvErrno, ee.ErrData), "several receive buffers")
+		}
+		n, err = c.Read(ents)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, &ctx[4], ents[0].Context)
+
+		// A device that completes an id it was never given.
+		d.complete(7, 100, 1)
+		require.NoError(t, c.ReadErr(&ee), "ReadErr reads an error at the head itself")
+		require.Equal(t, cq.ProvBadID, ee.ProvErrno)
+		t.Logf("%s", c.StrError(ee.ProvErrno, ee.ErrData))
+	})
+}
+
+func TestCQReadErrKeepsSuccess(t *testing.T) {
+	r := newRig(t, 8, true, true, 64<<10)
+	rx := r.rxQueue(t, 16, 2048, true)
+	c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+	postN(t, rx, 4)
+	deliver(t, r.dev, frameFor(9, 64), 1)
+	var ee cq.ErrEntry
+	require.ErrorIs(t, c.ReadErr(&ee), cq.ErrAgain, "the head is a success")
+	_, err := c.Read(nil)
+	require.NoError(t, err)
+	ents := make([]cq.Entry, 4)
+	n, err := c.Read(ents)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the entry ReadErr looked at is not lost")
+	f, err := rx.Frame(ents[0].Buf, ents[0].Len)
+	require.NoError(t, err)
+	require.Equal(t, frameFor(9, 64), f)
+}
+
+func TestCQSendAndFormats(t *testing.T) {
+	r := newRig(t, 8, false, true, 64<<10)
+	tx := r.txQueue(t, 1500)
+	c := bindTest(t, &tx.queue, tx, cq.FlagSend|cq.FlagMsg, cq.FormatContext)
+	ctx := new(int)
+	require.NoError(t, tx.Send(frameFor(1, 200), ctx))
+	require.NoError(t, tx.Flush())
+	x, _ := r.dev.take()
+	r.dev.complete(x.id, 0, 1)
+	ents := make([]cq.Entry, 4)
+	addrs := make([]cq.Addr, 4)
+	n, err := c.ReadFrom(ents, addrs)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, cq.Entry{Context: ctx, Queue: 3}, ents[0], "FormatContext reports the context (and queue) only")
+	require.Equal(t, cq.AddrNotAvail, addrs[0])
+}
+
+func TestCQSRead(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 8, packed, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, true)
+		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		postN(t, rx, 8)
+		ents := make([]cq.Entry, 4)
+		_, err := c.SRead(context.Background(), ents, 0, 30*time.Millisecond)
+		require.ErrorIs(t, err, cq.ErrTimeout)
+		require.True(t, rx.vq.armed, "a blocking read arms the ring")
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			if x, ok := r.dev.take(); ok {
+				r.dev.complete(x.id, writeFrame(x, frameFor(5, 64), 1), 1)
+			}
+			_ = c.Interrupt().Add(1) // what the MSI-X vector does once rewired
+		}()
+		n, err := c.SRead(context.Background(), ents, 0, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.False(t, rx.vq.armed, "reading completions disarms")
+	})
+}
+
+func TestCQReadNoAllocations(t *testing.T) {
+	r := newRig(t, 64, true, true, 512<<10)
+	rx := r.rxQueue(t, 128, 2048, true)
+	c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+	postN(t, rx, 64)
+	f := frameFor(1, 64)
+	ents := make([]cq.Entry, 32)
+	allocs := testing.AllocsPerRun(100, func() {
+		for range 32 {
+			x, _ := r.dev.take()
+			r.dev.complete(x.id, writeFrame(x, f, 1), 1)
+		}
+		n, _ := c.Read(ents)
+		for _, e := range ents[:n] {
+			_ = rx.Repost(e.Buf, nil)
+		}
+		_ = rx.Flush()
+	})
+	require.Zero(t, allocs)
+}

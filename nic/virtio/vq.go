@@ -1,0 +1,497 @@
+package virtio
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// slot records one posted buffer under its buffer id. Buffers are tracked
+// by id, never by ring position: the device names the id it completes.
+type slot struct {
+	ctx    any
+	buf    uint32 // buffer index in the queue's pool
+	len    uint32 // bytes posted (device-writable or device-readable)
+	ndesc  uint16 // descriptors the buffer occupies
+	posted bool
+}
+
+// seg is one element of a descriptor chain.
+type seg struct {
+	addr  uint64
+	len   uint32
+	flags uint16 // descWrite or 0
+}
+
+// ringMem is the memory of one virtqueue, as the device sees it.
+type ringMem struct {
+	// desc is the descriptor ring (packed) or descriptor table (split):
+	// 16 bytes per descriptor, 16-byte aligned.
+	desc []byte
+	// driver is the driver area: the packed ring's driver event
+	// suppression (4 bytes), or the split ring's available ring
+	// (flags, idx, ring[size], used_event, 2 bytes of padding).
+	driver []byte
+	// device is the device area: the packed ring's device event
+	// suppression (4 bytes), or the split ring's used ring (flags, idx,
+	// ring[size] of {id, len}, avail_event, 2 bytes of padding).
+	device []byte
+	// IOVAs of the three areas, for the queue registers.
+	descIOVA, driverIOVA, deviceIOVA uint64
+}
+
+// ringAlign is the alignment of each ring area. The specification asks
+// for 16 (descriptors) and 4, but an area that crosses an IOMMU page is
+// translated piecewise: QEMU then takes a slow path for every ring access
+// past the first page. Page-aligned areas of up to a page never cross.
+const ringAlign = 4096
+
+// ringSizes returns the byte sizes of a ring's three areas and the
+// alignment each is carved at.
+func ringSizes(size int, packed bool) (desc, driver, device, align int) {
+	if packed {
+		return descSize * size, 4, 4, ringAlign
+	}
+	return descSize * size, 4 + 2*size + 4, 4 + 8*size + 4, ringAlign
+}
+
+// vq is one virtqueue: the driver's side of a packed or split ring. It
+// writes available descriptors in batches, publishes them with one release
+// store, decides whether the device wants a notification, and reads used
+// descriptors, validating every field the device wrote. It is not safe for
+// concurrent use; its queue serialises access.
+type vq struct {
+	name     string // for error messages: "rx0", "tx0", "ctrl"
+	qidx     uint16 // virtqueue index, written to the doorbell
+	size     uint16
+	packed   bool
+	eventIdx bool
+	notify   doorbell.Reg16
+	mem      ringMem
+	desc     unsafe.Pointer
+
+	// Packed ring state. availBits is AVAIL|USED as an available
+	// descriptor carries them on the current lap (AVAIL = driver wrap
+	// counter, USED its inverse); usedBits is both bits as a used
+	// descriptor carries them on the lap being read (both equal to the
+	// used wrap counter). Both counters start at 1.
+	drvEvent  *uint32
+	devEvent  *uint32
+	availPos  uint16
+	availBits uint16
+	usedPos   uint16
+	usedBits  uint16
+	headWord  *uint32 // flags word of the first unpublished descriptor
+	headVal   uint32
+
+	// Split ring state; indexes run free modulo 2^16.
+	avail      unsafe.Pointer
+	used       unsafe.Pointer
+	usedEvent  *uint16
+	availEvent *uint32 // low half is avail_event
+	availIdx   uint16  // next available ring entry, published or not
+	pubIdx     uint16  // available index the device has seen
+	availFlags uint16
+	lastUsed   uint16
+	usedIdx    uint16 // last used index read from the device
+
+	batch     uint16 // descriptors added since the last publish
+	sinceKick uint16 // descriptors published since the last notify decision
+
+	slots  []slot
+	free   []uint16 // stack of free buffer ids
+	ndescs int      // descriptors outstanding
+	nbufs  int      // buffers outstanding
+
+	armed  bool
+	broken bool
+
+	notifies, suppressed uint64
+}
+
+// newVQ makes the driver side of a ring in mem (zeroed memory of the sizes
+// ringSizes gives). Used-buffer notifications start disabled: the queue
+// polls until someone arms it.
+func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMem, notify doorbell.Reg16) (*vq, error) {
+	d, dr, dv, _ := ringSizes(size, packed)
+	switch {
+	case size < 1 || size > 1<<15:
+		return nil, fmt.Errorf("%w: %s: ring of %d descriptors", nic.ErrInvalid, name, size)
+	case !packed && size&(size-1) != 0:
+		return nil, fmt.Errorf("%w: %s: split ring of %d descriptors is not a power of two", nic.ErrInvalid, name, size)
+	case len(mem.desc) < d || len(mem.driver) < dr || len(mem.device) < dv:
+		return nil, fmt.Errorf("%w: %s: ring memory too small", nic.ErrInvalid, name)
+	case uintptr(unsafe.Pointer(&mem.desc[0]))%16 != 0 || uintptr(unsafe.Pointer(&mem.driver[0]))%4 != 0 ||
+		uintptr(unsafe.Pointer(&mem.device[0]))%4 != 0:
+		return nil, fmt.Errorf("%w: %s: ring memory misaligned", nic.ErrInvalid, name)
+	}
+	q := &vq{name: name, qidx: qidx, size: uint16(size), packed: packed, eventIdx: eventIdx,
+		notify: notify, mem: mem, desc: unsafe.Pointer(&mem.desc[0]),
+		slots: make([]slot, size), free: make([]uint16, size)}
+	for i := range q.free {
+		q.free[i] = uint16(size - 1 - i) // id 0 comes out first
+	}
+	if packed {
+		q.drvEvent = (*uint32)(unsafe.Pointer(&mem.driver[0]))
+		q.devEvent = (*uint32)(unsafe.Pointer(&mem.device[0]))
+		q.availBits = descAvail
+		q.usedBits = descAvail | descUsed
+	} else {
+		q.avail = unsafe.Pointer(&mem.driver[0])
+		q.used = unsafe.Pointer(&mem.device[0])
+		q.usedEvent = (*uint16)(unsafe.Add(q.avail, 4+2*size))
+		q.availEvent = (*uint32)(unsafe.Add(q.used, 4+8*size))
+	}
+	q.disarm()
+	return q, nil
+}
+
+// room returns how many descriptors can still be posted.
+func (q *vq) room() int { return int(q.size) - q.ndescs }
+
+// allocID takes a free buffer id.
+func (q *vq) allocID() (uint16, bool) {
+	n := len(q.free)
+	if n == 0 {
+		return 0, false
+	}
+	id := q.free[n-1]
+	q.free = q.free[:n-1]
+	return id, true
+}
+
+// add writes one available descriptor for buffer id. The first descriptor
+// of a batch keeps its flags back until publish, so the device never sees
+// part of a batch; the others are written in full (the device reads them
+// only after the first, in ring order). The slot must be filled in by the
+// caller.
+func (q *vq) add(id uint16, addr uint64, length uint32, flags uint16) {
+	s := &q.slots[id]
+	s.ndesc, s.posted = 1, true
+	q.ndescs++
+	q.nbufs++
+	if q.packed {
+		p := unsafe.Add(q.desc, uintptr(q.availPos)*descSize)
+		*(*uint64)(p) = addr
+		*(*uint32)(unsafe.Add(p, 8)) = length
+		word := uint32(id) | uint32(flags|q.availBits)<<16
+		fw := (*uint32)(unsafe.Add(p, 12))
+		if q.batch == 0 {
+			q.headWord, q.headVal = fw, word
+		} else {
+			*fw = word
+		}
+		q.batch++
+		if q.availPos++; q.availPos == q.size {
+			q.availPos = 0
+			q.availBits ^= descAvail | descUsed
+		}
+		return
+	}
+	// Split: descriptor id is the buffer's own table entry.
+	p := unsafe.Add(q.desc, uintptr(id)*descSize)
+	*(*uint64)(p) = addr
+	*(*uint32)(unsafe.Add(p, 8)) = length
+	*(*uint32)(unsafe.Add(p, 12)) = uint32(flags) // next = 0
+	*(*uint16)(unsafe.Add(q.avail, 4+2*uintptr(q.availIdx&(q.size-1)))) = id
+	q.availIdx++
+	q.batch++
+}
+
+// addChain posts one buffer made of several elements. On a packed ring
+// the chain takes consecutive ring slots, each carrying the id; on a split
+// ring it uses table entries id, id+1, ..., which the caller keeps for it
+// (the control queue, the only user, posts id 0 alone).
+func (q *vq) addChain(id uint16, segs []seg) {
+	n := len(segs)
+	s := &q.slots[id]
+	s.ndesc, s.posted = uint16(n), true
+	q.ndescs += n
+	q.nbufs++
+	if q.packed {
+		for i, sg := range segs {
+			f := sg.flags
+			if i < n-1 {
+				f |= descNext
+			}
+			p := unsafe.Add(q.desc, uintptr(q.availPos)*descSize)
+			*(*uint64)(p) = sg.addr
+			*(*uint32)(unsafe.Add(p, 8)) = sg.len
+			word := uint32(id) | uint32(f|q.availBits)<<16
+			fw := (*uint32)(unsafe.Add(p, 12))
+			if q.batch == 0 {
+				q.headWord, q.headVal = fw, word
+			} else {
+				*fw = word
+			}
+			q.batch++
+			if q.availPos++; q.availPos == q.size {
+				q.availPos = 0
+				q.availBits ^= descAvail | descUsed
+			}
+		}
+		return
+	}
+	for i, sg := range segs {
+		d := uint16(int(id) + i)
+		f, next := uint32(sg.flags), uint32(0)
+		if i < n-1 {
+			f |= descNext
+			next = uint32(d + 1)
+		}
+		p := unsafe.Add(q.desc, uintptr(d)*descSize)
+		*(*uint64)(p) = sg.addr
+		*(*uint32)(unsafe.Add(p, 8)) = sg.len
+		*(*uint32)(unsafe.Add(p, 12)) = f | next<<16
+	}
+	*(*uint16)(unsafe.Add(q.avail, 4+2*uintptr(q.availIdx&(q.size-1)))) = id
+	q.availIdx++
+	q.batch++
+}
+
+// publish makes the batch visible to the device with one atomic store: the
+// first descriptor's flags (packed) or the available index (split). On
+// amd64 the store is an XCHG, a full barrier, so the notification check
+// that follows cannot read the device's suppression state early.
+func (q *vq) publish() {
+	if q.batch == 0 {
+		return
+	}
+	if q.packed {
+		atomic.StoreUint32(q.headWord, q.headVal)
+		q.headWord = nil
+	} else {
+		q.pubIdx = q.availIdx
+		atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+	}
+	q.sinceKick += q.batch
+	q.batch = 0
+}
+
+// kickNeeded reads the device's notification suppression for the
+// descriptors published since the last decision.
+func (q *vq) kickNeeded() bool {
+	if q.packed {
+		w := atomic.LoadUint32(q.devEvent)
+		switch uint16(w>>16) & 3 {
+		case eventDisable:
+			return false
+		case eventDesc:
+			if !q.eventIdx {
+				return true
+			}
+			// The event names a ring position and the wrap counter of
+			// its lap; positions of the previous lap count as negative.
+			off := int(uint16(w) & 0x7fff)
+			if (uint16(w)>>15 != 0) != (q.availBits&descAvail != 0) {
+				off -= int(q.size)
+			}
+			newPos := int(q.availPos)
+			oldPos := newPos - int(q.sinceKick)
+			return uint16(newPos-off-1) < uint16(newPos-oldPos)
+		}
+		return true
+	}
+	if q.eventIdx {
+		ev := uint16(atomic.LoadUint32(q.availEvent))
+		return doorbell.NeedEvent(ev, q.pubIdx, q.pubIdx-q.sinceKick)
+	}
+	return atomic.LoadUint32((*uint32)(q.used))&usedNoNotify == 0
+}
+
+// flush publishes the batch and notifies the device when it asked to be.
+func (q *vq) flush() {
+	q.publish()
+	if q.sinceKick == 0 {
+		return
+	}
+	if q.kickNeeded() {
+		q.notify.Write(q.qidx)
+		q.notifies++
+	} else {
+		q.suppressed++
+	}
+	q.sinceKick = 0
+}
+
+// arm asks for a used-buffer notification once threshold buffers are used
+// (counted from the next one to read): the packed ring's descriptor event
+// or the split ring's used_event with EVENT_IDX, else notifications on.
+// The event is never aimed past the buffers outstanding, where it could
+// not fire. The caller polls again afterwards: a buffer used before the
+// device saw the arm raises nothing.
+func (q *vq) arm(threshold int) {
+	t := min(max(threshold, 1), int(q.size))
+	if q.nbufs > 0 {
+		t = min(t, q.nbufs)
+	}
+	thr := uint16(t)
+	q.armed = true
+	if q.packed {
+		if !q.eventIdx {
+			atomic.StoreUint32(q.drvEvent, eventEnable<<16)
+			return
+		}
+		pos := q.usedPos + thr - 1
+		wrap := q.usedBits&descUsed != 0
+		if pos >= q.size {
+			pos -= q.size
+			wrap = !wrap
+		}
+		v := uint32(pos) | eventDesc<<16
+		if wrap {
+			v |= 1 << 15
+		}
+		atomic.StoreUint32(q.drvEvent, v)
+		return
+	}
+	if q.eventIdx {
+		*q.usedEvent = q.lastUsed + thr - 1
+		doorbell.Mb() // the device must see the event before the ring is read again
+		return
+	}
+	q.availFlags = 0
+	atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+}
+
+// disarm turns used-buffer notifications off. With split EVENT_IDX the
+// event index is moved half the index space ahead, the farthest it can be.
+func (q *vq) disarm() {
+	q.armed = false
+	if q.packed {
+		atomic.StoreUint32(q.drvEvent, eventDisable<<16)
+		return
+	}
+	if q.eventIdx {
+		*q.usedEvent = q.lastUsed + 0x8000
+		return
+	}
+	q.availFlags = availNoInterrupt
+	atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+}
+
+// errNotReady is pop's "nothing to read"; it never leaves the package.
+var errNotReady = errors.New("virtio: no used buffer")
+
+// pop reads and consumes the next used buffer. It returns the buffer id
+// and the length the device wrote, errNotReady when the device has not
+// used another buffer, or a completion error for an entry that does not
+// match what was posted (the entry is consumed, nothing is freed). The
+// ownership word (packed flags, split used index) is loaded atomically
+// before anything else of the entry is read.
+func (q *vq) pop() (uint16, uint32, error) {
+	if q.broken {
+		return 0, 0, errNotReady
+	}
+	if q.packed {
+		p := unsafe.Add(q.desc, uintptr(q.usedPos)*descSize)
+		w := atomic.LoadUint32((*uint32)(unsafe.Add(p, 12)))
+		f := uint16(w>>16) & (descAvail | descUsed)
+		if f != q.usedBits {
+			// An available descriptor not used yet, or the previous lap's
+			// used one, is normal. USED matching the wrap counter while
+			// AVAIL does not is a state only a broken device writes.
+			if f == q.usedBits^descAvail {
+				q.advance(1)
+				return 0, 0, fmt.Errorf("%w: %s: descriptor %d flags %#04x (expected used wrap %d)",
+					nic.ErrBadPhase, q.name, (q.usedPos+q.size-1)%q.size, uint16(w>>16), q.usedBits>>15)
+			}
+			return 0, 0, errNotReady
+		}
+		id := uint16(w)
+		length := *(*uint32)(unsafe.Add(p, 8))
+		if int(id) >= len(q.slots) || !q.slots[id].posted {
+			q.advance(1)
+			return 0, 0, fmt.Errorf("%w: %s: id %d at descriptor %d (%d outstanding)", nic.ErrBadID, q.name, id,
+				(q.usedPos+q.size-1)%q.size, q.nbufs)
+		}
+		s := &q.slots[id]
+		q.advance(s.ndesc)
+		q.ndescs -= int(s.ndesc)
+		q.nbufs--
+		return id, length, nil
+	}
+	if q.lastUsed == q.usedIdx {
+		q.usedIdx = uint16(atomic.LoadUint32((*uint32)(q.used)) >> 16)
+		if pending := q.usedIdx - q.lastUsed; int(pending) > q.nbufs {
+			q.broken = true
+			return 0, 0, fmt.Errorf("%w: %s: used index %d is %d past %d with %d buffers outstanding",
+				nic.ErrBadIndex, q.name, q.usedIdx, pending, q.lastUsed, q.nbufs)
+		}
+		if q.lastUsed == q.usedIdx {
+			return 0, 0, errNotReady
+		}
+	}
+	e := unsafe.Add(q.used, 4+8*uintptr(q.lastUsed&(q.size-1)))
+	id32 := *(*uint32)(e)
+	length := *(*uint32)(unsafe.Add(e, 4))
+	q.lastUsed++
+	if id32 >= uint32(len(q.slots)) || !q.slots[id32].posted {
+		return 0, 0, fmt.Errorf("%w: %s: id %d in used entry %d (%d outstanding)", nic.ErrBadID, q.name, id32, q.lastUsed-1, q.nbufs)
+	}
+	s := &q.slots[id32]
+	q.ndescs -= int(s.ndesc)
+	q.nbufs--
+	return uint16(id32), length, nil
+}
+
+// pending counts the used entries ready to read, up to max, without
+// consuming them. An entry that pop would refuse counts (it is an error
+// completion waiting), and the count stops after it.
+func (q *vq) pending(max int) int {
+	if q.broken || max <= 0 {
+		return 0
+	}
+	if !q.packed {
+		idx := uint16(atomic.LoadUint32((*uint32)(q.used)) >> 16)
+		n := int(idx - q.lastUsed)
+		if n > q.nbufs {
+			return 1 // pop reports ErrBadIndex
+		}
+		return min(n, max)
+	}
+	pos, bits, n := q.usedPos, q.usedBits, 0
+	for n < max && n < int(q.size) {
+		p := unsafe.Add(q.desc, uintptr(pos)*descSize)
+		w := atomic.LoadUint32((*uint32)(unsafe.Add(p, 12)))
+		f := uint16(w>>16) & (descAvail | descUsed)
+		if f != bits {
+			if f == bits^descAvail {
+				n++ // out of phase: an error entry
+			}
+			return n
+		}
+		n++
+		id := uint16(w)
+		if int(id) >= len(q.slots) || !q.slots[id].posted {
+			return n
+		}
+		if pos += q.slots[id].ndesc; pos >= q.size {
+			pos -= q.size
+			bits ^= descAvail | descUsed
+		}
+	}
+	return n
+}
+
+// advance moves the packed ring's read position by n descriptors.
+func (q *vq) advance(n uint16) {
+	q.usedPos += n
+	if q.usedPos >= q.size {
+		q.usedPos -= q.size
+		q.usedBits ^= descAvail | descUsed
+	}
+}
+
+// release frees id after its completion was taken and returns the slot
+// as it was (context, buffer, length).
+func (q *vq) release(id uint16) slot {
+	s := q.slots[id]
+	q.slots[id] = slot{}
+	q.free = append(q.free, id)
+	return s
+}
