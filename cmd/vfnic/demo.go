@@ -13,6 +13,46 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
+// The demo topology: two virtio-net NICs on one emulated wire (a QEMU hub).
+// vfnic drives the first through VFIO; the guest's Linux drives the second.
+const (
+	demoVfnicAddr = "0000:00:04.0"
+	demoVfnicIP   = "10.0.0.1"
+	demoLinuxIP   = "10.0.0.2/24"
+)
+
+// demoScript runs in the guest: vfnic echo on one NIC; busybox ping and
+// vfnic udpping (a client of the kernel's stack) on the other.
+const demoScript = `#!/bin/sh
+V=/vfnic/bin/vfnic
+echo '$ vfnic list'
+$V list
+echo '$ vfnic echo -ip ` + demoVfnicIP + ` ` + demoVfnicAddr + ` &'
+$V echo -ip ` + demoVfnicIP + ` -progress 1s ` + demoVfnicAddr + ` >/tmp/echo.log 2>&1 &
+pid=$!
+i=0
+while ! grep -q ready /tmp/echo.log 2>/dev/null; do
+	i=$((i+1))
+	if [ $i -gt 200 ] || ! kill -0 $pid 2>/dev/null; then
+		echo "vfnic echo did not start:"; cat /tmp/echo.log; exit 1
+	fi
+	sleep 0.1
+done
+echo '$ ping -c 20 -i 0.2 ` + demoVfnicIP + `   (Linux virtio_net on the other NIC)'
+ping -c 20 -i 0.2 ` + demoVfnicIP + `
+ping_status=$?
+echo '$ vfnic udpping -count 20 -size 512 ` + demoVfnicIP + `:7   (UDP through the Linux stack)'
+$V udpping -count 20 -size 512 -interval 50ms ` + demoVfnicIP + `:7
+udp_status=$?
+kill -INT $pid
+wait $pid
+echo_status=$?
+echo '--- vfnic echo output (progress every second, then its summary and counters):'
+sed 's/^/[vfnic echo] /' /tmp/echo.log
+echo "ping exit $ping_status, udpping exit $udp_status, vfnic echo exit $echo_status"
+[ $ping_status = 0 ] && [ $udp_status = 0 ] && [ $echo_status = 0 ]
+`
+
 func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("demo", "[-console]")
 	console := fs.Bool("console", false, "also show the guest's serial console")
@@ -30,11 +70,24 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer cleanup()
+	dir, err := os.MkdirTemp("", "vfnic-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	script := filepath.Join(dir, "demo.sh")
+	if err := os.WriteFile(script, []byte(demoScript), 0o755); err != nil {
+		return err
+	}
 
 	cfg := qemu.Config{
 		NICs: []qemu.NIC{
-			{Model: qemu.VirtioNet, Packed: true, Slot: 4, Bind: qemu.BindVFIO},
-			{Model: qemu.E1000E, Slot: 5, Bind: qemu.BindVFIO},
+			{Model: qemu.VirtioNet, Packed: true, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
+			{Model: qemu.VirtioNet, Packed: true, Slot: 5, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
+		},
+		Files: []qemu.File{
+			{Host: bin, Guest: "/vfnic/bin/vfnic", Mode: 0o755},
+			{Host: script, Guest: "/vfnic/demo.sh", Mode: 0o755},
 		},
 		Output:  prefixWriter(out, "guest| "),
 		Timeout: 3 * time.Minute,
@@ -42,9 +95,10 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if *console {
 		cfg.Console = prefixWriter(out, "console| ")
 	}
-	fmt.Fprintf(out, "vfnic demo: booting a q35 guest (TCG, intel-iommu) with %s\n", qemu.FormatNICs(cfg.NICs))
-	fmt.Fprintln(out, "guest| $ vfnic probe -all")
-	res, err := qemu.Run(ctx, cfg, qemu.Command{Path: bin, Args: []string{"probe", "-all"}})
+	fmt.Fprintf(out, "vfnic demo: booting a q35 guest (TCG, intel-iommu) with two virtio-net NICs on one emulated wire:\n")
+	fmt.Fprintf(out, "  %s driven by vfnic through VFIO, answering for %s\n", demoVfnicAddr, demoVfnicIP)
+	fmt.Fprintf(out, "  0000:00:05.0 left to the guest's Linux virtio_net driver, %s\n", demoLinuxIP)
+	res, err := qemu.Run(ctx, cfg, qemu.Command{GuestPath: "/bin/sh", Args: []string{"/vfnic/demo.sh"}})
 	if res != nil {
 		fmt.Fprintf(out, "vfnic demo: guest kernel %s, boot %v, whole run %v, exit status %d\n",
 			res.KernelVersion, res.Boot.Round(time.Millisecond), res.Duration.Round(time.Millisecond), res.ExitCode)

@@ -4,6 +4,10 @@
 //	vfnic bind [-force] ADDR...     give NICs to vfio-pci
 //	vfnic unbind ADDR...            give NICs back to their kernel drivers
 //	vfnic probe [ADDR...]           open vfio-bound NICs and exercise them
+//	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
+//	vfnic pktgen [flags] ADDR       send frames as fast as the NIC takes them
+//	vfnic capture -w FILE ADDR      write received frames to a pcap file
+//	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
 //	vfnic demo                      boot a QEMU guest and run vfnic in it
 package main
 
@@ -28,11 +32,15 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"list":   {"list NICs with driver, IOMMU group and binding", runList},
-	"bind":   {"bind NICs to vfio-pci (refuses NICs in use unless -force)", runBind},
-	"unbind": {"unbind NICs from vfio-pci and give them back to the kernel", runUnbind},
-	"probe":  {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
-	"demo":   {"boot a QEMU guest with emulated NICs and run vfnic against them", runDemo},
+	"list":    {"list NICs with driver, IOMMU group and binding", runList},
+	"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", runBind},
+	"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", runUnbind},
+	"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
+	"demo":    {"boot a QEMU guest with emulated NICs and run vfnic against them", runDemo},
+	"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
+	"pktgen":  {"send frames at the highest rate the NIC takes", runPktgen},
+	"capture": {"write received frames to a pcap file", runCapture},
+	"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
 }
 
 func usage(w io.Writer) {
