@@ -175,21 +175,7 @@ func (q *vq) add(id uint16, addr uint64, length uint32, flags uint16) {
 	q.ndescs++
 	q.nbufs++
 	if q.packed {
-		p := unsafe.Add(q.desc, uintptr(q.availPos)*descSize)
-		*(*uint64)(p) = addr
-		*(*uint32)(unsafe.Add(p, 8)) = length
-		word := uint32(id) | uint32(flags|q.availBits)<<16
-		fw := (*uint32)(unsafe.Add(p, 12))
-		if q.batch == 0 {
-			q.headWord, q.headVal = fw, word
-		} else {
-			*fw = word
-		}
-		q.batch++
-		if q.availPos++; q.availPos == q.size {
-			q.availPos = 0
-			q.availBits ^= descAvail | descUsed
-		}
+		q.putPacked(id, addr, length, flags)
 		return
 	}
 	// Split: descriptor id is the buffer's own table entry.
@@ -200,6 +186,27 @@ func (q *vq) add(id uint16, addr uint64, length uint32, flags uint16) {
 	*(*uint16)(unsafe.Add(q.avail, 4+2*uintptr(q.availIdx&(q.size-1)))) = id
 	q.availIdx++
 	q.batch++
+}
+
+// putPacked writes one packed-ring descriptor at availPos. The flags word
+// of a batch's first descriptor is held back (headWord/headVal) and stored
+// last by the flush, so the device never sees a half-written batch.
+func (q *vq) putPacked(id uint16, addr uint64, length uint32, flags uint16) {
+	p := unsafe.Add(q.desc, uintptr(q.availPos)*descSize)
+	*(*uint64)(p) = addr
+	*(*uint32)(unsafe.Add(p, 8)) = length
+	word := uint32(id) | uint32(flags|q.availBits)<<16
+	fw := (*uint32)(unsafe.Add(p, 12))
+	if q.batch == 0 {
+		q.headWord, q.headVal = fw, word
+	} else {
+		*fw = word
+	}
+	q.batch++
+	if q.availPos++; q.availPos == q.size {
+		q.availPos = 0
+		q.availBits ^= descAvail | descUsed
+	}
 }
 
 // addChain posts one buffer made of several elements. On a packed ring
@@ -218,21 +225,7 @@ func (q *vq) addChain(id uint16, segs []seg) {
 			if i < n-1 {
 				f |= descNext
 			}
-			p := unsafe.Add(q.desc, uintptr(q.availPos)*descSize)
-			*(*uint64)(p) = sg.addr
-			*(*uint32)(unsafe.Add(p, 8)) = sg.len
-			word := uint32(id) | uint32(f|q.availBits)<<16
-			fw := (*uint32)(unsafe.Add(p, 12))
-			if q.batch == 0 {
-				q.headWord, q.headVal = fw, word
-			} else {
-				*fw = word
-			}
-			q.batch++
-			if q.availPos++; q.availPos == q.size {
-				q.availPos = 0
-				q.availBits ^= descAvail | descUsed
-			}
+			q.putPacked(id, sg.addr, sg.len, f)
 		}
 		return
 	}
