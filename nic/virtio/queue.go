@@ -70,6 +70,21 @@ func (q *queue) Flush() error {
 	return nil
 }
 
+// Ready counts, up to max, the completions the device has written that
+// nobody has read yet (by Poll, or through the CQ the queue feeds),
+// without consuming them; an entry the driver will refuse counts, and
+// ends the count. With Outstanding it tells whether the device has
+// finished everything posted (Ready(Size()) == Outstanding()), without
+// taking the completions from whoever reads them.
+func (q *queue) Ready(max int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0
+	}
+	return q.vq.pending(max)
+}
+
 // Arm implements nic.Queue.
 func (q *queue) Arm(threshold int) error {
 	q.mu.Lock()
@@ -188,20 +203,39 @@ func (q *RxQueue) MaxFrame() int { return int(q.bufSize) - netHdrLen }
 
 // PostRecv implements nic.RxQueue.
 func (q *RxQueue) PostRecv(ctx any) error {
+	_, err := q.postFree(ctx)
+	return err
+}
+
+// PostRecvBuf is PostRecv that also says where the frame will land: the
+// frame area of the buffer it posted (MaxFrame bytes, starting at the
+// address the completion reports as Buf). For callers that match posts to
+// completions by buffer, as fi_cq's FI_CQ_FORMAT_DATA does. The device
+// owns the bytes until the completion is read.
+func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
+	b, err := q.postFree(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return q.pool.Buf(b)[netHdrLen:], nil
+}
+
+// postFree posts a free pool buffer and returns its index.
+func (q *RxQueue) postFree(ctx any) (uint32, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.usable(); err != nil {
-		return err
+		return 0, err
 	}
 	if q.vq.room() < 1 {
-		return errNoDesc
+		return 0, errNoDesc
 	}
 	b, ok := q.pool.Get()
 	if !ok {
-		return errNoBuffer
+		return 0, errNoBuffer
 	}
 	q.post(b, ctx)
-	return nil
+	return b, nil
 }
 
 // post lends pool buffer b to the device. Called locked with room.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
@@ -372,6 +373,38 @@ func TestArm(t *testing.T) {
 	})
 }
 
+// TestArmPastUsedBuffers: a reader that counts ready entries without
+// taking them (a cq.CQ waiting for a threshold) arms with every
+// outstanding buffer already used. Aiming at the last of them, the device
+// would never fire again; the event goes to the threshold instead.
+func TestArmPastUsedBuffers(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 8, packed, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, false)
+		postN(t, rx, 2)
+		require.NoError(t, rx.Arm(4))
+		event := func() uint16 {
+			if packed {
+				_, off, _ := r.dev.driverEvent()
+				return off
+			}
+			return r.dev.usedEvent()
+		}
+		require.Equal(t, uint16(1), event(), "two outstanding, none used: aimed at the second")
+		deliver(t, r.dev, frameFor(0, 64), 1)
+		deliver(t, r.dev, frameFor(1, 64), 1)
+		require.Equal(t, 2, rx.Ready(8))
+		require.NoError(t, rx.Arm(4))
+		require.Equal(t, uint16(3), event(), "both used and unread: aimed at the fourth, which later posts reach")
+		postN(t, rx, 1)
+		require.NoError(t, rx.Arm(4))
+		require.Equal(t, uint16(2), event(), "a third outstanding and not used: aimed at it")
+		deliver(t, r.dev, frameFor(2, 64), 1)
+		require.NoError(t, rx.Arm(4))
+		require.Equal(t, uint16(3), event(), "all three used: aimed at the fourth")
+	})
+}
+
 func TestSReadWakesAndTimesOut(t *testing.T) {
 	forRings(t, func(t *testing.T, packed bool) {
 		r := newRig(t, 8, packed, true, 64<<10)
@@ -485,4 +518,42 @@ func BenchmarkTxPoll(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestPostRecvBufAndReady: PostRecvBuf says where the frame lands (the
+// completion's Buf and Data are that slice), and Ready counts what the
+// device wrote without taking it from the reader.
+func TestPostRecvBufAndReady(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 4, packed, true, 64<<10)
+		rx := r.rxQueue(t, 8, 2048, true)
+		var bufs [][]byte
+		for i := range 3 {
+			b, err := rx.PostRecvBuf(i)
+			require.NoError(t, err)
+			require.Len(t, b, rx.MaxFrame())
+			bufs = append(bufs, b)
+		}
+		require.NoError(t, rx.Flush())
+		require.Zero(t, rx.Ready(8), "nothing written yet")
+		deliver(t, r.dev, frameFor(0, 100), 1)
+		deliver(t, r.dev, frameFor(1, 200), 1)
+		require.Equal(t, 2, rx.Ready(8))
+		require.Equal(t, 1, rx.Ready(1), "up to max")
+		require.Equal(t, 2, rx.Ready(8), "counting consumes nothing")
+		require.Equal(t, 3, rx.Outstanding())
+		var comps [4]nic.Completion
+		require.Equal(t, 2, rx.Poll(comps[:]))
+		for i, c := range comps[:2] {
+			require.Equal(t, i, c.Context)
+			require.Equal(t, uintptr(unsafe.Pointer(&bufs[i][0])), c.Buf, "the frame landed where PostRecvBuf said")
+			require.True(t, bytes.Equal(bufs[i][:c.Len], c.Data))
+		}
+		require.Zero(t, rx.Ready(8))
+		require.Equal(t, 1, rx.Outstanding())
+		for rx.PostRecv(nil) == nil {
+		}
+		_, err := rx.PostRecvBuf(nil)
+		require.ErrorIs(t, err, nic.ErrFull)
+	})
 }

@@ -314,22 +314,43 @@ func (q *vq) flush() {
 // arm asks for a used-buffer notification once threshold buffers are used
 // (counted from the next one to read): the packed ring's descriptor event
 // or the split ring's used_event with EVENT_IDX, else notifications on.
-// The event is never aimed past the buffers outstanding, where it could
-// not fire. The caller polls again afterwards: a buffer used before the
-// device saw the arm raises nothing.
+// With fewer buffers outstanding the event is aimed at the last of them,
+// so that it can fire; but when the device has used all of them already
+// (a reader that counts ready entries without taking them, as a cq.CQ
+// waiting for a threshold does), that position is behind the device and
+// would never fire, so the event goes to the threshold, which buffers
+// posted later reach. The caller polls again afterwards: a buffer used
+// before the device saw the arm raises nothing.
 func (q *vq) arm(threshold int) {
-	t := min(max(threshold, 1), int(q.size))
+	thr := min(max(threshold, 1), int(q.size))
+	t := thr
 	if q.nbufs > 0 {
 		t = min(t, q.nbufs)
 	}
-	thr := uint16(t)
 	q.armed = true
+	if q.packed && !q.eventIdx {
+		atomic.StoreUint32(q.drvEvent, eventEnable<<16)
+		return
+	}
+	if !q.packed && !q.eventIdx {
+		q.availFlags = 0
+		atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+		return
+	}
+	q.setEvent(uint16(t))
+	// The event is published before the ring is read again (a full
+	// barrier), so either this read sees the device's last used entry or
+	// the device sees the event.
+	if t < thr && q.pending(t) >= t {
+		q.setEvent(uint16(thr))
+	}
+}
+
+// setEvent aims the used-buffer event (EVENT_IDX) at the t-th buffer from
+// the next one to read.
+func (q *vq) setEvent(t uint16) {
 	if q.packed {
-		if !q.eventIdx {
-			atomic.StoreUint32(q.drvEvent, eventEnable<<16)
-			return
-		}
-		pos := q.usedPos + thr - 1
+		pos := q.usedPos + t - 1
 		wrap := q.usedBits&descUsed != 0
 		if pos >= q.size {
 			pos -= q.size
@@ -342,13 +363,8 @@ func (q *vq) arm(threshold int) {
 		atomic.StoreUint32(q.drvEvent, v)
 		return
 	}
-	if q.eventIdx {
-		*q.usedEvent = q.lastUsed + thr - 1
-		doorbell.Mb() // the device must see the event before the ring is read again
-		return
-	}
-	q.availFlags = 0
-	atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+	*q.usedEvent = q.lastUsed + t - 1
+	doorbell.Mb() // the device must see the event before the ring is read again
 }
 
 // disarm turns used-buffer notifications off. With split EVENT_IDX the

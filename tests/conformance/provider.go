@@ -29,6 +29,33 @@ type Caps struct {
 	// Truncation: a frame longer than the receive buffer completes with
 	// an ETRUNC error.
 	Truncation bool
+
+	// The fields below describe real devices; their zero values are the
+	// software device's behaviour, so providers that predate them run
+	// every test as before.
+
+	// FrameHeader is how many bytes the provider's framing puts before a
+	// send's payload on the wire (an Ethernet header on a raw NIC): the
+	// payload lands that far into the receive buffer, and a receive's Len
+	// and Buf cover header and payload.
+	FrameHeader int
+	// MaxEndpoints is how many endpoints can be open at once (a real NIC
+	// has as many as it has queue pairs); 0 means no limit. Tests that
+	// want more open fewer endpoints, never fewer CQs.
+	MaxEndpoints int
+	// MaxInFlight is how many sends of an endpoint can wait for their
+	// completions to be read (a device that frees a send's descriptor only
+	// when its completion is consumed); 0 means as many as the CQ holds.
+	MaxInFlight int
+	// NoFailNext says Endpoint.FailNext cannot work: the device has no way
+	// to fail an operation on demand. The tests that need it are skipped;
+	// DeviceErrors covers errors of the device's own making (Oversizer).
+	NoFailNext bool
+	// Why explains a missing capability, by the name of its field
+	// ("Overrun", "Truncation", "FailNext", ...), or "Faults" for a
+	// provider that is no Injector and "Oversizer" for endpoints that are
+	// none; skipped tests report it.
+	Why map[string]string
 }
 
 // EndpointAttr configure an endpoint.
@@ -86,6 +113,21 @@ type Endpoint interface {
 	Flush(ctx context.Context) error
 	// Close unbinds the endpoint from its CQ.
 	Close() error
+}
+
+// Oversizer is implemented by endpoints whose device produces receive
+// error completions through its own conditions, not by injection: a frame
+// from the wire longer than the posted receive buffer. The DeviceErrors
+// test runs the error-completion semantics (order, ReadErr, error data,
+// wake-ups) on them.
+type Oversizer interface {
+	// RecvOversize has a frame longer than a receive buffer arrive at the
+	// endpoint from outside (no send of the endpoint's, so no send
+	// completion) and returns once the device has it, with the number of
+	// posted receives it consumed: each completes, in posting order, with
+	// an ETRUNC error. The caller posts enough receives first; a provider
+	// needs at most 6.
+	RecvOversize(ctx context.Context) (int, error)
 }
 
 // Fault is a device misbehaviour a provider may inject.

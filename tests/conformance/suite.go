@@ -35,6 +35,7 @@ func Run(t *testing.T, p Provider) {
 		{"MixedSuccessError", s.testMixed},
 		{"ReadErrNoError", s.testReadErrNone},
 		{"ErrDataBuffers", s.testErrData},
+		{"DeviceErrors", s.testDeviceErrors},
 		{"Truncation", s.testTruncation},
 		{"MultiRecv", s.testMultiRecv},
 		{"SReadTimeout", s.testSReadTimeout},
@@ -67,6 +68,19 @@ type suite struct {
 }
 
 const waitLong = 10 * time.Second
+
+// skipUnless skips t when the provider lacks the capability called name,
+// with the provider's reason when it gave one.
+func (s *suite) skipUnless(t *testing.T, has bool, name, what string) {
+	t.Helper()
+	if has {
+		return
+	}
+	if why := s.caps.Why[name]; why != "" {
+		t.Skipf("%s: %s", what, why)
+	}
+	t.Skip(what)
+}
 
 func (s *suite) open(t *testing.T, attr cq.Attr) *cq.CQ {
 	t.Helper()
@@ -196,26 +210,36 @@ func (s *suite) testBadAttributes(t *testing.T) {
 }
 
 // testManyOpen: many CQs at once, each with an endpoint, each seeing only
-// its own completions.
+// its own completions. A device with fewer endpoints (MaxEndpoints) gets
+// as many as it has, on the first CQs; the others must stay empty.
 func (s *suite) testManyOpen(t *testing.T) {
 	const n = 100
+	withEP := n
+	if s.caps.MaxEndpoints > 0 {
+		withEP = min(n, s.caps.MaxEndpoints)
+		t.Logf("%d CQs, %d of them with an endpoint (the device has %d)", n, withEP, s.caps.MaxEndpoints)
+	}
 	cqs := make([]*cq.CQ, n)
-	eps := make([]Endpoint, n)
+	eps := make([]Endpoint, withEP)
 	for i := range cqs {
 		cqs[i] = s.open(t, cq.Attr{Size: 16, Format: cq.FormatContext})
-		eps[i] = s.endpoint(t, cqs[i], EndpointAttr{SendDepth: 4, RecvDepth: 4})
+		if i < withEP {
+			eps[i] = s.endpoint(t, cqs[i], EndpointAttr{SendDepth: 4, RecvDepth: 4})
+		}
 	}
 	for i := range eps {
 		send(t, eps[i], i, []byte{byte(i)}, SendOpts{})
 	}
-	for i := range cqs {
+	for i := range eps {
 		got := readN(t, cqs[i], 1)
 		require.Equal(t, i, got[0].Context)
 	}
 	for i := range cqs {
 		_, err := cqs[i].Read(make([]cq.Entry, 1))
 		require.ErrorIs(t, err, cq.ErrAgain)
-		require.NoError(t, eps[i].Close())
+		if i < withEP {
+			require.NoError(t, eps[i].Close())
+		}
 		require.NoError(t, cqs[i].Close())
 	}
 }
@@ -256,7 +280,8 @@ func (s *suite) testFormats(t *testing.T) {
 			}
 			send(t, ep, "tx", payload, o)
 			got := byContext(readN(t, c, 2))
-			require.Equal(t, payload, buf[:100], "the frame landed in the receive buffer")
+			hdr := s.caps.FrameHeader // the wire's header before the payload
+			require.Equal(t, payload, buf[hdr:hdr+100], "the frame landed in the receive buffer")
 
 			msgOrTag := cq.FlagMsg
 			if o.Tagged {
@@ -269,10 +294,10 @@ func (s *suite) testFormats(t *testing.T) {
 				if o.HasData {
 					wantRx.Flags |= cq.FlagRemoteCQData
 				}
-				wantRx.Len = 100
+				wantRx.Len = hdr + 100
 				wantTx.Flags = cq.FlagSend | msgOrTag
 				wantTx.Len = got["tx"].Len // len is defined for receives only
-				require.Contains(t, []int{0, 100}, wantTx.Len)
+				require.Contains(t, []int{0, 100, hdr + 100}, wantTx.Len)
 			}
 			if eff >= cq.FormatData {
 				wantRx.Buf = bufAddr(buf)
@@ -293,10 +318,10 @@ func (s *suite) testFormats(t *testing.T) {
 // elsewhere; the address slice must cover the entries.
 func (s *suite) testReadFrom(t *testing.T) {
 	for _, source := range []bool{false, true} {
-		if source && !s.caps.Source {
-			continue
-		}
 		t.Run(fmt.Sprintf("source=%v", source), func(t *testing.T) {
+			if source {
+				s.skipUnless(t, s.caps.Source, "Source", "endpoints have no source addresses")
+			}
 			c := s.open(t, cq.Attr{Format: cq.FormatMsg, WaitObj: cq.WaitFD})
 			ep := s.endpoint(t, c, EndpointAttr{Source: source})
 			_, err := ep.PostRecv("rx", 256, RecvOpts{})
@@ -345,6 +370,7 @@ func (s *suite) testZeroCount(t *testing.T) {
 // testMixed: ok, ok, error, ok: a read of 3 returns 2, then ErrAvail, then
 // ReadErr returns the error, then the fourth is read.
 func (s *suite) testMixed(t *testing.T) {
+	s.skipUnless(t, !s.caps.NoFailNext, "FailNext", "the device cannot fail an operation on demand")
 	c := s.open(t, cq.Attr{Format: cq.FormatMsg, Size: 16})
 	ep := s.endpoint(t, c, EndpointAttr{})
 	send(t, ep, 1, []byte("a"), SendOpts{})
@@ -390,6 +416,7 @@ func (s *suite) testReadErrNone(t *testing.T) {
 // testErrData: err_data into a short caller buffer, into a large one, and
 // held by the CQ when the caller gives none.
 func (s *suite) testErrData(t *testing.T) {
+	s.skipUnless(t, !s.caps.NoFailNext, "FailNext", "the device cannot fail an operation on demand")
 	c := s.open(t, cq.Attr{Format: cq.FormatMsg})
 	ep := s.endpoint(t, c, EndpointAttr{})
 	for i := 0; i < 3; i++ {
@@ -418,12 +445,124 @@ func (s *suite) testErrData(t *testing.T) {
 	require.Len(t, ee.ErrData, full, "resliced to the data's length")
 }
 
+// testDeviceErrors: error completions the device makes itself (a frame
+// longer than the receive buffer, Oversizer) follow the same rules as
+// injected ones. Receives 0..7 are posted; a frame fills 0; the oversized
+// frame takes the next n, each an ETRUNC error, and wakes a blocked SRead
+// with ErrAvail; frames fill the rest. Reads stop before the first error,
+// ReadErr takes the errors in order (error data held by the CQ, or copied
+// into a short buffer), then the receives after them read in order.
+func (s *suite) testDeviceErrors(t *testing.T) {
+	c := s.open(t, cq.Attr{Format: cq.FormatData, Size: 32, WaitObj: cq.WaitFD})
+	ep := s.endpoint(t, c, EndpointAttr{})
+	ov, ok := ep.(Oversizer)
+	s.skipUnless(t, ok, "Oversizer", "the device makes no error completions of its own")
+	const posted = 8
+	bufs := make([][]byte, posted)
+	for i := range bufs {
+		var err error
+		bufs[i], err = ep.PostRecv(i, 512, RecvOpts{})
+		require.NoError(t, err)
+	}
+	payload := func(i int) []byte {
+		p := make([]byte, 64)
+		for j := range p {
+			p[j] = byte(i*31 + j)
+		}
+		return p
+	}
+	send(t, ep, "tx0", payload(0), SendOpts{})
+	flush(t, ep)
+	got := byContext(readN(t, c, 2))
+	require.Contains(t, got, "tx0")
+	require.Contains(t, got, 0, "the first frame filled receive 0")
+
+	type result struct {
+		n   int
+		err error
+	}
+	woke := make(chan result, 1)
+	go func() {
+		n, err := c.SRead(context.Background(), make([]cq.Entry, 4), 0, waitLong)
+		woke <- result{n, err}
+	}()
+	time.Sleep(20 * time.Millisecond) // let the reader block (it may not have: the result is the same)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	n, err := ov.RecvOversize(ctx)
+	require.NoError(t, err)
+	require.True(t, n >= 1 && n <= posted-2, "the oversized frame took %d receives", n)
+	select {
+	case r := <-woke:
+		require.ErrorIs(t, r.err, cq.ErrAvail, "an error completion wakes SRead")
+		require.Zero(t, r.n)
+	case <-time.After(waitLong):
+		t.Fatal("the error completion did not wake SRead")
+	}
+	for i := n + 1; i < posted; i++ {
+		send(t, ep, fmt.Sprintf("tx%d", i), payload(i), SendOpts{})
+	}
+	flush(t, ep)
+
+	// Only send completions can come before the first error entry.
+	ents := make([]cq.Entry, 16)
+	sends := 0
+	for {
+		k, err := c.Read(ents)
+		if err != nil {
+			require.ErrorIs(t, err, cq.ErrAvail, "the error entry is at the head")
+			break
+		}
+		for _, e := range ents[:k] {
+			require.NotZero(t, e.Flags&cq.FlagSend, "a receive after the error was read before it: %v", e.Context)
+			sends++
+		}
+	}
+	for i := 1; i <= n; i++ {
+		ee := cq.ErrEntry{}
+		short := make([]byte, 4)
+		if i%2 == 0 {
+			ee.ErrData = short
+		}
+		require.NoError(t, c.ReadErr(&ee), "error %d of %d", i, n)
+		require.Equal(t, i, ee.Context, "errors in posting order")
+		require.Equal(t, cq.ETRUNC, ee.Err)
+		require.True(t, errors.Is(ee.Err, cq.ETRUNC))
+		require.NotZero(t, ee.Flags&cq.FlagRecv, "error entries carry their flags: %v", ee.Flags)
+		require.NotEmpty(t, c.StrError(ee.ProvErrno, ee.ErrData))
+		if i%2 == 0 && len(ee.ErrData) > 0 {
+			require.LessOrEqual(t, len(ee.ErrData), 4, "copied up to the caller's capacity")
+			require.Same(t, &short[0], &ee.ErrData[0], "into the caller's buffer")
+		}
+		if i < n {
+			_, err := c.Read(ents)
+			require.ErrorIs(t, err, cq.ErrAvail, "the next error is at the head")
+		}
+	}
+	require.ErrorIs(t, c.ReadErr(&cq.ErrEntry{}), cq.ErrAgain, "a success at the head is not an error")
+
+	hdr := s.caps.FrameHeader
+	next := n + 1
+	after := posted - 1 - n // receives, and sends, after the oversized frame
+	for _, e := range readN(t, c, after+after-sends) {
+		if e.Flags&cq.FlagSend != 0 {
+			continue
+		}
+		require.Equal(t, next, e.Context, "receives after the errors, in order")
+		require.Equal(t, hdr+64, e.Len)
+		require.Equal(t, bufAddr(bufs[next]), e.Buf)
+		require.Equal(t, payload(next), bufs[next][hdr:hdr+64])
+		next++
+	}
+	require.Equal(t, posted, next, "every receive completed")
+	_, err = c.Read(ents)
+	require.ErrorIs(t, err, cq.ErrAgain)
+}
+
 // testTruncation: a frame longer than the receive buffer is an ETRUNC
 // error completion with the overflow in OLen.
 func (s *suite) testTruncation(t *testing.T) {
-	if !s.caps.Truncation {
-		t.Skip("provider cannot truncate")
-	}
+	s.skipUnless(t, s.caps.Truncation, "Truncation", "provider cannot truncate")
 	c := s.open(t, cq.Attr{Format: cq.FormatData})
 	ep := s.endpoint(t, c, EndpointAttr{})
 	buf, err := ep.PostRecv("small", 16, RecvOpts{})
@@ -445,9 +584,7 @@ func (s *suite) testTruncation(t *testing.T) {
 }
 
 func (s *suite) testMultiRecv(t *testing.T) {
-	if !s.caps.MultiRecv {
-		t.Skip("provider has no multi-receive buffers")
-	}
+	s.skipUnless(t, s.caps.MultiRecv, "MultiRecv", "provider has no multi-receive buffers")
 	c := s.open(t, cq.Attr{Format: cq.FormatData})
 	ep := s.endpoint(t, c, EndpointAttr{})
 	buf, err := ep.PostRecv("multi", 4096, RecvOpts{MultiRecv: true, MinFree: 1500})
@@ -641,7 +778,15 @@ func (s *suite) testThreshold(t *testing.T) {
 	}
 	send(t, ep, 2, []byte("x"), SendOpts{})
 	send(t, ep, 3, []byte("x"), SendOpts{})
-	r := <-done
+	// The fourth entry must wake the reader, not its timeout (waitLong):
+	// a device that arms its interrupt for the entries already queued
+	// rather than for the threshold never interrupts again.
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(waitLong / 3):
+		t.Fatalf("SRead with a threshold of 4 still blocked %v after the fourth entry was sent", waitLong/3)
+	}
 	require.NoError(t, r.err)
 	require.Equal(t, 4, r.n)
 
@@ -718,9 +863,7 @@ func (s *suite) testWaitFD(t *testing.T) {
 // testOverrun: a CQ that overflows returns its valid entries, then
 // ErrOverrun for good.
 func (s *suite) testOverrun(t *testing.T) {
-	if !s.caps.Overrun {
-		t.Skip("the device cannot overrun a CQ")
-	}
+	s.skipUnless(t, s.caps.Overrun, "Overrun", "the device cannot overrun a CQ")
 	c := s.open(t, cq.Attr{Size: 8, WaitObj: cq.WaitFD, Format: cq.FormatContext})
 	size := c.Attr().Size
 	ep := s.endpoint(t, c, EndpointAttr{SendDepth: 4 * size})
@@ -996,12 +1139,19 @@ func (s *suite) testNoAllocs(t *testing.T) {
 	}
 
 	// The same on completions the device wrote before: nothing else runs.
+	// The feeder's last sends complete first, so that a device whose
+	// send slots free only as completions are read has all of them.
+	flush(t, ep)
 	for {
 		if _, err := c.Read(ents); err != nil {
 			break
 		}
 	}
-	for i := 0; i < 1000; i++ {
+	queued := 1000
+	if s.caps.MaxInFlight > 0 {
+		queued = min(queued, s.caps.MaxInFlight)
+	}
+	for i := 0; i < queued; i++ {
 		send(t, ep, ctxs[i], payload, SendOpts{})
 	}
 	flush(t, ep)
@@ -1012,7 +1162,11 @@ func (s *suite) testNoAllocs(t *testing.T) {
 			break
 		}
 	}
-	for i := 0; i < 200; i++ {
+	if s.caps.NoFailNext {
+		t.Logf("ReadErr not measured: the device cannot fail an operation on demand (%s)", s.caps.Why["FailNext"])
+		return
+	}
+	for i := 0; i < min(200, queued); i++ {
 		require.NoError(t, ep.FailNext())
 		send(t, ep, ctxs[i], payload, SendOpts{})
 	}
@@ -1033,9 +1187,7 @@ func (s *suite) testNoAllocs(t *testing.T) {
 // error, with no panic and no good completion lost.
 func (s *suite) testFaults(t *testing.T) {
 	inj, ok := s.p.(Injector)
-	if !ok {
-		t.Skip("provider cannot inject faults")
-	}
+	s.skipUnless(t, ok, "Faults", "provider cannot inject faults")
 	entryFaults := []struct {
 		f       Fault
 		context bool // the error entry carries the operation's context

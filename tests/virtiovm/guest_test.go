@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -451,6 +453,7 @@ func txRate(t *testing.T, p *peer, sleep bool) {
 		p.dev.Info().Model, mode(sleep), sent, el.Round(time.Millisecond), float64(sent)/el.Seconds(), r.args[0], hostRate,
 		st.Notifies-st0.Notifies, st.Suppressed-st0.Suppressed, st.Interrupts-st0.Interrupts,
 		100*float64(full)/float64(rounds), rounds)
+	rates.record("vfnic "+p.dev.Info().Model, mode(sleep), "TX", hostRate)
 }
 
 // rxRate has the host send 64-byte frames for benchFor, faster than QEMU
@@ -506,13 +509,22 @@ func rxRate(t *testing.T, p *peer, sleep bool, round uint32) {
 		rs.Notifies-st0.Notifies, rs.Suppressed-st0.Suppressed, rs.Interrupts-st0.Interrupts,
 		100*float64(idle)/float64(polls), polls)
 	require.NotZero(t, got)
+	rates.record("vfnic "+p.dev.Info().Model, mode(sleep), "RX", rate)
 }
 
-// TestGuestLinuxTxRate measures the guest Linux virtio_net driver sending
-// 64-byte frames from a raw AF_PACKET socket on the same kind of NIC and
-// netdev, for comparison with TestGuestRate*.
-func TestGuestLinuxTxRate(t *testing.T) {
-	guestOnly(t)
+// linuxPeer is a raw AF_PACKET socket on the NIC the guest's Linux
+// virtio_net driver owns, talking the host protocol.
+type linuxPeer struct {
+	t       *testing.T
+	ifname  string
+	mac     net.HardwareAddr
+	fd      int
+	session uint32
+	buf     []byte
+}
+
+func openLinuxPeer(t *testing.T) *linuxPeer {
+	t.Helper()
 	a := addrOf(slotLinux)
 	ifname := ""
 	ents, err := os.ReadDir("/sys/bus/pci/devices/" + a)
@@ -528,43 +540,64 @@ func TestGuestLinuxTxRate(t *testing.T) {
 	require.NotEmpty(t, ifname, "the Linux driver owns an interface on %s", a)
 	ifc, err := net.InterfaceByName(ifname)
 	require.NoError(t, err)
-	proto := int(htons(uint16(etherType)))
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, proto)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(uint16(etherType))))
 	require.NoError(t, err)
-	defer unix.Close(fd)
+	t.Cleanup(func() { unix.Close(fd) })
 	require.NoError(t, unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(uint16(etherType)), Ifindex: ifc.Index}))
 	require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200000}))
-	session := uint32(time.Now().UnixNano())&0x7fffffff | 1
-	ctl := func(typ uint8, args ...uint32) []byte {
-		m := msg{typ: typ, session: session}
-		copy(m.args[:], args)
-		return build(hostMAC, ifc.HardwareAddr, m, minFrame)
-	}
-	buf := make([]byte, 2048)
-	await := func(send []byte, typ uint8) msg {
-		for try := 0; try < 50; try++ {
-			if try%5 == 0 {
-				_, err := unix.Write(fd, send)
-				require.NoError(t, err)
-			}
-			n, err := unix.Read(fd, buf)
-			if err != nil {
-				continue
-			}
-			if m, ok := peek(buf[:n]); ok && m.session == session && m.typ == typ {
-				return m
-			}
+	return &linuxPeer{t: t, ifname: ifname, mac: ifc.HardwareAddr, fd: fd, buf: make([]byte, 2048),
+		session: uint32(time.Now().UnixNano())&0x7fffffff | 1}
+}
+
+func (l *linuxPeer) ctl(typ uint8, args ...uint32) []byte {
+	m := msg{typ: typ, session: l.session}
+	copy(m.args[:], args)
+	return build(hostMAC, l.mac, m, minFrame)
+}
+
+// await sends req (again every second) until the host answers with typ.
+func (l *linuxPeer) await(req []byte, typ uint8) msg {
+	l.t.Helper()
+	for try := 0; try < 50; try++ {
+		if try%5 == 0 {
+			_, err := unix.Write(l.fd, req)
+			require.NoError(l.t, err)
 		}
-		t.Fatalf("no message %d from the host", typ)
-		return msg{}
+		n, err := unix.Read(l.fd, l.buf)
+		if err != nil {
+			continue
+		}
+		if m, ok := peek(l.buf[:n]); ok && m.session == l.session && m.typ == typ {
+			return m
+		}
 	}
-	await(ctl(msgHello), msgHelloAck)
-	await(ctl(msgBenchTxStart), msgBenchTxAck)
-	f := build(hostMAC, ifc.HardwareAddr, msg{typ: msgData, session: session}, minFrame)
+	l.t.Fatalf("no message %d from the host", typ)
+	return msg{}
+}
+
+// ifStat reads one of the interface's counters (the driver's).
+func (l *linuxPeer) ifStat(name string) uint64 {
+	l.t.Helper()
+	b, err := os.ReadFile("/sys/class/net/" + l.ifname + "/statistics/" + name)
+	require.NoError(l.t, err)
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	require.NoError(l.t, err)
+	return v
+}
+
+// TestGuestLinuxTxRate measures the guest Linux virtio_net driver sending
+// 64-byte frames from a raw AF_PACKET socket on the same kind of NIC and
+// netdev, for comparison with TestGuestRate*.
+func TestGuestLinuxTxRate(t *testing.T) {
+	guestOnly(t)
+	l := openLinuxPeer(t)
+	l.await(l.ctl(msgHello), msgHelloAck)
+	l.await(l.ctl(msgBenchTxStart), msgBenchTxAck)
+	f := build(hostMAC, l.mac, msg{typ: msgData, session: l.session}, minFrame)
 	sent, refused := 0, 0
 	start := time.Now()
 	for i := 0; ; i++ {
-		if _, err := unix.Write(fd, f); err == nil {
+		if _, err := unix.Write(l.fd, f); err == nil {
 			sent++
 		} else {
 			refused++ // qdisc full (ENOBUFS): the driver is the bottleneck
@@ -575,17 +608,161 @@ func TestGuestLinuxTxRate(t *testing.T) {
 	}
 	el := time.Since(start)
 	time.Sleep(200 * time.Millisecond)
-	r := await(ctl(msgBenchTxEnd, uint32(sent)), msgBenchResult)
+	r := l.await(l.ctl(msgBenchTxEnd, uint32(sent)), msgBenchResult)
 	hostRate := 0.0
 	if r.args[1] > 0 {
 		hostRate = float64(r.args[0]-1) / (float64(r.args[1]) / 1e6)
 	}
 	t.Logf("Linux virtio_net TX (AF_PACKET, %s): %d frames written in %v (%d refused); host received %d = %.0f frames/s",
-		ifname, sent, el.Round(time.Millisecond), refused, r.args[0], hostRate)
+		l.ifname, sent, el.Round(time.Millisecond), refused, r.args[0], hostRate)
 	require.NotZero(t, r.args[0])
+	rates.record("Linux virtio_net", "", "TX", hostRate)
+}
+
+// TestGuestLinuxRxRate measures the guest Linux virtio_net driver
+// receiving: the host sends 64-byte frames at the NIC for benchFor, as in
+// TestGuestRate*, and a raw AF_PACKET socket counts what reaches it. The
+// interface's rx_packets (the driver's count) and the socket's drops are
+// logged beside it.
+func TestGuestLinuxRxRate(t *testing.T) {
+	guestOnly(t)
+	l := openLinuxPeer(t)
+	// A large socket buffer: the frames the driver took are counted even
+	// when this reader is descheduled for a while.
+	if unix.SetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20) != nil {
+		require.NoError(t, unix.SetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20))
+	}
+	l.await(l.ctl(msgHello), msgHelloAck)
+	_, err := unix.GetsockoptTpacketStats(l.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS) // reading resets it
+	require.NoError(t, err)
+	rx0, drop0 := l.ifStat("rx_packets"), l.ifStat("rx_dropped")
+	const round = 7 // tells this blast's reports from any other's
+	_, err = unix.Write(l.fd, l.ctl(msgBlastReq, uint32(benchFor/time.Millisecond), round))
+	require.NoError(t, err)
+	got, reads := 0, 0
+	var first, last time.Time
+	var hostSent, hostUs uint32
+	deadline := time.Now().Add(benchFor + 20*time.Second)
+	for hostSent == 0 {
+		require.True(t, time.Now().Before(deadline), "the host reports the end of the blast")
+		n, err := unix.Read(l.fd, l.buf)
+		reads++
+		if err != nil {
+			continue // SO_RCVTIMEO: nothing for 200 ms
+		}
+		m, ok := peek(l.buf[:n])
+		if !ok || m.session != l.session {
+			continue
+		}
+		switch {
+		case m.typ == msgData:
+			now := time.Now()
+			if got == 0 {
+				first = now
+			}
+			last = now
+			got++
+		case m.typ == msgBlastDone && m.args[2] == round:
+			hostSent, hostUs = m.args[0], m.args[1]
+		}
+	}
+	ps, err := unix.GetsockoptTpacketStats(l.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	require.NoError(t, err)
+	rx, drops := l.ifStat("rx_packets")-rx0, l.ifStat("rx_dropped")-drop0
+	rate := 0.0
+	if d := last.Sub(first); d > 0 {
+		rate = float64(got-1) / d.Seconds()
+	}
+	t.Logf("Linux virtio_net RX (AF_PACKET, %s): host sent %d 64-byte frames in %v; the driver received %d (rx_packets, "+
+		"%d rx_dropped), the socket saw %d (%d of them dropped for want of buffer); the reader counted %d = %.0f frames/s",
+		l.ifname, hostSent, time.Duration(hostUs)*time.Microsecond, rx, drops, ps.Packets, ps.Drops, got, rate)
+	require.NotZero(t, got)
+	rates.record("Linux virtio_net", "", "RX", rate)
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// rateTable collects the 64-byte frame rates measured in this run, for
+// TestGuestRateComparison.
+type rateTable struct {
+	mu   sync.Mutex
+	rows []rateRow
+}
+
+type rateRow struct {
+	driver, mode, dir string
+	fps               float64
+}
+
+var rates rateTable
+
+func (r *rateTable) record(driver, mode, dir string, fps float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rows = append(r.rows, rateRow{driver, mode, dir, fps})
+}
+
+func (r *rateTable) snapshot() []rateRow {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]rateRow(nil), r.rows...)
+}
+
+// TestGuestRateComparison sets the 64-byte frame rates measured above side
+// by side: vfnic's virtio driver (each ring layout, busy polling and
+// sleeping on MSI-X) against the guest's own Linux virtio_net driver, on
+// the same QEMU virtio-net-pci model and dgram netdev, in this run. TX is
+// what the host received, RX what the guest program read. Logged, not
+// asserted: the figures depend on the host's load.
+func TestGuestRateComparison(t *testing.T) {
+	guestOnly(t)
+	type key struct{ driver, mode string }
+	var order []key
+	fps := map[key]map[string]float64{}
+	for _, r := range rates.snapshot() {
+		k := key{r.driver, r.mode}
+		if fps[k] == nil {
+			fps[k] = map[string]float64{}
+			order = append(order, k)
+		}
+		fps[k][r.dir] = r.fps
+	}
+	linux := fps[key{"Linux virtio_net", ""}]
+	if len(order) == 0 || linux == nil {
+		t.Log("the rate tests did not run (VFNIC_GUEST_RUN): nothing to compare")
+		return
+	}
+	cell := func(v float64, ok bool) string {
+		if !ok {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", v)
+	}
+	times := func(v, base float64) string {
+		if base <= 0 || v <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("x%.1f", v/base)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "64-byte frames per second, this run, same device model and netdev (TX: host received; RX: guest read):\n")
+	fmt.Fprintf(&b, "  %-62s %9s %9s   %s\n", "driver (ring, mode)", "TX", "RX", "vs Linux TX/RX")
+	for _, k := range order {
+		name := k.driver
+		if k.mode != "" {
+			name += ", " + k.mode
+		}
+		tx, okTX := fps[k]["TX"]
+		rx, okRX := fps[k]["RX"]
+		vs := ""
+		if k != (key{"Linux virtio_net", ""}) {
+			vs = times(tx, linux["TX"]) + " / " + times(rx, linux["RX"])
+		}
+		fmt.Fprintf(&b, "  %-62s %9s %9s   %s\n", name, cell(tx, okTX), cell(rx, okRX), vs)
+	}
+	b.WriteString("  (the Linux NIC has a packed ring; its driver maps and unmaps every frame through the emulated IOMMU)")
+	t.Log(b.String())
+}
 
 // TestGuestOpen checks what Open reports and refuses, and that a device can
 // be opened again after Close.
@@ -640,9 +817,12 @@ func TestGuestOpen(t *testing.T) {
 
 // TestGuestCQPacked binds a NIC's receive and transmit queues to one
 // cq.CQ and runs a conversation through it: completions of both kinds come
-// from the CQ, a blocking read of the CQ sleeps until the frame's MSI-X
-// interrupt (rewired to the CQ's eventfd) wakes it, and 1,000 frames
-// arrive in order and intact.
+// from the CQ; with no traffic a blocking read of the CQ times out on time
+// without burning CPU, and cq.Signal from another goroutine wakes it
+// promptly with ErrSignaled; a blocking read sleeps until the frame's
+// MSI-X interrupt (rewired to the CQ's eventfd; the vector's count in
+// /proc/interrupts moves) wakes it; and 1,000 frames arrive in order and
+// intact.
 func TestGuestCQPacked(t *testing.T) { guestOnly(t); testCQ(t, slotPacked) }
 
 // TestGuestCQSplit is TestGuestCQPacked on split rings.
@@ -722,7 +902,24 @@ func testCQ(t *testing.T, slot int) {
 	send(ctl(msgHello))
 	handle(10*time.Second, want(msgHelloAck))
 
+	// No traffic: the read sleeps until its timeout, on time.
+	const idle = 500 * time.Millisecond
+	cpu0, t0 := cpuTime(t), time.Now()
+	n, err := c.SRead(ctx, ents, 0, idle)
+	idleEl, idleCPU := time.Since(t0), cpuTime(t)-cpu0
+	require.ErrorIs(t, err, cq.ErrTimeout)
+	require.ErrorIs(t, err, cq.ErrAgain)
+	require.Zero(t, n)
+	require.GreaterOrEqual(t, idleEl, idle, "not before the timeout")
+	require.Less(t, idleEl, idle+250*time.Millisecond, "on time")
+	require.Less(t, idleCPU, idleEl/20, "a sleeping read burns under 5% of a CPU")
+
+	// No traffic: Signal wakes a blocked read.
+	wakes := signalWakes(t, c, 10)
+
 	// Blocking through the CQ: the frame's interrupt wakes the read.
+	rxVector := fmt.Sprintf("vfio-msix[1](%s)", addrOf(slot)) // vector 1 is receiveq1's
+	irq0 := interruptCount(t, rxVector)
 	send(ctl(msgDelayedReq, 300))
 	start := time.Now()
 	handle(10*time.Second, func(f []byte, m msg) bool {
@@ -731,7 +928,9 @@ func testCQ(t *testing.T, slot int) {
 		return true
 	})
 	el := time.Since(start)
+	irqs := interruptCount(t, rxVector) - irq0
 	require.GreaterOrEqual(t, el, 250*time.Millisecond, "the read slept until the frame came")
+	require.NotZero(t, irqs, "the receive queue's MSI-X vector fired (%s in /proc/interrupts)", rxVector)
 
 	const count = 1000
 	send(ctl(msgSendReq, count, window))
@@ -751,8 +950,10 @@ func testCQ(t *testing.T, slot int) {
 	})
 	require.Equal(t, uint32(count), next)
 	st := dev.Stats()
-	t.Logf("%s through a CQ: woken after %v, %d frames in order, %d send completions; rx %+v",
-		dev.Info().Model, el.Round(time.Millisecond), next, sends, st.Rx)
+	t.Logf("%s through a CQ: idle SRead(%v) timed out after %v using %v of CPU; Signal woke a blocked SRead in %s; "+
+		"a frame woke it after %v (host waited 300 ms) by %d MSI-X interrupt(s) of %s; %d frames in order, %d send completions; rx %+v",
+		dev.Info().Model, idle, idleEl.Round(time.Millisecond), idleCPU, wakes, el.Round(time.Millisecond), irqs, rxVector,
+		next, sends, st.Rx)
 	require.NotZero(t, sends)
 	require.Zero(t, st.Rx.Interrupts, "the queue's own eventfd is not signalled while bound")
 
@@ -760,4 +961,73 @@ func testCQ(t *testing.T, slot int) {
 	require.NoError(t, dev.Close())
 	require.NoError(t, c.Close(), "closing the device unbinds its queues")
 	require.Equal(t, before, snapshot(t), "Close returns every fd and mapping")
+}
+
+// signalWakes blocks an SRead on c (no traffic) rounds times and wakes it
+// with cq.Signal from this goroutine: it must return ErrSignaled, which is
+// an ErrAgain, with nothing read, promptly. It returns the wake-up
+// latencies (from the Signal call to SRead's return) as min/median/max.
+func signalWakes(t *testing.T, c *cq.CQ, rounds int) string {
+	t.Helper()
+	type result struct {
+		n   int
+		err error
+		at  time.Time
+	}
+	lat := make([]time.Duration, 0, rounds)
+	for range rounds {
+		done := make(chan result, 1)
+		go func() {
+			n, err := c.SRead(context.Background(), make([]cq.Entry, 4), 0, 30*time.Second)
+			done <- result{n, err, time.Now()}
+		}()
+		time.Sleep(50 * time.Millisecond) // let it block
+		select {
+		case r := <-done:
+			t.Fatalf("SRead returned before the Signal: %d, %v", r.n, r.err)
+		default:
+		}
+		t0 := time.Now()
+		require.NoError(t, c.Signal())
+		select {
+		case r := <-done:
+			require.ErrorIs(t, r.err, cq.ErrSignaled)
+			require.ErrorIs(t, r.err, cq.ErrAgain, "a signalled read is an ErrAgain, like a timeout")
+			require.Zero(t, r.n)
+			lat = append(lat, r.at.Sub(t0))
+		case <-time.After(5 * time.Second):
+			t.Fatal("Signal did not wake the blocked SRead")
+		}
+	}
+	slices.Sort(lat)
+	require.Less(t, lat[len(lat)/2], 100*time.Millisecond, "Signal wakes the reader promptly (median)")
+	return fmt.Sprintf("%v/%v/%v (min/median/max of %d)", lat[0].Round(time.Microsecond),
+		lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond), len(lat))
+}
+
+// interruptCount sums the per-CPU counts of the interrupt named name
+// (vfio-pci names its MSI-X vectors "vfio-msix[V](ADDR)") in
+// /proc/interrupts: the kernel's count of the vector, independent of the
+// driver's.
+func interruptCount(t *testing.T, name string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/interrupts")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || f[len(f)-1] != name {
+			continue
+		}
+		var n uint64
+		for _, x := range f[1:] {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				break // past the per-CPU columns
+			}
+			n += v
+		}
+		return n
+	}
+	t.Fatalf("no interrupt %s in /proc/interrupts", name)
+	return 0
 }

@@ -51,7 +51,28 @@ const (
 	msgBlastReq     = 15 // guest: send 64-byte data frames for args[0] ms (round args[1])
 	msgBlastDone    = 16 // host: args[0] frames sent in args[1] microseconds (round args[2])
 	msgDelayedReq   = 17 // guest: send one data frame after args[0] ms
+	// msgOversizeReq needs no hello: send a data frame of seq bytes to the
+	// MAC in args (macArgs), then msgOversizeDone to the reply MAC there.
+	msgOversizeReq  = 18
+	msgOversizeDone = 19 // host: the oversized frame went out (session of the request)
 )
+
+// macArgs packs two MACs into a message's three arguments.
+func macArgs(a, b net.HardwareAddr) [3]uint32 {
+	var x [12]byte
+	copy(x[:6], a)
+	copy(x[6:], b)
+	return [3]uint32{binary.BigEndian.Uint32(x[0:]), binary.BigEndian.Uint32(x[4:]), binary.BigEndian.Uint32(x[8:])}
+}
+
+// argMACs unpacks what macArgs packed.
+func argMACs(args [3]uint32) (a, b net.HardwareAddr) {
+	var x [12]byte
+	for i, v := range args {
+		binary.BigEndian.PutUint32(x[4*i:], v)
+	}
+	return append(net.HardwareAddr(nil), x[:6]...), append(net.HardwareAddr(nil), x[6:]...)
+}
 
 var (
 	hostMAC  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
