@@ -28,8 +28,10 @@ type CQ struct {
 	wmu     sync.Mutex // SRead leader/follower state
 	leading bool
 	wakeCh  chan struct{}
-	wakeGen uint64
-	done    chan struct{} // closed by Close
+	// wakeTaken says a follower sleeps on wakeCh (guarded by wmu).
+	wakeTaken bool
+	wakeGen   uint64
+	done      chan struct{} // closed by Close
 }
 
 // New makes a CQ with attr resolved against the provider's limits (actual

@@ -182,8 +182,14 @@ func (c *CQ) park(ctx context.Context, deadline time.Time, gen uint64) error {
 		c.wmu.Lock()
 		c.leading = false
 		c.wakeGen++
-		close(c.wakeCh)
-		c.wakeCh = make(chan struct{})
+		// Followers took wakeCh to sleep on: close it to wake them. With
+		// none (the usual single reader) keep it, so a wake-up allocates
+		// nothing.
+		if c.wakeTaken {
+			close(c.wakeCh)
+			c.wakeCh = make(chan struct{})
+			c.wakeTaken = false
+		}
 		c.wmu.Unlock()
 		switch {
 		case err == nil, errors.Is(err, eventfd.ErrTimeout):
@@ -196,6 +202,7 @@ func (c *CQ) park(ctx context.Context, deadline time.Time, gen uint64) error {
 		return err
 	}
 	ch := c.wakeCh
+	c.wakeTaken = true
 	c.wmu.Unlock()
 	var tc <-chan time.Time
 	if !deadline.IsZero() {
