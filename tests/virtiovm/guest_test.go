@@ -456,8 +456,9 @@ func txRate(t *testing.T, p *peer, sleep bool) {
 	rates.record("vfnic "+p.dev.Info().Model, mode(sleep), "TX", hostRate)
 }
 
-// rxRate has the host send 64-byte frames for benchFor, faster than QEMU
-// delivers them, and counts what arrives.
+// rxRate has the host keep QEMU's socket supplied with 64-byte frames for
+// benchFor, so that QEMU always has one to deliver, and counts what
+// arrives.
 func rxRate(t *testing.T, p *peer, sleep bool, round uint32) {
 	st0 := p.dev.Stats().Rx
 	p.send(p.ctl(msgBlastReq, uint32(benchFor/time.Millisecond), round))

@@ -1,9 +1,6 @@
 package virtiovm
 
 import (
-	"errors"
-	"net"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -23,18 +20,14 @@ type mmsghdr struct {
 
 // batchReader receives datagrams in batches.
 type batchReader struct {
-	rc   syscall.RawConn
+	fd   int
 	bufs [][]byte
 	iovs []unix.Iovec
 	msgs []mmsghdr
 }
 
-func newBatchReader(conn *net.UDPConn, batch, size int) (*batchReader, error) {
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	r := &batchReader{rc: rc, bufs: make([][]byte, batch), iovs: make([]unix.Iovec, batch), msgs: make([]mmsghdr, batch)}
+func newBatchReader(fd, batch, size int) *batchReader {
+	r := &batchReader{fd: fd, bufs: make([][]byte, batch), iovs: make([]unix.Iovec, batch), msgs: make([]mmsghdr, batch)}
 	for i := range r.bufs {
 		r.bufs[i] = make([]byte, size)
 		r.iovs[i].Base = &r.bufs[i][0]
@@ -42,55 +35,42 @@ func newBatchReader(conn *net.UDPConn, batch, size int) (*batchReader, error) {
 		r.msgs[i].hdr.Iov = &r.iovs[i]
 		r.msgs[i].hdr.SetIovlen(1)
 	}
-	return r, nil
+	return r
 }
 
-// read waits for datagrams (honouring the conn's read deadline) and
-// returns how many arrived; datagram i is bufs[i][:msgs[i].n].
+// read takes the datagrams waiting, without blocking, and returns how
+// many; datagram i is bufs[i][:msgs[i].n].
 func (r *batchReader) read() (int, error) {
-	var n int
-	var serr error
-	err := r.rc.Read(func(fd uintptr) bool {
-		got, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)),
+	for {
+		got, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(r.fd), uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)),
 			unix.MSG_DONTWAIT, 0, 0)
-		if e == unix.EAGAIN {
-			return false // wait for the socket to become readable
+		switch e {
+		case 0:
+			return int(got), nil
+		case unix.EAGAIN:
+			return 0, nil
+		case unix.EINTR:
+			continue
 		}
-		if e != 0 {
-			serr = e
-		}
-		n = int(got)
-		return true
-	})
-	if err != nil {
-		return 0, err
+		return 0, e
 	}
-	return n, serr
 }
 
 func (r *batchReader) datagram(i int) []byte { return r.bufs[i][:r.msgs[i].n] }
 
 // batchWriter sends one frame many times to one address per sendmmsg.
 type batchWriter struct {
-	rc   syscall.RawConn
+	fd   int
 	sa   unix.RawSockaddrInet4
 	iov  unix.Iovec
 	msgs []mmsghdr
 }
 
-func newBatchWriter(conn *net.UDPConn, dst *net.UDPAddr, frame []byte, batch int) (*batchWriter, error) {
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	ip4 := dst.IP.To4()
-	if ip4 == nil {
-		return nil, errors.New("batch writer: IPv4 destination needed")
-	}
-	w := &batchWriter{rc: rc, msgs: make([]mmsghdr, batch)}
+func newBatchWriter(fd int, dst unix.SockaddrInet4, frame []byte, batch int) *batchWriter {
+	w := &batchWriter{fd: fd, msgs: make([]mmsghdr, batch)}
 	w.sa.Family = unix.AF_INET
 	w.sa.Port = uint16(dst.Port>>8) | uint16(dst.Port&0xff)<<8 // network order
-	copy(w.sa.Addr[:], ip4)
+	w.sa.Addr = dst.Addr
 	w.iov.Base = &frame[0]
 	w.iov.SetLen(len(frame))
 	for i := range w.msgs {
@@ -100,20 +80,16 @@ func newBatchWriter(conn *net.UDPConn, dst *net.UDPAddr, frame []byte, batch int
 		h.Iov = &w.iov
 		h.SetIovlen(1)
 	}
-	return w, nil
+	return w
 }
 
 // write sends up to n copies of the frame and returns how many the kernel
 // took (loopback UDP never blocks: a full receiver drops).
 func (w *batchWriter) write(n int) int {
 	n = min(n, len(w.msgs))
-	sent := 0
-	_ = w.rc.Write(func(fd uintptr) bool {
-		got, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&w.msgs[0])), uintptr(n), 0, 0, 0)
-		if e == 0 {
-			sent = int(got)
-		}
-		return true
-	})
-	return sent
+	got, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(w.fd), uintptr(unsafe.Pointer(&w.msgs[0])), uintptr(n), 0, 0, 0)
+	if e != 0 {
+		return 0
+	}
+	return int(got)
 }
