@@ -230,8 +230,11 @@ func (s *server) reply(m msg) {
 }
 
 func (s *server) write(f []byte) bool {
+	// Sendto encodes the address into the Sockaddr it is given: senders on
+	// several goroutines each need their own copy.
+	dst := s.dstAddr
 	for {
-		err := unix.Sendto(s.fd, f, 0, &s.dstAddr)
+		err := unix.Sendto(s.fd, f, 0, &dst)
 		if err == nil {
 			return true
 		}
