@@ -256,7 +256,11 @@ func testBlocking(t *testing.T, slot int) {
 	t.Logf("woken by a frame after %v (host waited 500 ms) by %d interrupt(s), using %v of CPU", el.Round(time.Millisecond), intr, cpu)
 	require.GreaterOrEqual(t, el, 400*time.Millisecond, "the read slept until the frame came")
 	require.NotZero(t, intr, "the MSI-X interrupt counter moved")
-	require.Less(t, cpu, el/20)
+	// The 5% bound is on the 2 s idle wait above. This shorter
+	// wait also covers the wake-up and whatever the runtime does meanwhile
+	// (a GC cycle costs tens of ms under TCG, seen once at 12%); a spinning
+	// reader would burn about 100%, so a quarter still tells them apart.
+	require.Less(t, cpu, el/4, "the read slept rather than spun")
 
 	// Close wakes a read blocked on the interrupt.
 	done := make(chan error, 1)
