@@ -646,7 +646,9 @@ func (s *suite) testSReadImmediate(t *testing.T) {
 	n, err := c.SRead(context.Background(), ents, 0, waitLong)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Less(t, time.Since(start), 100*time.Millisecond, "queued entries return at once")
+	// At once, against a 10 s timeout: a second leaves room for a loaded
+	// machine or an emulated guest.
+	require.Less(t, time.Since(start), time.Second, "queued entries return at once")
 }
 
 func (s *suite) testSReadWakes(t *testing.T) {
