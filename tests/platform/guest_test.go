@@ -17,6 +17,7 @@ import (
 	"github.com/vfnic/vfnic/hugepage"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/qemu"
+	"github.com/vfnic/vfnic/tests/leakcheck"
 	"github.com/vfnic/vfnic/vfio"
 )
 
@@ -85,16 +86,15 @@ func openVFIO(t *testing.T, addr string) opened {
 	return opened{c, g, d}
 }
 
-// resources is what Close must give back: open fds and mappings.
-type resources struct{ fds, maps int }
+// resources is what Close must give back: open fds, and VFIO and hugepage
+// mappings.
+type resources = leakcheck.Resources
 
 func snapshot(t *testing.T) resources {
 	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
+	r, err := leakcheck.Snapshot()
 	require.NoError(t, err)
-	maps, err := os.ReadFile("/proc/self/maps")
-	require.NoError(t, err)
-	return resources{len(fds), strings.Count(string(maps), "\n")}
+	return r
 }
 
 func TestGuestDiscover(t *testing.T) {
@@ -201,6 +201,7 @@ func TestGuestE1000eBAR(t *testing.T) {
 	o := openVFIO(t, addrE1000e)
 	m, err := o.d.MapRegion(vfio.RegionBAR0)
 	require.NoError(t, err)
+	require.Greater(t, snapshot(t).Maps, before.Maps, "the leak check sees a BAR mapping")
 	w := doorbell.NewWindow(m.Bytes())
 	status, err := w.Read32(e1000Status)
 	require.NoError(t, err)

@@ -16,10 +16,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
 	"github.com/vfnic/vfnic/qemu"
+	"github.com/vfnic/vfnic/tests/leakcheck"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,31 +41,14 @@ func addrOf(slot int) string { return fmt.Sprintf("0000:00:%02x.0", slot) }
 
 // resources counts what Close must give back: open fds, and the mappings
 // of VFIO regions and hugepages.
-type resources struct{ fds, maps int }
+type resources = leakcheck.Resources
 
 func snapshot(t *testing.T) resources {
 	t.Helper()
-	// The runtime poller keeps its own fds once the first eventfd used
-	// it: start it before counting.
-	pollerOnce.Do(func() {
-		if e, err := eventfd.New(); err == nil {
-			_ = e.Close()
-		}
-	})
-	fds, err := os.ReadDir("/proc/self/fd")
+	r, err := leakcheck.Snapshot()
 	require.NoError(t, err)
-	maps, err := os.ReadFile("/proc/self/maps")
-	require.NoError(t, err)
-	n := 0
-	for _, l := range strings.Split(string(maps), "\n") {
-		if strings.Contains(l, "vfio") || strings.Contains(l, "huge") {
-			n++
-		}
-	}
-	return resources{len(fds), n}
+	return r
 }
-
-var pollerOnce sync.Once
 
 // peer is a guest test's end of the conversation with the host side.
 type peer struct {
