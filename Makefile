@@ -32,9 +32,11 @@ vet: deps
 # boot QEMU guests (those fail, never skip, under CI=true). testsum lists
 # every VM and guest test with its verdict and the guest kernel it booted,
 # prints what failed in full, and ends with "N passed, N failed, N skipped".
+# -p 1: one package at a time, so two TCG guests (2 vCPUs each) never share
+# the 2-core machine; starved guests froze under load.
 test: vet
 	@$(GO) build -o /tmp/vfnic-testsum ./tests/testsum
-	$(GO) test -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... | /tmp/vfnic-testsum
+	$(GO) test -p 1 -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... | /tmp/vfnic-testsum
 
 # The main job: boot a guest with emulated NICs and run vfnic against them.
 demo: deps

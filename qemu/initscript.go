@@ -135,10 +135,12 @@ func initScript(p initParams) string {
 		dir = "/tmp"
 	}
 	w("mkdir -p %s && cd %s || fail 'cd %s'", shQuote(dir), shQuote(dir), dir)
-	// Kernel messages stay off the console while the payload writes to it;
-	// those logged meanwhile are printed after the payload's end marker.
+	// Routine kernel messages stay off the console while the payload writes
+	// to it; those logged meanwhile are printed after its end marker. Errors
+	// and worse still reach the console at once: DMAR faults, RCU stalls
+	// and hung tasks are what explain a guest that fails or freezes.
 	w("klog=$(dmesg | wc -l)")
-	w("dmesg -n 1")
+	w("dmesg -n 4")
 	env := append([]string{"VFNIC_GUEST=1", "HOME=/root", "TMPDIR=/tmp", "PATH=/bin:/sbin:/usr/bin:/usr/sbin"}, p.Env...)
 	w("echo %s", shQuote(markBegin+p.Nonce))
 	w("env -i %s %s </dev/null", shWords(env), shWords(p.Argv))

@@ -242,7 +242,7 @@ func TestInitScript(t *testing.T) {
 		"bind_vfio 0000:00:04.0",
 		"bind_linux 0000:00:05.0 '10.0.0.2/24'",
 		"cd '/vfnic/pkg'",
-		"dmesg -n 1",
+		"dmesg -n 4",
 		"echo 'VFNIC-BEGIN abc123'",
 		"env -i 'VFNIC_GUEST=1' 'HOME=/root' 'TMPDIR=/tmp' 'PATH=/bin:/sbin:/usr/bin:/usr/sbin' 'A=b c' '/vfnic/bin/payload' '-test.v' 'it'\\''s quoted' </dev/null",
 		"echo 'VFNIC-END abc123'",
