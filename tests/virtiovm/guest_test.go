@@ -899,8 +899,12 @@ func testCQ(t *testing.T, slot int) {
 	require.ErrorIs(t, err, cq.ErrAgain)
 	require.Zero(t, n)
 	require.GreaterOrEqual(t, idleEl, idle, "not before the timeout")
-	require.Less(t, idleEl, idle+250*time.Millisecond, "on time")
-	require.Less(t, idleCPU, idleEl/20, "a sleeping read burns under 5% of a CPU")
+	// Margins for a loaded host: the conformance suite's SReadTimeout checks
+	// the timeout's precision (within 25%), testBlocking the 5% CPU bound
+	// over a 2 s wait. Guest CPU accounting over half a second jumps when
+	// the host starves the vCPU (seen at 11%); a spinning read would be ~100%.
+	require.Less(t, idleEl, idle+500*time.Millisecond, "on time")
+	require.Less(t, idleCPU, idleEl/4, "the read slept rather than spun")
 
 	// No traffic: Signal wakes a blocked read.
 	wakes := signalWakes(t, c, 10)
