@@ -52,7 +52,7 @@ func runCapture(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := fillRx(rx); err != nil {
+	if err := fillRx(rx); err != nil {
 		return err
 	}
 	var written, errs uint64

@@ -82,7 +82,7 @@ func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) {
 	e := &echoer{dev: dev, rx: rx, tx: tx, mac: dev.MAC(), ip: net.IP(a4[:]), sbuf: gopacket.NewSerializeBuffer()}
 	e.parser = gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &e.eth, &e.arp, &e.ip4, &e.icmp, &e.udp, &e.payload)
 	e.parser.IgnoreUnsupported = true
-	if _, err := fillRx(rx); err != nil {
+	if err := fillRx(rx); err != nil {
 		return nil, err
 	}
 	return e, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/nic/virtio"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
 )
@@ -169,7 +170,7 @@ func probeVirtio(dev *vfio.Device, out io.Writer) error {
 		}
 		defer m.Close()
 		w := doorbell.NewWindow(m.Bytes())
-		var feat uint64
+		var feat virtio.Features
 		for sel := uint32(0); sel < 2; sel++ {
 			if err := w.Write32(uintptr(vc.Offset), sel); err != nil { // device_feature_select
 				return fmt.Errorf("virtio common config: %w", err)
@@ -178,10 +179,10 @@ func probeVirtio(dev *vfio.Device, out io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("virtio common config: %w", err)
 			}
-			feat |= uint64(v) << (32 * sel)
+			feat |= virtio.Features(v) << (32 * sel)
 		}
-		fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n",
-			feat, feat&(1<<32) != 0, feat&(1<<33) != 0, feat&(1<<34) != 0)
+		fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n", uint64(feat),
+			feat.Has(virtio.FeatureVersion1), feat.Has(virtio.FeatureAccessPlat), feat.Has(virtio.FeatureRingPacked))
 		return nil
 	}
 	return errors.New("virtio common configuration capability missing")

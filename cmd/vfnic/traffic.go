@@ -47,24 +47,21 @@ func (d *deviceFlags) withDuration(ctx context.Context) (context.Context, contex
 }
 
 // fillRx posts every free receive buffer and hands them to the device.
-func fillRx(rx nic.RxQueue) (int, error) {
-	n := 0
+func fillRx(rx nic.RxQueue) error {
 	for {
 		err := rx.PostRecv(nil)
 		if errors.Is(err, nic.ErrFull) {
-			break
+			return rx.Flush()
 		}
 		if err != nil {
-			return n, err
+			return err
 		}
-		n++
 	}
-	return n, rx.Flush()
 }
 
 // reapTx reads send completions so their descriptors can be used again
 // and returns how many failed.
-func reapTx(tx nic.TxQueue, scratch []nic.Completion) (done, failed int) {
+func reapTx(tx nic.TxQueue, scratch []nic.Completion) (failed int) {
 	for {
 		n := tx.Poll(scratch)
 		for _, c := range scratch[:n] {
@@ -72,9 +69,8 @@ func reapTx(tx nic.TxQueue, scratch []nic.Completion) (done, failed int) {
 				failed++
 			}
 		}
-		done += n
 		if n < len(scratch) {
-			return done, failed
+			return failed
 		}
 	}
 }

@@ -138,7 +138,7 @@ func TestGuestBindVFIO(t *testing.T) {
 
 // virtioCommon maps the BAR that holds virtio's common configuration and
 // returns it with the decoded capabilities.
-func virtioCommon(t *testing.T, o opened) (doorbell.Window, map[uint8]pci.VirtioCap, *vfio.RegionMapping) {
+func virtioCommon(t *testing.T, o opened) (doorbell.Window, map[uint8]pci.VirtioCap) {
 	t.Helper()
 	cfg, err := pci.ReadConfig(o.d.ConfigReader())
 	require.NoError(t, err)
@@ -157,23 +157,23 @@ func virtioCommon(t *testing.T, o opened) (doorbell.Window, map[uint8]pci.Virtio
 	for _, c := range byType {
 		require.Equal(t, common.Bar, c.Bar, "this test expects all structures in one BAR")
 	}
-	return doorbell.NewWindow(m.Bytes()), byType, m
+	return doorbell.NewWindow(m.Bytes()), byType
 }
 
 func TestGuestVirtioBAR(t *testing.T) {
 	guestOnly(t)
 	before := snapshot(t)
 	o := openVFIO(t, addrVirtio)
-	w, caps, _ := virtioCommon(t, o)
+	w, caps := virtioCommon(t, o)
 	base := uintptr(caps[pci.VirtioCommonCfg].Offset)
-	require.NoError(t, w.Write32(base+0x00, 1)) // device_feature_select: bits 32..63
-	hi, err := w.Read32(base + 0x04)
+	require.NoError(t, w.Write32(base+vcDeviceFeatureSelect, 1)) // bits 32..63
+	hi, err := w.Read32(base + vcDeviceFeature)
 	require.NoError(t, err)
 	t.Logf("virtio device features[63:32] = %#x", hi)
-	require.NotZero(t, hi&1, "VIRTIO_F_VERSION_1 (bit 32)")
-	require.NotZero(t, hi&2, "VIRTIO_F_ACCESS_PLATFORM (bit 33): iommu_platform=on")
-	require.NotZero(t, hi&4, "VIRTIO_F_RING_PACKED (bit 34): packed=on")
-	nq, err := w.Read16(base + 0x12)
+	require.NotZero(t, hi&featVersion1Hi, "VIRTIO_F_VERSION_1 (bit 32)")
+	require.NotZero(t, hi&featAccessPlatfHi, "VIRTIO_F_ACCESS_PLATFORM (bit 33): iommu_platform=on")
+	require.NotZero(t, hi&featRingPackedHi, "VIRTIO_F_RING_PACKED (bit 34): packed=on")
+	nq, err := w.Read16(base + vcNumQueues)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, nq, uint16(2), "at least one RX and one TX queue")
 	require.NoError(t, o.c.Close())

@@ -27,6 +27,7 @@ const (
 	vcDriverFeatureSelect = 0x08
 	vcDriverFeature       = 0x0c
 	vcConfigMSIXVector    = 0x10
+	vcNumQueues           = 0x12
 	vcStatus              = 0x14
 	vcQueueSelect         = 0x16
 	vcQueueSize           = 0x18
@@ -46,6 +47,7 @@ const (
 	virtioNetHdrLen   = 12 // VERSION_1 always carries num_buffers
 	featVersion1Hi    = 1 << 0
 	featAccessPlatfHi = 1 << 1
+	featRingPackedHi  = 1 << 2
 )
 
 // TestGuestVirtioMSIX brings up the minimum of a modern virtio-net device by
@@ -57,7 +59,7 @@ func TestGuestVirtioMSIX(t *testing.T) {
 	guestOnly(t)
 	before := snapshot(t)
 	o := openVFIO(t, addrVirtio)
-	w, caps, _ := virtioCommon(t, o)
+	w, caps := virtioCommon(t, o)
 	common := uintptr(caps[pci.VirtioCommonCfg].Offset)
 	notify, ok := caps[pci.VirtioNotifyCfg]
 	require.True(t, ok, "notify capability")

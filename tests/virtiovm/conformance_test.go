@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -514,7 +515,7 @@ func (e *virtioEndpoint) Flush(ctx context.Context) error {
 // driver completes each of them with ErrMultiBuffer (cq.ETRUNC).
 func (e *virtioEndpoint) RecvOversize(ctx context.Context) (int, error) {
 	info := e.b.Info()
-	if !hasFeature(info, "MRG_RXBUF") {
+	if !slices.Contains(info.Features, "MRG_RXBUF") {
 		// Without it QEMU drops a frame longer than a buffer, silently.
 		return 0, fmt.Errorf("virtio provider: %w: %s did not negotiate MRG_RXBUF", cq.ErrNotSupported, info.Address)
 	}
@@ -559,15 +560,6 @@ func (e *virtioEndpoint) RecvOversize(ctx context.Context) (int, error) {
 			return nbufs, nil
 		}
 	}
-}
-
-func hasFeature(i nic.Info, name string) bool {
-	for _, f := range i.Features {
-		if f == name {
-			return true
-		}
-	}
-	return false
 }
 
 // Close implements conformance.Endpoint: closing both devices resets them,

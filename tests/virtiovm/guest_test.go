@@ -18,6 +18,7 @@ import (
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
+	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/tests/leakcheck"
 	"golang.org/x/sys/unix"
@@ -92,11 +93,7 @@ func openPeer(t *testing.T, slot int, cfg virtio.Config) *peer {
 }
 
 // ctl builds a control frame for the host.
-func (p *peer) ctl(typ uint8, args ...uint32) []byte {
-	m := msg{typ: typ, session: p.session}
-	copy(m.args[:], args)
-	return build(hostMAC, p.mac, m, minFrame)
-}
+func (p *peer) ctl(typ uint8, args ...uint32) []byte { return ctlFrame(p.mac, p.session, typ, args...) }
 
 // send transmits f and waits for nothing; completions are reclaimed.
 func (p *peer) send(f []byte) {
@@ -430,10 +427,7 @@ func txRate(t *testing.T, p *peer, sleep bool) {
 	}
 	p.send(p.ctl(msgBenchTxEnd, uint32(sent)))
 	r := p.await(msgBenchResult, 10*time.Second)
-	hostRate := 0.0
-	if r.args[1] > 0 {
-		hostRate = float64(r.args[0]-1) / (float64(r.args[1]) / 1e6)
-	}
+	hostRate := spanRate(r.args[0], r.args[1])
 	st := p.dev.Stats().Tx
 	t.Logf("%s TX, %s: guest sent %d 64-byte frames in %v = %.0f frames/s; host received %d = %.0f frames/s; "+
 		"%d doorbells, %d suppressed, %d interrupts; the ring was full at %.0f%% of %d refills",
@@ -513,19 +507,12 @@ type linuxPeer struct {
 
 func openLinuxPeer(t *testing.T) *linuxPeer {
 	t.Helper()
-	a := addrOf(slotLinux)
-	ifname := ""
-	ents, err := os.ReadDir("/sys/bus/pci/devices/" + a)
+	a, err := pci.ParseAddress(addrOf(slotLinux))
 	require.NoError(t, err)
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "virtio") {
-			nets, err := os.ReadDir("/sys/bus/pci/devices/" + a + "/" + e.Name() + "/net")
-			if err == nil && len(nets) > 0 {
-				ifname = nets[0].Name()
-			}
-		}
-	}
-	require.NotEmpty(t, ifname, "the Linux driver owns an interface on %s", a)
+	d, err := pci.Lookup(a)
+	require.NoError(t, err)
+	require.NotEmpty(t, d.NetInterfaces, "the Linux driver owns an interface on %s", a)
+	ifname := d.NetInterfaces[0]
 	ifc, err := net.InterfaceByName(ifname)
 	require.NoError(t, err)
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(uint16(etherType))))
@@ -538,9 +525,7 @@ func openLinuxPeer(t *testing.T) *linuxPeer {
 }
 
 func (l *linuxPeer) ctl(typ uint8, args ...uint32) []byte {
-	m := msg{typ: typ, session: l.session}
-	copy(m.args[:], args)
-	return build(hostMAC, l.mac, m, minFrame)
+	return ctlFrame(l.mac, l.session, typ, args...)
 }
 
 // await sends req (again every second) until the host answers with typ.
@@ -597,10 +582,7 @@ func TestGuestLinuxTxRate(t *testing.T) {
 	el := time.Since(start)
 	time.Sleep(200 * time.Millisecond)
 	r := l.await(l.ctl(msgBenchTxEnd, uint32(sent)), msgBenchResult)
-	hostRate := 0.0
-	if r.args[1] > 0 {
-		hostRate = float64(r.args[0]-1) / (float64(r.args[1]) / 1e6)
-	}
+	hostRate := spanRate(r.args[0], r.args[1])
 	t.Logf("Linux virtio_net TX (AF_PACKET, %s): %d frames written in %v (%d refused); host received %d = %.0f frames/s",
 		l.ifname, sent, el.Round(time.Millisecond), refused, r.args[0], hostRate)
 	require.NotZero(t, r.args[0])
@@ -839,11 +821,7 @@ func testCQ(t *testing.T, slot int) {
 	session := uint32(time.Now().UnixNano())&0x7fffffff | 2
 	ents := make([]cq.Entry, 64)
 	sends := 0
-	ctl := func(typ uint8, args ...uint32) []byte {
-		m := msg{typ: typ, session: session}
-		copy(m.args[:], args)
-		return build(hostMAC, mac, m, minFrame)
-	}
+	ctl := func(typ uint8, args ...uint32) []byte { return ctlFrame(mac, session, typ, args...) }
 	// handle reads what the CQ has (blocking up to timeout) and hands
 	// received frames of this session to fn; it returns when fn says done.
 	handle := func(timeout time.Duration, fn func(f []byte, m msg) bool) {

@@ -132,8 +132,7 @@ func TestVM(t *testing.T) {
 // went wrong for TestVM to report.
 type server struct {
 	name    string
-	fd      int // blocking UDP socket, outside the Go runtime's poller
-	dst     *net.UDPAddr
+	fd      int                // blocking UDP socket, outside the Go runtime's poller
 	dstAddr unix.SockaddrInet4 // QEMU's socket
 	closing atomic.Bool
 	closed  sync.Once
@@ -183,8 +182,8 @@ func newServer(name string, nd qemu.Netdev) (*server, error) {
 	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
 	}
-	return &server{name: name, fd: fd, dst: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: nd.QEMUPort},
-		dstAddr: unix.SockaddrInet4{Port: nd.QEMUPort, Addr: [4]byte{127, 0, 0, 1}}, ackCh: make(chan struct{}, 1)}, nil
+	return &server{name: name, fd: fd, dstAddr: unix.SockaddrInet4{Port: nd.QEMUPort, Addr: [4]byte{127, 0, 0, 1}},
+		ackCh: make(chan struct{}, 1)}, nil
 }
 
 // close stops serve (it polls with a timeout and sees closing) and the
@@ -379,11 +378,7 @@ func (s *server) handle(ctx context.Context, f []byte) {
 		cpu := takeCPU(s.qemu()).since(s.benchCPU)
 		s.mu.Unlock()
 		us := uint32(b.last.Sub(b.first).Microseconds())
-		rate := 0.0
-		if us > 0 {
-			rate = float64(b.n-1) / (float64(us) / 1e6)
-		}
-		s.logf("transmit benchmark: guest sent %d, host received %d 64-byte frames, %.0f frames/s; %s", m.args[0], b.n, rate, cpu)
+		s.logf("transmit benchmark: guest sent %d, host received %d 64-byte frames, %.0f frames/s; %s", m.args[0], b.n, spanRate(b.n, us), cpu)
 		s.reply(msg{typ: msgBenchResult, args: [3]uint32{b.n, us}})
 	}
 }
@@ -434,7 +429,7 @@ func (s *server) oversize(m msg) {
 // qemu returns the pid of the QEMU process this server talks to, or 0.
 func (s *server) qemu() int {
 	if s.qpid.Load() == 0 {
-		s.qpid.Store(int32(qemuPID(s.dst.Port)))
+		s.qpid.Store(int32(qemuPID(s.dstAddr.Port)))
 	}
 	return int(s.qpid.Load())
 }
@@ -524,7 +519,7 @@ func (s *server) blast(ctx context.Context, d time.Duration, round uint32) {
 	s.mu.Unlock()
 	f := build(dst, hostMAC, msg{typ: msgData, session: sess}, minFrame)
 	w := newBatchWriter(s.fd, s.dstAddr, f, 64)
-	cpu0, sock0 := takeCPU(s.qemu()), udpSocket(s.dst.Port)
+	cpu0, sock0 := takeCPU(s.qemu()), udpSocket(s.dstAddr.Port)
 	start := time.Now()
 	n, checks, empty := 0, 0, 0
 	for ctx.Err() == nil {
@@ -533,7 +528,7 @@ func (s *server) blast(ctx context.Context, d time.Duration, round uint32) {
 			break
 		}
 		want := int(blastCheck.Seconds() * blastMaxRate)
-		if st := udpSocket(s.dst.Port); st.ok {
+		if st := udpSocket(s.dstAddr.Port); st.ok {
 			checks++
 			if st.queued == 0 {
 				empty++
@@ -555,7 +550,7 @@ func (s *server) blast(ctx context.Context, d time.Duration, round uint32) {
 		_ = unix.Nanosleep(&ts, nil)
 	}
 	us := uint32(time.Since(start).Microseconds())
-	cpu, sock := takeCPU(s.qemu()).since(cpu0), udpSocket(s.dst.Port)
+	cpu, sock := takeCPU(s.qemu()).since(cpu0), udpSocket(s.dstAddr.Port)
 	s.logf("receive benchmark: host sent %d 64-byte frames in %v; QEMU's socket dropped %d, was found empty at %d of %d checks and holds %d bytes; %s",
 		n, time.Duration(us)*time.Microsecond, sock.drops-sock0.drops, empty, checks, sock.queued, cpu)
 	for range 10 {

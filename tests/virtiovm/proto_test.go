@@ -112,6 +112,22 @@ func build(dst, src net.HardwareAddr, m msg, size int) []byte {
 	return f
 }
 
+// ctlFrame is a control frame of the session from src to the host.
+func ctlFrame(src net.HardwareAddr, session uint32, typ uint8, args ...uint32) []byte {
+	m := msg{typ: typ, session: session}
+	copy(m.args[:], args)
+	return build(hostMAC, src, m, minFrame)
+}
+
+// spanRate is the rate of n frames whose first and last arrived us
+// microseconds apart (0 when they did not span any time).
+func spanRate(n, us uint32) float64 {
+	if us == 0 {
+		return 0
+	}
+	return float64(n-1) / (float64(us) / 1e6)
+}
+
 // sizeFor is the length of data frame seq: mixed sizes from 64 to 1514
 // bytes, both ends included early.
 func sizeFor(seq uint32) int {
