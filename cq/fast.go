@@ -351,10 +351,7 @@ func (c *tableCursor) resume(tabs []*Table) {
 // (none, when no table is). Once per change of queue.
 func (c *tableCursor) enter(q *RingSource, tabs []*Table, qn uint32) {
 	c.leave(q)
-	*c = tableCursor{queue: qn}
-	if qn < uint32(len(tabs)) {
-		c.t = tabs[qn]
-	}
+	*c = tableCursor{queue: qn, t: tableFor(tabs, qn)}
 	if t := c.t; t != nil {
 		c.slots, c.smask, c.qmask, c.ftl = t.slots, t.slotMask, t.qmask, t.ftailLocal
 		c.freeq = unsafe.SliceData(t.freeq)
@@ -427,14 +424,11 @@ run:
 			}
 			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
-			if codes&refuse != 0 || ln > s.len || off > s.len-ln {
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := s.flags | codes | fp.bits[code(ow, fp.plan.fl)]
-			if fl&FlagTagged != 0 {
-				fl &^= FlagMsg
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags Flags

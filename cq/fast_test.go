@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -689,12 +688,7 @@ func BenchmarkReadTwoQueues(b *testing.B) {
 	for i := range ctxs {
 		ctxs[i] = i
 	}
-	ents := make([]Entry, benchBatch)
-	b.ReportAllocs()
-	b.ResetTimer()
-	var reading time.Duration
-	done := 0
-	for done < b.N {
+	benchLaps(b, c, lap, func() {
 		for i := 0; i < lap; i++ {
 			qn := uint32(i % 2)
 			id, err := tabs[qn].Post(Op{Context: ctxs[i], Len: 1500, Flags: FlagRecv | FlagMsg})
@@ -703,14 +697,5 @@ func BenchmarkReadTwoQueues(b *testing.B) {
 			}
 			dev.write(rawEntry{id: id, queue: qn, opcode: 1, ln: 64}, false)
 		}
-		t0 := time.Now()
-		for i := 0; i < lap; i += benchBatch {
-			if n, err := c.Read(ents); err != nil || n != benchBatch {
-				b.Fatalf("read %d: %v", n, err)
-			}
-		}
-		reading += time.Since(t0)
-		done += lap
-	}
-	b.ReportMetric(float64(reading.Nanoseconds())/float64(done), "ns/op")
+	})
 }

@@ -155,15 +155,14 @@ type RingSource struct {
 	// Nil when the generic loop must be used.
 	fast *fastPath
 
-	staged   bool
-	overrun  bool
-	closed   bool
-	errEnt   ErrEntry
-	errData  []byte
-	errLen   int
-	dirty    []*Table
-	scratch  [1]Entry
-	scratchA [1]Addr
+	staged  bool
+	overrun bool
+	closed  bool
+	errEnt  ErrEntry
+	errData []byte
+	errLen  int
+	dirty   []*Table
+	scratch [1]Entry
 }
 
 // NewRingSource makes a source over cfg.Mem.
@@ -328,10 +327,7 @@ func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs 
 			id = head
 		}
 		qn := uint32(gQ.get(e))
-		var t *Table
-		if qn < uint32(len(tabs)) {
-			t = tabs[qn]
-		}
+		t := tableFor(tabs, qn)
 		if t == nil {
 			fail = true
 			break
@@ -341,29 +337,17 @@ func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs 
 			fail = true
 			break
 		}
-		st := gSt.get(e)
-		opv := gOp.get(e)
-		ln := uint32(gLen.get(e))
-		off := uint32(gOff.get(e))
-		var sc statusCode
-		var oc opCode
-		if st < 256 {
-			sc = q.stat[st]
-		}
-		if opv < 256 {
-			oc = q.op[opv]
-		}
-		if !sc.known || sc.err != 0 || !oc.known || ln > s.len || off > s.len-ln {
+		st, opv := gSt.get(e), gOp.get(e)
+		ln, off := uint32(gLen.get(e)), uint32(gOff.get(e))
+		sc, oc := q.codes(st, opv)
+		if !sc.known || sc.err != 0 || !oc.known || !fits(ln, off, s.len) {
 			fail = true
 			break
 		}
 		if errOnly {
 			break
 		}
-		fl := s.flags | oc.flags | q.bits[gFl.get(e)&0xff]
-		if fl&FlagTagged != 0 {
-			fl &^= FlagMsg
-		}
+		fl := entryFlags(s.flags | oc.flags | q.bits[gFl.get(e)&0xff])
 		var buf uintptr
 		if fl&FlagRecv != 0 {
 			buf = s.buf + uintptr(off)
@@ -463,19 +447,50 @@ func (q *RingSource) stageHead(tabs []*Table) {
 		id = r.head
 	}
 	qn := uint32(r.f[fQueue].get(e))
-	var t *Table
-	if qn < uint32(len(tabs)) {
-		t = tabs[qn]
-	}
-	switch {
-	case t == nil:
+	t := tableFor(tabs, qn)
+	if t == nil {
 		q.stage(qn, nil, nil, ProvBadQueue, EIO)
-	case t.lookup(id) == nil:
+		return
+	}
+	if s := t.lookup(id); s != nil {
+		q.stage(qn, t, s, 0, 0)
+	} else {
 		q.stage(qn, nil, nil, ProvBadID, EIO)
-	default:
-		q.stage(qn, t, t.lookup(id), 0, 0)
 	}
 }
+
+// tableFor returns the table bound to queue qn, or nil.
+func tableFor(tabs []*Table, qn uint32) *Table {
+	if qn < uint32(len(tabs)) {
+		return tabs[qn]
+	}
+	return nil
+}
+
+// codes returns what a status and an opcode value mean; values from 256 up
+// are unknown.
+func (q *RingSource) codes(st, op uint64) (sc statusCode, oc opCode) {
+	if st < 256 {
+		sc = q.stat[st]
+	}
+	if op < 256 {
+		oc = q.op[op]
+	}
+	return sc, oc
+}
+
+// entryFlags completes a completion's flags: a tagged message is reported
+// as FlagTagged alone, not also FlagMsg.
+func entryFlags(fl Flags) Flags {
+	if fl&FlagTagged != 0 {
+		fl &^= FlagMsg
+	}
+	return fl
+}
+
+// fits reports whether ln bytes from offset off lie within a posted buffer
+// of size bytes (written so that it cannot overflow).
+func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 
 // stage turns the head entry into the pending error completion and
 // consumes it. With a nil slot the entry names no outstanding operation
@@ -489,18 +504,8 @@ func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) 
 	*ee = ErrEntry{}
 	ee.Queue = qn
 	if s != nil {
-		var sc statusCode
-		var oc opCode
-		if raw.Status < 256 {
-			sc = q.stat[raw.Status]
-		}
-		if raw.Opcode < 256 {
-			oc = q.op[raw.Opcode]
-		}
-		fl := s.flags | oc.flags | q.bits[raw.Flags&0xff]
-		if fl&FlagTagged != 0 {
-			fl &^= FlagMsg
-		}
+		sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
+		fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
 		ee.Context = s.ctx
 		ee.Flags = fl
 		ee.Len = int(min(raw.Len, s.len))
@@ -566,8 +571,9 @@ func (q *RingSource) Pending(max int) int {
 // ReadErr implements Source.
 func (q *RingSource) ReadErr(e *ErrEntry) ([]byte, bool) {
 	if !q.staged {
-		q.poll(q.scratch[:], q.scratchA[:], true)
-		q.scratch[0] = Entry{}
+		// errOnly stops before an entry is stored, so scratch stays
+		// empty: it only gives the loop room for one entry.
+		q.poll(q.scratch[:], nil, true)
 		if !q.staged {
 			return nil, false
 		}

@@ -49,13 +49,6 @@ static const char *path;
 static struct vb_ctrl *ctrl;
 static double timeout_s = 20;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void fail(const char *what)
 {
 	fprintf(stderr, "producer: %s\n", what);
@@ -75,7 +68,7 @@ struct waiter {
 
 static void waiter_start(struct waiter *w)
 {
-	w->deadline = now_s() + timeout_s;
+	w->deadline = vb_now_s() + timeout_s;
 	w->spins = 0;
 }
 
@@ -86,21 +79,11 @@ static void waiter_spin(struct waiter *w, const char *what)
 		return;
 	if (atomic_load_explicit(&ctrl->abort_flag, memory_order_acquire))
 		fail("the reader gave up");
-	if (now_s() > w->deadline) {
+	if (vb_now_s() > w->deadline) {
 		char msg[160];
 		snprintf(msg, sizeof msg, "timed out after %.0f s waiting for %s", timeout_s, what);
 		fail(msg);
 	}
-}
-
-/* put writes the entries for sequences [s, s+k): their fields, then their
- * owner words in order, like a device that writes a burst of completions. */
-static inline void put(struct vb_cqe *ring, uint64_t s, uint32_t k, uint32_t n, unsigned shift)
-{
-	for (uint32_t j = 0; j < k; j++)
-		vb_fill(ring, s + j, n);
-	for (uint32_t j = 0; j < k; j++)
-		vb_publish(ring, s + j, n, shift);
 }
 
 static void usage(void)
@@ -147,7 +130,7 @@ int main(int argc, char **argv)
 	}
 	if (!path || !mode)
 		usage();
-	if (n < 2 * VB_SLACK || n > (1u << 24) || (n & (n - 1)) != 0) {
+	if (!vb_entries_ok(n)) {
 		fprintf(stderr, "producer: %u entries: need a power of two in [%u, 2^24]\n", n, 2 * VB_SLACK);
 		return 2;
 	}
@@ -186,13 +169,7 @@ int main(int argc, char **argv)
 	 * written on the first lap, whose phase is 1. */
 	ctrl = mem;
 	struct vb_cqe *ring = (struct vb_cqe *)((char *)mem + VB_CTRL_SIZE);
-	ctrl->magic = VB_MAGIC;
-	ctrl->version = VB_VERSION;
-	ctrl->entries = n;
-	ctrl->entry_size = VB_ENTRY_SIZE;
-	ctrl->mode = mode;
-	ctrl->slack = VB_SLACK;
-	ctrl->total = count;
+	vb_init_header(ctrl, n, mode, count);
 	atomic_thread_fence(memory_order_seq_cst);
 	if (rename(tmp, path) != 0) {
 		perror("rename");
@@ -205,7 +182,7 @@ int main(int argc, char **argv)
 	while (!atomic_load_explicit(&ctrl->reader_ready, memory_order_acquire))
 		waiter_spin(&w, "the reader to attach");
 
-	double t0 = now_s();
+	double t0 = vb_now_s();
 	uint64_t waits = 0; /* stream: times the ring was full and we waited */
 	if (mode == VB_MODE_STREAM) {
 		uint64_t window = n - VB_SLACK;
@@ -230,7 +207,7 @@ int main(int argc, char **argv)
 				k = burst;
 			if (k > count - s)
 				k = count - s;
-			put(ring, s, (uint32_t)k, n, shift);
+			vb_put(ring, s, (uint32_t)k, n, shift);
 			s += k;
 		}
 	} else {
@@ -243,11 +220,11 @@ int main(int argc, char **argv)
 			if (c32 != (uint32_t)((uint64_t)lap * n))
 				fail("reader finished a lap without publishing its consumer index");
 			for (uint64_t s = (uint64_t)lap * n; s < (uint64_t)(lap + 1) * n; s += burst)
-				put(ring, s, burst, n, shift);
+				vb_put(ring, s, burst, n, shift);
 			atomic_store_explicit(&ctrl->produced, (uint64_t)(lap + 1) * n, memory_order_release);
 		}
 	}
-	double el = now_s() - t0;
+	double el = vb_now_s() - t0;
 	atomic_store_explicit(&ctrl->producer, (uint32_t)count, memory_order_relaxed);
 	atomic_store_explicit(&ctrl->produced, count, memory_order_release);
 	printf("producer mode=%s entries=%u completions=%" PRIu64 " full_waits=%" PRIu64 " ns_per_completion=%.3f\n",

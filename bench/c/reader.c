@@ -404,13 +404,6 @@ struct rxbuf {
 static struct vb_ctrl *ctrl;
 static double timeout_s = 20;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 static void die(const char *fmt, ...)
@@ -443,9 +436,9 @@ static struct vb_ctrl *map_file(const char *path)
 {
 	/* The producer renames the file into place once it is initialised. */
 	int fd = -1;
-	double deadline = now_s() + timeout_s;
+	double deadline = vb_now_s() + timeout_s;
 	while ((fd = open(path, O_RDWR | O_CLOEXEC)) < 0) {
-		if (errno != ENOENT || now_s() > deadline)
+		if (errno != ENOENT || vb_now_s() > deadline)
 			die("open %s: %s", path, strerror(errno));
 		usleep(200);
 	}
@@ -468,20 +461,14 @@ static struct vb_ctrl *map_file(const char *path)
  * producer would write. */
 static struct vb_ctrl *map_local(uint32_t n, uint64_t count)
 {
-	if (n < 2 * VB_SLACK || n > (1u << 24) || (n & (n - 1)) != 0)
+	if (!vb_entries_ok(n))
 		die("%u entries: need a power of two in [%u, 2^24]", n, 2 * VB_SLACK);
 	size_t size = VB_CTRL_SIZE + (size_t)n * VB_ENTRY_SIZE;
 	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (mem == MAP_FAILED)
 		die("mmap %zu bytes: %s", size, strerror(errno));
 	struct vb_ctrl *hdr = mem;
-	hdr->magic = VB_MAGIC;
-	hdr->version = VB_VERSION;
-	hdr->entries = n;
-	hdr->entry_size = VB_ENTRY_SIZE;
-	hdr->mode = VB_MODE_LOCAL;
-	hdr->slack = VB_SLACK;
-	hdr->total = (count + n - 1) / n * n;
+	vb_init_header(hdr, n, VB_MODE_LOCAL, (count + n - 1) / n * n);
 	return hdr;
 }
 
@@ -569,29 +556,26 @@ int main(int argc, char **argv)
 	uint64_t seq = 0, reads = 0, empty = 0, digest = 0xcbf29ce484222325ull;
 	double timed = 0;
 	uint64_t spins = 0;
-	double deadline = now_s() + timeout_s;
-	double t0 = now_s();
+	double deadline = vb_now_s() + timeout_s;
+	double t0 = vb_now_s();
 	bool lapped = mode != VB_MODE_STREAM; /* filled, local: timed lap by lap */
 	uint32_t laps = lapped ? (uint32_t)(total / n) : 1;
 	for (uint32_t lap = 0; lap < laps; lap++) {
 		uint64_t end = lapped ? (uint64_t)(lap + 1) * n : total;
 		if (mode == VB_MODE_LOCAL) {
-			for (uint64_t s = (uint64_t)lap * n; s < end; s++)
-				vb_fill(ring, s, n);
-			for (uint64_t s = (uint64_t)lap * n; s < end; s++)
-				vb_publish(ring, s, n, shift);
-			t0 = now_s();
+			vb_put(ring, (uint64_t)lap * n, n, n, shift);
+			t0 = vb_now_s();
 		} else if (mode == VB_MODE_FILLED) {
 			while (atomic_load_explicit(&ctrl->produced, memory_order_acquire) < end) {
 				vb_pause();
 				if ((++spins & 4095) == 0) {
 					if (atomic_load_explicit(&ctrl->abort_flag, memory_order_acquire))
 						die("the producer gave up");
-					if (now_s() > deadline)
+					if (vb_now_s() > deadline)
 						die("timed out waiting for lap %u", lap);
 				}
 			}
-			t0 = now_s();
+			t0 = vb_now_s();
 		}
 		while (seq < end) {
 			int k = cq_read(&q, ents, batch);
@@ -603,7 +587,7 @@ int main(int argc, char **argv)
 				if ((empty & 65535) == 0) {
 					if (atomic_load_explicit(&ctrl->abort_flag, memory_order_acquire))
 						die("the producer gave up");
-					if (now_s() > deadline)
+					if (vb_now_s() > deadline)
 						die("timed out at completion %" PRIu64, seq);
 				}
 				continue;
@@ -629,7 +613,7 @@ int main(int argc, char **argv)
 			}
 		}
 		if (lapped) {
-			timed += now_s() - t0;
+			timed += vb_now_s() - t0;
 			/* The lap completed ids 0..N-1 in order (data == sequence
 			 * checked above), so the buffers go back in that order. */
 			for (uint32_t i = 0; i < n; i++) {
@@ -638,11 +622,11 @@ int main(int argc, char **argv)
 					die("re-post of buffer %u after lap %u: table full", i, lap);
 			}
 			atomic_store_explicit(&ctrl->laps_done, lap + 1, memory_order_release);
-			deadline = now_s() + timeout_s;
+			deadline = vb_now_s() + timeout_s;
 		}
 	}
 	if (!lapped)
-		timed = now_s() - t0;
+		timed = vb_now_s() - t0;
 	char dig[32] = "-";
 	if (check)
 		snprintf(dig, sizeof dig, "%016" PRIx64, digest);

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define VB_MAGIC 0x51434656u /* "VFCQ" */
 #define VB_VERSION 1u
@@ -122,6 +123,25 @@ _Static_assert(sizeof(struct vb_ctrl) <= VB_CTRL_SIZE, "control page");
 #error "the ring is little-endian; this benchmark supports little-endian hosts only"
 #endif
 
+/* vb_entries_ok reports whether a ring of n entries is one the producer and
+ * local mode make: a power of two in [2 * VB_SLACK, 2^24]. */
+static inline int vb_entries_ok(uint32_t n)
+{
+	return n >= 2 * VB_SLACK && n <= (1u << 24) && (n & (n - 1)) == 0;
+}
+
+/* vb_init_header writes the header of a new ring (line 1 of vb_ctrl). */
+static inline void vb_init_header(struct vb_ctrl *c, uint32_t n, uint32_t mode, uint64_t total)
+{
+	c->magic = VB_MAGIC;
+	c->version = VB_VERSION;
+	c->entries = n;
+	c->entry_size = VB_ENTRY_SIZE;
+	c->mode = mode;
+	c->slack = VB_SLACK;
+	c->total = total;
+}
+
 /* vb_fill writes every field of the entry for sequence s but its owner
  * word: id s % n, opcode RECV, status OK, HAS_DATA, data s, VB_LEN(s). */
 static inline void vb_fill(struct vb_cqe *ring, uint64_t s, uint32_t n)
@@ -149,6 +169,25 @@ static inline void vb_publish(struct vb_cqe *ring, uint64_t s, uint32_t n, unsig
 {
 	uint32_t phase = 1u ^ ((uint32_t)(s >> shift) & 1u);
 	atomic_store_explicit(&ring[s & (n - 1)].owner, phase << 31, memory_order_release);
+}
+
+/* vb_put writes the entries for sequences [s, s+k): their fields, then
+ * their owner words in order, like a device that writes a burst of
+ * completions. */
+static inline void vb_put(struct vb_cqe *ring, uint64_t s, uint32_t k, uint32_t n, unsigned shift)
+{
+	for (uint32_t j = 0; j < k; j++)
+		vb_fill(ring, s + j, n);
+	for (uint32_t j = 0; j < k; j++)
+		vb_publish(ring, s + j, n, shift);
+}
+
+/* vb_now_s is the monotonic clock in seconds. */
+static inline double vb_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static inline void vb_pause(void)

@@ -46,16 +46,18 @@ func (p *Provider) NewEndpoint(c *cq.CQ, attr conformance.EndpointAttr) (conform
 	return &endpoint{p: p, c: c, qp: qp, mem: mem}, nil
 }
 
+// faultKinds maps the suite's faults to the software device's.
+var faultKinds = map[conformance.Fault]sim.FaultKind{
+	conformance.FaultBadID: sim.FaultBadID, conformance.FaultDuplicateID: sim.FaultDuplicateID,
+	conformance.FaultBadLen: sim.FaultBadLen, conformance.FaultBadStatus: sim.FaultBadStatus,
+	conformance.FaultBadOpcode: sim.FaultBadOpcode, conformance.FaultWrongPhase: sim.FaultWrongPhase,
+	conformance.FaultOverrun: sim.FaultOverrun, conformance.FaultLostIRQ: sim.FaultLostIRQ,
+	conformance.FaultSpuriousIRQ: sim.FaultSpuriousIRQ,
+}
+
 // Inject implements conformance.Injector.
 func (p *Provider) Inject(c *cq.CQ, f conformance.Fault) error {
-	kinds := map[conformance.Fault]sim.FaultKind{
-		conformance.FaultBadID: sim.FaultBadID, conformance.FaultDuplicateID: sim.FaultDuplicateID,
-		conformance.FaultBadLen: sim.FaultBadLen, conformance.FaultBadStatus: sim.FaultBadStatus,
-		conformance.FaultBadOpcode: sim.FaultBadOpcode, conformance.FaultWrongPhase: sim.FaultWrongPhase,
-		conformance.FaultOverrun: sim.FaultOverrun, conformance.FaultLostIRQ: sim.FaultLostIRQ,
-		conformance.FaultSpuriousIRQ: sim.FaultSpuriousIRQ,
-	}
-	k, ok := kinds[f]
+	k, ok := faultKinds[f]
 	if !ok {
 		return fmt.Errorf("simcq: fault %v", f)
 	}
