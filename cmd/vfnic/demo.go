@@ -54,8 +54,9 @@ echo "ping exit $ping_status, udpping exit $udp_status, vfnic echo exit $echo_st
 `
 
 func runDemo(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlags("demo", "[-console]")
+	fs := newFlags("demo", "[-console] [-split]")
 	console := fs.Bool("console", false, "also show the guest's serial console")
+	split := fs.Bool("split", false, "give vfnic's NIC split virtqueues instead of packed ones")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 
 	cfg := qemu.Config{
 		NICs: []qemu.NIC{
-			{Model: qemu.VirtioNet, Packed: true, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
+			{Model: qemu.VirtioNet, Packed: !*split, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
 			{Model: qemu.VirtioNet, Packed: true, Slot: 5, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
 		},
 		Files: []qemu.File{
@@ -96,7 +97,11 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		cfg.Console = prefixWriter(out, "console| ")
 	}
 	fmt.Fprintf(out, "vfnic demo: booting a q35 guest (TCG, intel-iommu) with two virtio-net NICs on one emulated wire:\n")
-	fmt.Fprintf(out, "  %s driven by vfnic through VFIO, answering for %s\n", demoVfnicAddr, demoVfnicIP)
+	ring := "packed"
+	if *split {
+		ring = "split"
+	}
+	fmt.Fprintf(out, "  %s driven by vfnic through VFIO (%s virtqueues), answering for %s\n", demoVfnicAddr, ring, demoVfnicIP)
 	fmt.Fprintf(out, "  0000:00:05.0 left to the guest's Linux virtio_net driver, %s\n", demoLinuxIP)
 	res, err := qemu.Run(ctx, cfg, qemu.Command{GuestPath: "/bin/sh", Args: []string{"/vfnic/demo.sh"}})
 	if res != nil {

@@ -8,23 +8,33 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
-// TestVMDemo runs 'vfnic demo' as a newcomer would: Linux's ping and a UDP
-// client on one NIC talk to vfnic echo on the other, through an emulated
-// wire. Every ping must be answered and every datagram echoed intact.
+// TestVMDemo runs 'vfnic demo' as a newcomer would, with vfnic on packed
+// and then on split virtqueues: Linux's ping and a UDP client on one NIC
+// talk to vfnic echo on the other, through an emulated wire. Every ping
+// must be answered and every datagram echoed intact.
 func TestVMDemo(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side")
 	}
 	qemu.RequireVM(t)
-	var out bytes.Buffer
-	err := runDemo(t.Context(), nil, &out)
-	t.Log(out.String())
-	require.NoError(t, err)
-	s := out.String()
-	require.Contains(t, s, "20 packets transmitted, 20 packets received, 0% packet loss")
-	require.Contains(t, s, "udpping: 20 sent, 20 echoed intact, 0 lost, 0 corrupted")
-	require.Contains(t, s, "answered arp")
-	require.Contains(t, s, "icmp 20 udp 20")
-	require.Contains(t, s, "ping exit 0, udpping exit 0, vfnic echo exit 0")
-	require.Regexp(t, `guest kernel \S+, boot`, s)
+	for _, tc := range []struct {
+		name string
+		args []string
+		ring string
+	}{{"packed", nil, "(packed ring)"}, {"split", []string{"-split"}, "(split ring)"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := runDemo(t.Context(), tc.args, &out)
+			t.Log(out.String())
+			require.NoError(t, err)
+			s := out.String()
+			require.Contains(t, s, "virtio-net "+tc.ring+" (virtio driver)", "vfnic drove the ring format asked for")
+			require.Contains(t, s, "20 packets transmitted, 20 packets received, 0% packet loss")
+			require.Contains(t, s, "udpping: 20 sent, 20 echoed intact, 0 lost, 0 corrupted")
+			require.Contains(t, s, "answered arp")
+			require.Contains(t, s, "icmp 20 udp 20")
+			require.Contains(t, s, "ping exit 0, udpping exit 0, vfnic echo exit 0")
+			require.Regexp(t, `guest kernel \S+, boot`, s)
+		})
+	}
 }
