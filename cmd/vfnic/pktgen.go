@@ -80,7 +80,9 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 			failed += uint64(reapTx(tx, txc))
 			if tx.Outstanding() >= tx.Size() {
 				// Ring still full: sleep until the device completes some.
-				if _, err := tx.SRead(ctx, txc, 1, -1); err != nil && ctx.Err() == nil {
+				n, err := tx.SRead(ctx, txc, 1, -1)
+				failed += uint64(failures(txc[:n]))
+				if err != nil && ctx.Err() == nil {
 					return err
 				}
 			}
@@ -104,11 +106,7 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 	// Wait (bounded) for the last completions so the counters are final.
 	for tx.Outstanding() > 0 {
 		n, err := tx.SRead(context.Background(), txc, tx.Outstanding(), 2*time.Second)
-		for _, c := range txc[:n] {
-			if c.Err != nil {
-				failed++
-			}
-		}
+		failed += uint64(failures(txc[:n]))
 		if err != nil {
 			fmt.Fprintf(out, "pktgen: %d sends not completed: %v\n", tx.Outstanding(), err)
 			break

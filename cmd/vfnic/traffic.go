@@ -64,15 +64,22 @@ func fillRx(rx nic.RxQueue) error {
 func reapTx(tx nic.TxQueue, scratch []nic.Completion) (failed int) {
 	for {
 		n := tx.Poll(scratch)
-		for _, c := range scratch[:n] {
-			if c.Err != nil {
-				failed++
-			}
-		}
+		failed += failures(scratch[:n])
 		if n < len(scratch) {
 			return failed
 		}
 	}
+}
+
+// failures counts the error completions among cs.
+func failures(cs []nic.Completion) int {
+	n := 0
+	for _, c := range cs {
+		if c.Err != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // progress prints a line of rates and totals every interval, and the
