@@ -178,24 +178,21 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 		return nil, err
 	}
 	q.addr = cq.Addr(q.num)
-	if err := q.setup(); err != nil {
+	fail := func(err error) (*QP, error) {
 		d.mu.Lock()
 		_ = d.free(q.region)
 		d.mu.Unlock()
 		return nil, err
 	}
+	if err := q.setup(); err != nil {
+		return fail(err)
+	}
 	if err := cfg.SendCQ.Bind(); err != nil {
-		d.mu.Lock()
-		_ = d.free(q.region)
-		d.mu.Unlock()
-		return nil, err
+		return fail(err)
 	}
 	if err := cfg.RecvCQ.Bind(); err != nil {
 		cfg.SendCQ.Unbind()
-		d.mu.Lock()
-		_ = d.free(q.region)
-		d.mu.Unlock()
-		return nil, err
+		return fail(err)
 	}
 	d.mu.Lock()
 	if d.closed {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -401,7 +402,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 		}
 		s.size = min(s.size, maxSize, 1<<15)
 		if !d.packed {
-			s.size = 1 << (bitLen(s.size) - 1) // split rings are powers of two
+			s.size = 1 << (bits.Len(uint(s.size)) - 1) // split rings are powers of two
 		}
 	}
 	txBuf := align(netHdrLen+nic.MaxFrame, 64)
@@ -736,14 +737,6 @@ func (d *Device) teardown() error {
 }
 
 func align(n, a int) int { return (n + a - 1) &^ (a - 1) }
-
-func bitLen(n int) int {
-	l := 0
-	for ; n > 0; n >>= 1 {
-		l++
-	}
-	return l
-}
 
 func littleEndian() bool {
 	x := uint16(1)

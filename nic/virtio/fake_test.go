@@ -160,6 +160,18 @@ func (f *fakeDev) take() (taken, bool) {
 	}
 }
 
+// takeN takes the next n available buffers; fewer fails the test.
+func (f *fakeDev) takeN(n int) []taken {
+	f.t.Helper()
+	tk := make([]taken, n)
+	for i := range tk {
+		var ok bool
+		tk[i], ok = f.take()
+		require.True(f.t, ok, "available buffer %d of %d", i+1, n)
+	}
+	return tk
+}
+
 // complete writes a used entry for buffer id with written bytes; ndesc is
 // how far a packed ring's used position skips.
 func (f *fakeDev) complete(id uint16, written uint32, ndesc int) {

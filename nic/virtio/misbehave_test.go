@@ -65,12 +65,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		rx := r.rxQueue(t, 16, 2048, true)
 		postN(t, rx, 4)
 		d := r.dev
-		tk := []taken{}
-		for range 4 {
-			x, ok := d.take()
-			require.True(t, ok)
-			tk = append(tk, x)
-		}
+		tk := d.takeN(4)
 		// Position 0: an id far outside the ring; position 1: an id inside
 		// it that was never posted; then the device "completes" id 2 twice.
 		d.writeUsed(0, 0x7fff, 100, true, true)
@@ -103,11 +98,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		rx := r.rxQueue(t, 16, 2048, true)
 		postN(t, rx, 4)
 		d := r.dev
-		var tk []taken
-		for range 4 {
-			x, _ := d.take()
-			tk = append(tk, x)
-		}
+		tk := d.takeN(4)
 		writeFrame(tk[0], good, 1)
 		d.complete(tk[0].id, 4096, 1) // beyond the 2048-byte buffer
 		d.complete(tk[1].id, netHdrLen+5, 1)
@@ -152,11 +143,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		rx := r.rxQueue(t, 16, 2048, true)
 		postN(t, rx, 5)
 		d := r.dev
-		var tk []taken
-		for range 4 {
-			x, _ := d.take()
-			tk = append(tk, x)
-		}
+		tk := d.takeN(4)
 		d.complete(tk[0].id, writeFrame(tk[0], good, 3), 1) // a frame in 3 buffers
 		d.complete(tk[1].id, 2048, 1)
 		d.complete(tk[2].id, 500, 1)
@@ -187,11 +174,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 		rx := r.rxQueue(t, 16, 2048, false)
 		postN(t, rx, 4)
 		d := r.dev
-		var tk []taken
-		for range 4 {
-			x, _ := d.take()
-			tk = append(tk, x)
-		}
+		tk := d.takeN(4)
 		usedEntry(d, 0, 1<<31, 100)                                   // id far out of range
 		usedEntry(d, 1, 7, 100)                                       // in range, never posted
 		usedEntry(d, 2, uint32(tk[0].id), 9000)                       // length beyond the buffer

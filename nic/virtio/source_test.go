@@ -65,12 +65,7 @@ func TestCQErrorsInOrder(t *testing.T) {
 		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
 		ctx := postN(t, rx, 6)
 		d := r.dev
-		var tk []taken
-		for range 5 {
-			x, ok := d.take()
-			require.True(t, ok)
-			tk = append(tk, x)
-		}
+		tk := d.takeN(5)
 		d.complete(tk[0].id, writeFrame(tk[0], frameFor(0, 64), 1), 1)
 		d.complete(tk[1].id, 9000, 1)                                  // too long
 		d.complete(tk[2].id, writeFrame(tk[2], frameFor(2, 64), 2), 1) // a frame in two buffers

@@ -71,7 +71,6 @@ type vq struct {
 	packed   bool
 	eventIdx bool
 	notify   doorbell.Reg16
-	mem      ringMem
 	desc     unsafe.Pointer
 
 	// Packed ring state. availBits is AVAIL|USED as an available
@@ -130,7 +129,7 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 		return nil, fmt.Errorf("%w: %s: ring memory misaligned", nic.ErrInvalid, name)
 	}
 	q := &vq{name: name, qidx: qidx, size: uint16(size), packed: packed, eventIdx: eventIdx,
-		notify: notify, mem: mem, desc: unsafe.Pointer(&mem.desc[0]),
+		notify: notify, desc: unsafe.Pointer(&mem.desc[0]),
 		slots: make([]slot, size), free: make([]uint16, size)}
 	for i := range q.free {
 		q.free[i] = uint16(size - 1 - i) // id 0 comes out first
