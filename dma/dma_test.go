@@ -221,3 +221,10 @@ func BenchmarkPoolGetPut(b *testing.B) {
 		_ = p.Put(idx)
 	}
 }
+
+func TestSpaceRanges(t *testing.T) {
+	s, err := NewSpace(&fakeMapper{maps: map[uint64]int{}}, q35, 1<<32)
+	require.NoError(t, err)
+	require.Equal(t, q35, s.Ranges(), "the reported ranges, not what is left above the floor")
+	require.Nil(t, NewIdentitySpace().Ranges())
+}

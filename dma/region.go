@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // Mapper installs and removes IOMMU translations. *vfio.Container is one.
@@ -45,6 +46,29 @@ func NewSpace(m Mapper, ranges []Range, floor uint64) (*Space, error) {
 		return nil, err
 	}
 	return &Space{mapper: m, iova: a, regions: map[*Region]struct{}{}}, nil
+}
+
+// NewVFIOSpace returns the DMA address space of a VFIO container: IOVAs
+// from the ranges its IOMMU reports, none below floor.
+func NewVFIOSpace(c *vfio.Container, floor uint64) (*Space, error) {
+	rs, err := c.IOVARanges()
+	if err != nil {
+		return nil, err
+	}
+	ranges := make([]Range, len(rs))
+	for i, r := range rs {
+		ranges[i] = Range(r)
+	}
+	return NewSpace(c, ranges, floor)
+}
+
+// Ranges returns the IOVA ranges the space allocates from (nil for the
+// identity space, which allocates none).
+func (s *Space) Ranges() []Range {
+	if s.iova == nil {
+		return nil
+	}
+	return s.iova.Ranges()
 }
 
 // NewIdentitySpace returns a space whose IOVA is the virtual address, for a

@@ -95,20 +95,12 @@ func probe(ctx context.Context, a pci.Address, out io.Writer) error {
 		}
 	}
 
-	ranges, err := c.IOVARanges()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "  IOMMU IOVA ranges: %v\n", ranges)
-	rs := make([]dma.Range, len(ranges))
-	for i, r := range ranges {
-		rs[i] = dma.Range(r)
-	}
-	space, err := dma.NewSpace(c, rs, iovaFloor)
+	space, err := dma.NewVFIOSpace(c, iovaFloor)
 	if err != nil {
 		return err
 	}
 	defer space.Close()
+	fmt.Fprintf(out, "  IOMMU IOVA ranges: %v\n", space.Ranges())
 	r, err := space.Alloc(2<<20, hugepage.Options{})
 	if err != nil {
 		return err

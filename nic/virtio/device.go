@@ -419,15 +419,8 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			total += ctrlBufLen + 64
 		}
 	}
-	ranges, err := d.container.IOVARanges()
-	if err != nil {
-		return err
-	}
-	rs := make([]dma.Range, len(ranges))
-	for i, r := range ranges {
-		rs[i] = dma.Range(r)
-	}
-	if d.space, err = dma.NewSpace(d.container, rs, cfg.IOVAFloor); err != nil {
+	var err error
+	if d.space, err = dma.NewVFIOSpace(d.container, cfg.IOVAFloor); err != nil {
 		return fmt.Errorf("virtio: DMA space of %s: %w", d.name, err)
 	}
 	region, err := d.space.Alloc(total, cfg.Memory)

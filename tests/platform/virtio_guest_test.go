@@ -96,13 +96,7 @@ func TestGuestVirtioMSIX(t *testing.T) {
 	reg16(vcConfigMSIXVector, noVector)
 
 	// DMA memory: 2 MiB hugepage above guest RAM holding the ring and buffers.
-	ranges, err := o.c.IOVARanges()
-	require.NoError(t, err)
-	rs := make([]dma.Range, len(ranges))
-	for i, r := range ranges {
-		rs[i] = dma.Range(r)
-	}
-	space, err := dma.NewSpace(o.c, rs, iovaFloor)
+	space, err := dma.NewVFIOSpace(o.c, iovaFloor)
 	require.NoError(t, err)
 	region, err := space.Alloc(2<<20, hugepage.Options{})
 	require.NoError(t, err)
