@@ -222,7 +222,6 @@ var (
 func ParseTestOutput(out string) []TestResult {
 	var order []string
 	byName := map[string]*TestResult{}
-	done := map[string]bool{}
 	get := func(name string) *TestResult {
 		r, ok := byName[name]
 		if !ok {
@@ -258,7 +257,6 @@ func ParseTestOutput(out string) []TestResult {
 			if s, err := strconv.ParseFloat(m[4], 64); err == nil {
 				r.Elapsed = time.Duration(s * float64(time.Second))
 			}
-			done[m[3]] = true
 			current, indentAfter = m[3], len(m[1])
 			continue
 		}
@@ -280,7 +278,7 @@ func ParseTestOutput(out string) []TestResult {
 		if b := logs[n]; b != nil {
 			r.Output = b.String()
 		}
-		if !done[n] {
+		if r.Status == "" { // started, never reported
 			r.Status = TestFail
 			r.Output += "(no result reported: the test binary crashed, panicked or timed out)\n"
 		}

@@ -20,6 +20,7 @@ type Resources struct {
 	Maps int // lines of /proc/self/maps naming vfio or hugepage memory
 }
 
+// String formats the counts for a test's failure message.
 func (r Resources) String() string {
 	return fmt.Sprintf("%d fds, %d device/DMA mappings", r.FDs, r.Maps)
 }

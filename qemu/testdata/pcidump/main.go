@@ -1,16 +1,16 @@
 // Command pcidump is the payload of the qemu package's VM smoke test. In the
-// guest it lists every PCI device with its driver and IOMMU group, checks
-// that each NIC the host bound to vfio-pci is bound and has its
-// /dev/vfio/<group> node, and exits non-zero if not.
+// guest it lists every PCI device with its driver and IOMMU group (through
+// pci.List, so the smoke test also reads a real sysfs with it), checks that
+// each NIC the host bound to vfio-pci is bound and has its /dev/vfio/<group>
+// node, and exits non-zero if not.
 package main
 
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
-	"strings"
+	"strconv"
 
+	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/qemu"
 )
 
@@ -19,27 +19,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "pcidump: not in a vfnic guest")
 		os.Exit(2)
 	}
-	devs, err := filepath.Glob("/sys/bus/pci/devices/*")
+	devs, err := pci.List(pci.ListOptions{})
 	if err != nil || len(devs) == 0 {
 		fmt.Fprintf(os.Stderr, "pcidump: no PCI devices: %v\n", err)
 		os.Exit(1)
 	}
-	sort.Strings(devs)
 	type dev struct{ driver, group string }
 	seen := map[string]dev{}
 	for _, d := range devs {
-		addr := filepath.Base(d)
-		vendor := readTrim(filepath.Join(d, "vendor"))
-		device := readTrim(filepath.Join(d, "device"))
 		driver, group := "none", "none"
-		if l, err := os.Readlink(filepath.Join(d, "driver")); err == nil {
-			driver = filepath.Base(l)
+		if d.Driver != "" {
+			driver = d.Driver
 		}
-		if l, err := os.Readlink(filepath.Join(d, "iommu_group")); err == nil {
-			group = filepath.Base(l)
+		if d.IOMMUGroup >= 0 {
+			group = strconv.Itoa(d.IOMMUGroup)
 		}
-		seen[addr] = dev{driver, group}
-		fmt.Printf("PCI %s %s:%s driver=%s group=%s\n", addr, strings.TrimPrefix(vendor, "0x"), strings.TrimPrefix(device, "0x"), driver, group)
+		seen[d.Address.String()] = dev{driver, group}
+		fmt.Printf("PCI %s %04x:%04x driver=%s group=%s\n", d.Address, d.VendorID, d.DeviceID, driver, group)
 	}
 	nics, err := qemu.GuestNICs()
 	if err != nil {
@@ -73,12 +69,4 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("pcidump: all NICs ok")
-}
-
-func readTrim(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
 }
