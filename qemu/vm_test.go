@@ -138,7 +138,10 @@ func TestVMExec(t *testing.T) {
 	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", vmexec, "./cmd/vmexec").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", "-v", "-exec", vmexec, "-run", "TestGuestPass", "./testdata/guesttest")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "VFNIC_NICS=virtio,packed=on;igb", "VFNIC_HUGEPAGES=-1")
+	// VFNIC_TIMEOUT bounds each guest well inside this test's own time: a
+	// guest left to vmexec's default (-test.timeout + 1m) outlived a host
+	// test that timed out, leaving go test, vmexec and QEMU behind.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "VFNIC_NICS=virtio,packed=on;igb", "VFNIC_HUGEPAGES=-1", "VFNIC_TIMEOUT=3m")
 	start := time.Now()
 	out, err = cmd.CombinedOutput()
 	require.NoError(t, err, "go test -exec vmexec:\n%s", out)
@@ -150,7 +153,8 @@ func TestVMExec(t *testing.T) {
 
 	// The guest's exit status comes back as vmexec's.
 	cmd = exec.CommandContext(t.Context(), "go", "test", "-count=1", "-exec", vmexec, "-run", "TestGuestFail", "./testdata/guesttest")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "VFNIC_NICS=e1000e", "VFNIC_HUGEPAGES=-1", "VFNIC_GUEST_ENV=VFNIC_WANT_FAIL=1")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "VFNIC_NICS=e1000e", "VFNIC_HUGEPAGES=-1", "VFNIC_TIMEOUT=3m",
+		"VFNIC_GUEST_ENV=VFNIC_WANT_FAIL=1")
 	out, err = cmd.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "--- FAIL: TestGuestFail")
