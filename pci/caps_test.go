@@ -568,3 +568,21 @@ func FuzzCapabilities(f *testing.F) {
 		}
 	})
 }
+
+func TestVirtioStructures(t *testing.T) {
+	caps := []VirtioCap{
+		{CfgType: VirtioPCICfg, Bar: 0, Length: 0},                    // not mapped by drivers
+		{CfgType: VirtioCommonCfg, Bar: 6, Offset: 0x0, Length: 0x38}, // reserved BAR
+		{CfgType: VirtioCommonCfg, Bar: 4, Offset: 0x0, Length: 0},    // empty
+		{CfgType: VirtioCommonCfg, Bar: 4, Offset: 0x100, Length: 0x38},
+		{CfgType: VirtioCommonCfg, Bar: 2, Offset: 0x0, Length: 0x38}, // not the first
+		{CfgType: VirtioNotifyCfg, Bar: 4, Offset: 0x3000, Length: 0x1000, NotifyOffMultiplier: 4},
+		{CfgType: VirtioISRCfg, Bar: 4, Offset: 0x1000, Length: 0x1000},
+		{CfgType: VirtioVendorCfg, Bar: 4, Offset: 0x5000, Length: 0x10},
+	}
+	got := VirtioStructures(caps)
+	want := map[uint8]VirtioCap{VirtioCommonCfg: caps[3], VirtioNotifyCfg: caps[5], VirtioISRCfg: caps[6]}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("VirtioStructures = %+v, want the first usable common, notify and ISR: %+v", got, want)
+	}
+}

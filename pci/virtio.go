@@ -102,3 +102,21 @@ func (c *Config) VirtioCaps() ([]VirtioCap, error) {
 	}
 	return out, nil
 }
+
+// VirtioStructures picks, from decoded virtio capabilities, the first
+// usable one of each structure type a driver maps (VirtioCommonCfg,
+// VirtioNotifyCfg, VirtioISRCfg, VirtioDeviceCfg), as the virtio
+// specification asks drivers to. Other types (PCI_CFG names a BAR with
+// length 0), reserved BARs (above 5) and empty structures are skipped.
+func VirtioStructures(caps []VirtioCap) map[uint8]VirtioCap {
+	found := map[uint8]VirtioCap{}
+	for _, c := range caps {
+		if c.CfgType < VirtioCommonCfg || c.CfgType > VirtioDeviceCfg || c.Bar > 5 || c.Length == 0 {
+			continue
+		}
+		if _, dup := found[c.CfgType]; !dup {
+			found[c.CfgType] = c
+		}
+	}
+	return found
+}

@@ -152,32 +152,30 @@ func probeVirtio(dev *vfio.Device, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for _, vc := range caps {
-		if vc.CfgType != pci.VirtioCommonCfg {
-			continue
-		}
-		m, err := dev.MapRegion(int(vc.Bar))
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		w := doorbell.NewWindow(m.Bytes())
-		var feat virtio.Features
-		for sel := uint32(0); sel < 2; sel++ {
-			if err := w.Write32(uintptr(vc.Offset), sel); err != nil { // device_feature_select
-				return fmt.Errorf("virtio common config: %w", err)
-			}
-			v, err := w.Read32(uintptr(vc.Offset) + 4) // device_feature
-			if err != nil {
-				return fmt.Errorf("virtio common config: %w", err)
-			}
-			feat |= virtio.Features(v) << (32 * sel)
-		}
-		fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n", uint64(feat),
-			feat.Has(virtio.FeatureVersion1), feat.Has(virtio.FeatureAccessPlat), feat.Has(virtio.FeatureRingPacked))
-		return nil
+	vc, ok := pci.VirtioStructures(caps)[pci.VirtioCommonCfg]
+	if !ok {
+		return errors.New("virtio common configuration capability missing")
 	}
-	return errors.New("virtio common configuration capability missing")
+	m, err := dev.MapRegion(int(vc.Bar))
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	w := doorbell.NewWindow(m.Bytes())
+	var feat virtio.Features
+	for sel := uint32(0); sel < 2; sel++ {
+		if err := w.Write32(uintptr(vc.Offset), sel); err != nil { // device_feature_select
+			return fmt.Errorf("virtio common config: %w", err)
+		}
+		v, err := w.Read32(uintptr(vc.Offset) + 4) // device_feature
+		if err != nil {
+			return fmt.Errorf("virtio common config: %w", err)
+		}
+		feat |= virtio.Features(v) << (32 * sel)
+	}
+	fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n", uint64(feat),
+		feat.Has(virtio.FeatureVersion1), feat.Has(virtio.FeatureAccessPlat), feat.Has(virtio.FeatureRingPacked))
+	return nil
 }
 
 func size(n uint64) string {

@@ -25,21 +25,11 @@ type transport struct {
 // barMapper maps a BAR and returns the bytes of [off, off+n) in it.
 type barMapper func(bar uint8, off, n uint64) ([]byte, error)
 
-// newTransport finds the first usable capability of each structure type
-// (as the specification asks) and maps it. The PCI_CFG window (type 5)
-// and unknown types are skipped: they are not needed and PCI_CFG names a
-// BAR with length 0.
+// newTransport maps the first usable capability of each structure type
+// (pci.VirtioStructures applies the specification's rule).
 func newTransport(name string, caps []pci.VirtioCap, mapBAR barMapper) (*transport, error) {
 	t := &transport{name: name}
-	found := map[uint8]pci.VirtioCap{}
-	for _, c := range caps {
-		if c.CfgType < pci.VirtioCommonCfg || c.CfgType > pci.VirtioDeviceCfg || c.Bar > 5 || c.Length == 0 {
-			continue
-		}
-		if _, dup := found[c.CfgType]; !dup {
-			found[c.CfgType] = c
-		}
-	}
+	found := pci.VirtioStructures(caps)
 	window := func(typ uint8, minLen uint64) (doorbell.Window, pci.VirtioCap, error) {
 		c, ok := found[typ]
 		if !ok {

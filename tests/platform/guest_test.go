@@ -144,12 +144,7 @@ func virtioCommon(t *testing.T, o opened) (doorbell.Window, map[uint8]pci.Virtio
 	require.NoError(t, err)
 	caps, err := cfg.VirtioCaps()
 	require.NoError(t, err)
-	byType := map[uint8]pci.VirtioCap{}
-	for _, c := range caps {
-		if _, dup := byType[c.CfgType]; !dup && c.CfgType >= pci.VirtioCommonCfg && c.CfgType <= pci.VirtioDeviceCfg {
-			byType[c.CfgType] = c
-		}
-	}
+	byType := pci.VirtioStructures(caps)
 	common, ok := byType[pci.VirtioCommonCfg]
 	require.True(t, ok, "virtio common cfg capability")
 	m, err := o.d.MapRegion(int(common.Bar))
