@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -133,6 +135,55 @@ type NIC struct {
 	IPv4 string
 	// Net is the backend the NIC is wired to.
 	Net Netdev
+	// Props are QEMU device properties of the model, as `-device
+	// MODEL,help` lists them: {"event_idx": "off", "mrg_rxbuf": "off",
+	// "rx_queue_size": "1024", "host_mtu": "9000"} for virtio-net. Run
+	// checks each name and value against the installed QEMU. The properties
+	// the harness sets itself (see ReservedProps) are refused.
+	Props map[string]string
+}
+
+// ReservedProps are the device properties the harness sets on every NIC,
+// with the NIC field or reason that governs each; NIC.Props may not set them.
+var ReservedProps = map[string]string{
+	"id":             "the harness names each NIC nic<index>",
+	"bus":            "NICs sit on pcie.0",
+	"addr":           "use Slot (slot=)",
+	"mac":            "use MAC (mac=)",
+	"netdev":         "use Net (net=)",
+	"packed":         "use Packed (packed=)",
+	"disable-legacy": "vfnic drives modern virtio only",
+	"iommu_platform": "without it virtio bypasses the vIOMMU and VFIO cannot work",
+}
+
+var propNameRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]*$`)
+
+// checkProps checks the form of NIC properties: a QEMU property name, and a
+// value that cannot add options to the -device argument or split a
+// ParseNICs list.
+func checkProps(props map[string]string) error {
+	for _, k := range sortedKeys(props) {
+		v := props[k]
+		if why, ok := ReservedProps[k]; ok {
+			return fmt.Errorf("property %q is set by the harness (%s)", k, why)
+		}
+		if !propNameRe.MatchString(k) {
+			return fmt.Errorf("property name %q (want letters, digits, '_', '-', '.')", k)
+		}
+		if v == "" || strings.ContainsAny(v, ",; \t\n=") {
+			return fmt.Errorf("property %s=%q (want a non-empty value without ',', ';', '=' or spaces)", k, v)
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // GuestAddr is the NIC's PCI address in the guest ("0000:00:04.0"). It is
@@ -199,6 +250,9 @@ func (n NIC) check() error {
 	if n.Packed && n.Model != VirtioNet {
 		return fmt.Errorf("%w: packed rings are a virtio-net option", ErrBadConfig)
 	}
+	if err := checkProps(n.Props); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadConfig, err)
+	}
 	if _, err := net.ParseMAC(n.MAC); err != nil || strings.Count(n.MAC, ":") != 5 {
 		return fmt.Errorf("%w: MAC %q", ErrBadConfig, n.MAC)
 	}
@@ -257,7 +311,13 @@ func (n NIC) qemuArgs(index int) []string {
 	if n.Model == VirtioNet {
 		// Modern only, translated by the vIOMMU (without iommu_platform
 		// virtio bypasses it), ATS offered.
-		dev += ",disable-legacy=on,iommu_platform=on,ats=on,packed=" + onOff(n.Packed)
+		dev += ",disable-legacy=on,iommu_platform=on,packed=" + onOff(n.Packed)
+		if _, set := n.Props["ats"]; !set {
+			dev += ",ats=on"
+		}
+	}
+	for _, k := range sortedKeys(n.Props) {
+		dev += "," + k + "=" + n.Props[k]
 	}
 	return append(args, "-device", dev)
 }
@@ -297,6 +357,8 @@ var modelAliases = map[string]NICModel{
 // vmxnet3 or any QEMU NIC device name) followed by ",key=value" options:
 // packed=on|off, slot=N (0x.. for hex), mac=..., bind=vfio|linux|none,
 // ip=A.B.C.D/N (implies bind=linux), net=none|hub:ID|dgram:QEMUPORT:HOSTPORT.
+// Any other key=value is a QEMU device property of the model (NIC.Props),
+// as on QEMU's own -device line: "virtio,event_idx=off,host_mtu=9000".
 // FormatNICs writes the same syntax.
 func ParseNICs(spec string) ([]NIC, error) {
 	var out []NIC
@@ -354,8 +416,17 @@ func parseNIC(item string) (NIC, error) {
 			}
 			n.Net = nd
 		default:
-			return n, fmt.Errorf("unknown option %q", k)
+			if _, dup := n.Props[k]; dup {
+				return n, fmt.Errorf("property %q given twice", k)
+			}
+			if n.Props == nil {
+				n.Props = map[string]string{}
+			}
+			n.Props[k] = v
 		}
+	}
+	if err := checkProps(n.Props); err != nil {
+		return n, err
 	}
 	return n, nil
 }
@@ -407,6 +478,9 @@ func FormatNICs(nics []NIC) string {
 			s += fmt.Sprintf(",net=hub:%d", n.Net.Hub)
 		case NetDgram:
 			s += fmt.Sprintf(",net=dgram:%d:%d", n.Net.QEMUPort, n.Net.HostPort)
+		}
+		for _, k := range sortedKeys(n.Props) {
+			s += "," + k + "=" + n.Props[k]
 		}
 		items[i] = s
 	}

@@ -105,3 +105,87 @@ func parseNICModels(help string) []string {
 	sort.Strings(out)
 	return out
 }
+
+var (
+	propsMu    sync.Mutex
+	propsCache = map[string]map[string]string{} // qemu path + "\x00" + model
+)
+
+var propRe = regexp.MustCompile(`^\s+([A-Za-z0-9_.-]+)=<([^>]+)>`)
+
+// DeviceProps returns the properties of a -device model with their types
+// ("bool", "uint16", "str", ...), as `qemuPath -machine none -device
+// MODEL,help` lists them. Results are cached for the life of the process.
+func DeviceProps(ctx context.Context, qemuPath string, model NICModel) (map[string]string, error) {
+	key := qemuPath + "\x00" + string(model)
+	propsMu.Lock()
+	defer propsMu.Unlock()
+	if p, ok := propsCache[key]; ok {
+		return p, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	help, err := runProbe(ctx, qemuPath, "-machine", "none", "-device", string(model)+",help")
+	if err != nil {
+		return nil, err
+	}
+	p := parseDeviceProps(help)
+	propsCache[key] = p
+	return p, nil
+}
+
+func parseDeviceProps(help string) map[string]string {
+	p := map[string]string{}
+	for _, line := range strings.Split(help, "\n") {
+		if m := propRe.FindStringSubmatch(line); m != nil {
+			p[m[1]] = m[2]
+		}
+	}
+	return p
+}
+
+// checkPropValue checks a property value against the type QEMU lists for
+// it, for the types whose syntax is plain; QEMU checks the others at boot.
+func checkPropValue(typ, v string) error {
+	switch typ {
+	case "bool":
+		switch v {
+		case "on", "off", "true", "false", "yes", "no":
+			return nil
+		}
+		return fmt.Errorf("%q is not a bool (on or off)", v)
+	case "uint8", "uint16", "uint32", "uint64":
+		bits, _ := strconv.Atoi(strings.TrimPrefix(typ, "uint"))
+		if _, err := strconv.ParseUint(v, 0, bits); err != nil {
+			return fmt.Errorf("%q is not a %s (0 to %d)", v, typ, uint64(1)<<bits-1)
+		}
+	case "int8", "int16", "int32", "int64":
+		bits, _ := strconv.Atoi(strings.TrimPrefix(typ, "int"))
+		if _, err := strconv.ParseInt(v, 0, bits); err != nil {
+			return fmt.Errorf("%q is not an %s", v, typ)
+		}
+	}
+	return nil
+}
+
+// checkNICProps checks a NIC's properties against what QEMU offers for its model.
+func checkNICProps(ctx context.Context, qemuPath string, info *QEMUInfo, n NIC) error {
+	if len(n.Props) == 0 {
+		return nil
+	}
+	have, err := DeviceProps(ctx, qemuPath, n.Model)
+	if err != nil {
+		return err
+	}
+	for _, k := range sortedKeys(n.Props) {
+		typ, ok := have[k]
+		if !ok {
+			return fmt.Errorf("%w: QEMU %s's %s has no property %q (it has: %s)",
+				ErrBadConfig, info.Version, n.Model, k, strings.Join(sortedKeys(have), ", "))
+		}
+		if err := checkPropValue(typ, n.Props[k]); err != nil {
+			return fmt.Errorf("%w: %s property %s: %v", ErrBadConfig, n.Model, k, err)
+		}
+	}
+	return nil
+}

@@ -246,6 +246,9 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 			return nil, fmt.Errorf("%w: NIC %d: %q is not in `%s -device help` (QEMU %s offers %s)",
 				ErrNICUnavailable, i, n.Model, p.qemu, p.info.Version, strings.Join(p.info.NICModels, ", "))
 		}
+		if err := checkNICProps(ctx, p.qemu, p.info, n); err != nil {
+			return nil, fmt.Errorf("NIC %d: %w", i, err)
+		}
 	}
 	if p.kernel = c.Kernel; p.kernel == nil {
 		if p.kernel, err = FindKernel(); err != nil {

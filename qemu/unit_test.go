@@ -30,8 +30,8 @@ func TestNICArgsPerModel(t *testing.T) {
 	}
 	want := []string{
 		"-netdev dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=40000,remote.type=inet,remote.host=127.0.0.1,remote.port=40001 " +
-			"-device virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,ats=on,packed=on",
-		"-netdev hubport,id=n1,hubid=3 -device virtio-net-pci,id=nic1,bus=pcie.0,addr=0x05,mac=52:54:00:12:34:05,netdev=n1,disable-legacy=on,iommu_platform=on,ats=on,packed=off",
+			"-device virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,packed=on,ats=on",
+		"-netdev hubport,id=n1,hubid=3 -device virtio-net-pci,id=nic1,bus=pcie.0,addr=0x05,mac=52:54:00:12:34:05,netdev=n1,disable-legacy=on,iommu_platform=on,packed=off,ats=on",
 		"-netdev hubport,id=n2,hubid=3 -device e1000e,id=nic2,bus=pcie.0,addr=0x06,mac=52:54:00:12:34:06,netdev=n2",
 		"-device igb,id=nic3,bus=pcie.0,addr=0x0e,mac=02:00:00:00:00:01",
 		"-device vmxnet3,id=nic4,bus=pcie.0,addr=0x07,mac=52:54:00:12:34:07",
@@ -85,13 +85,62 @@ func TestParseFormatNICs(t *testing.T) {
 	back, err := ParseNICs(FormatNICs(resolved))
 	require.NoError(t, err)
 	require.Equal(t, resolved, back)
-	for _, s := range []string{"virtio,packed=maybe", "e1000e,slot=x", "e1000e,net=udp", "e1000e,color=red", "e1000e,novalue"} {
+	for _, s := range []string{"virtio,packed=maybe", "e1000e,slot=x", "e1000e,net=udp", "e1000e,novalue",
+		"e1000e,addr=5", "virtio,iommu_platform=off", "e1000e,x=1,x=2", "e1000e,bad!name=1", "e1000e,x="} {
 		_, err := ParseNICs(s)
 		require.ErrorIs(t, err, ErrBadConfig, s)
 	}
 	empty, err := ParseNICs("  ")
 	require.NoError(t, err)
 	require.Empty(t, empty)
+}
+
+func TestNICProps(t *testing.T) {
+	nics, err := ParseNICs("virtio,event_idx=off,mrg_rxbuf=off,rx_queue_size=1024,host_mtu=9000,net=hub:1 e1000e,ats=off")
+	require.NoError(t, err)
+	want := map[string]string{"event_idx": "off", "mrg_rxbuf": "off", "rx_queue_size": "1024", "host_mtu": "9000"}
+	require.Equal(t, want, nics[0].Props)
+	require.Equal(t, Hub(1), nics[0].Net)
+	resolved, err := ResolveNICs(nics)
+	require.NoError(t, err)
+	require.Equal(t, []string{"-netdev", "hubport,id=n0,hubid=1", "-device",
+		"virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,packed=off,ats=on," +
+			"event_idx=off,host_mtu=9000,mrg_rxbuf=off,rx_queue_size=1024"}, resolved[0].qemuArgs(0))
+	require.Equal(t, []string{"-device", "e1000e,id=nic1,bus=pcie.0,addr=0x05,mac=52:54:00:12:34:05,ats=off"}, resolved[1].qemuArgs(1))
+	back, err := ParseNICs(FormatNICs(resolved))
+	require.NoError(t, err)
+	require.Equal(t, resolved, back)
+
+	// ResolveNICs refuses what ParseNICs refuses, for NICs built in Go.
+	for _, p := range []map[string]string{{"mac": "02:00:00:00:00:01"}, {"x": "a,romfile=y"}, {"x": ""}, {"": "1"}} {
+		_, err := ResolveNICs([]NIC{{Model: E1000E, Props: p}})
+		require.ErrorIs(t, err, ErrBadConfig, "%v", p)
+	}
+
+	// Names and values are checked against what QEMU lists for the model.
+	fake := filepath.Join(t.TempDir(), "fake-qemu")
+	probeMu.Lock()
+	probeCache[fake] = &QEMUInfo{Path: fake, Version: "10.0.2", NICModels: []string{"virtio-net-pci"}}
+	probeMu.Unlock()
+	propsMu.Lock()
+	propsCache[fake+"\x00virtio-net-pci"] = parseDeviceProps("virtio-net-pci options:\n" +
+		"  event_idx=<bool>       - on/off (default: on)\n" +
+		"  host_mtu=<uint16>      -  (default: 0)\n" +
+		"  speed=<int32>          -  (default: -1)\n" +
+		"  duplex=<str>\n")
+	propsMu.Unlock()
+	for _, c := range []struct{ props, msg string }{
+		{"evnt_idx=off", `has no property "evnt_idx" (it has: duplex, event_idx, host_mtu, speed)`},
+		{"event_idx=maybe", `property event_idx: "maybe" is not a bool`},
+		{"host_mtu=65536", `property host_mtu: "65536" is not a uint16 (0 to 65535)`},
+		{"speed=fast", `property speed: "fast" is not an int32`},
+	} {
+		n, err := ParseNICs("virtio," + c.props)
+		require.NoError(t, err)
+		_, err = Run(context.Background(), Config{QEMU: fake, NICs: n}, Command{GuestPath: "/bin/true"})
+		require.ErrorIs(t, err, ErrBadConfig, c.props)
+		require.ErrorContains(t, err, c.msg)
+	}
 }
 
 func TestFreeUDPPorts(t *testing.T) {

@@ -31,7 +31,7 @@ func TestConfigure(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 30*time.Second, cfg.Timeout)
 
-	for env, val := range map[string]string{"VFNIC_TIMEOUT": "soon", "VFNIC_CPUS": "two", "VFNIC_NICS": "e1000e,bogus=1"} {
+	for env, val := range map[string]string{"VFNIC_TIMEOUT": "soon", "VFNIC_CPUS": "two", "VFNIC_NICS": "e1000e,addr=1"} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, val)
 			_, _, err := configure("/tmp/x.test", nil)
