@@ -41,6 +41,8 @@ type console struct {
 	exitCode      int
 	haveExit      bool
 	info          []string // VFIO / NET marker lines
+	collect       string   // the COLLECT marker's status, "" if none came
+	missing       []string // Collect paths the payload did not write
 }
 
 func newConsole(nonce string, liveConsole, liveOutput io.Writer) *console {
@@ -124,6 +126,10 @@ func (c *console) line(l string, newline bool) {
 			if n, err := strconv.Atoi(strings.TrimSpace(l[len(markExit):])); err == nil {
 				c.exitCode, c.haveExit = n, true
 			}
+		case strings.HasPrefix(l, markCollect):
+			c.collect = strings.TrimSpace(l[len(markCollect):])
+		case strings.HasPrefix(l, markMissing):
+			c.missing = append(c.missing, strings.TrimSpace(l[len(markMissing):]))
 		case strings.Contains(l, markKlog+c.nonce):
 			c.phase = phaseKlog
 		}

@@ -19,6 +19,10 @@ const (
 	markExit   = "VFNIC-EXIT: " // payload exit status
 	markKlog   = "VFNIC-KLOG "  // kernel messages logged while the payload ran
 	markKlogE  = "VFNIC-KLOG-END "
+	// Collect: "ok" once the files are on the collect disk, else why not;
+	// then one MISSING line per Collect path the payload did not write.
+	markCollect = "VFNIC-COLLECT: "
+	markMissing = "VFNIC-MISSING: "
 )
 
 // initParams is everything /init needs to know.
@@ -30,6 +34,7 @@ type initParams struct {
 	Env       []string // payload environment, KEY=VALUE, after the defaults
 	Dir       string   // payload working directory
 	Nonce     string   // marker nonce
+	Collect   []Collect
 }
 
 // shQuote quotes s as one word for a POSIX shell.
@@ -139,6 +144,13 @@ func initScript(p initParams) string {
 	// to it; those logged meanwhile are printed after its end marker. Errors
 	// and worse still reach the console at once: DMAR faults, RCU stalls
 	// and hung tasks are what explain a guest that fails or freezes.
+	for _, c := range p.Collect {
+		g := path.Clean(c.Guest)
+		if !c.Dir {
+			g = path.Dir(g)
+		}
+		w("mkdir -p %s || fail 'mkdir %s'", shQuote(g), g)
+	}
 	w("klog=$(dmesg | wc -l)")
 	w("dmesg -n 4")
 	env := append([]string{"VFNIC_GUEST=1", "HOME=/root", "TMPDIR=/tmp", "PATH=/bin:/sbin:/usr/bin:/usr/sbin"}, p.Env...)
@@ -149,6 +161,36 @@ func initScript(p initParams) string {
 	// the host looks for the marker anywhere in a line.
 	w("echo %s", shQuote(markEnd+p.Nonce))
 	w(`echo "%s$rc"`, markExit)
+	if len(p.Collect) > 0 {
+		// One tar stream of the paths that exist, written raw to the disk
+		// whose serial says it is the collect disk.
+		w(`collect() {
+	dev=
+	i=0
+	while [ -z "$dev" ]; do
+		for b in /sys/block/vd*; do
+			[ "$(cat $b/serial 2>/dev/null)" = %s ] && dev=/dev/${b##*/}
+		done
+		[ -n "$dev" ] && break
+		i=$((i+1)); [ $i -le 50 ] || { echo "%sno collect disk appeared"; return; }
+		sleep 0.1
+	done
+	for p in "$@"; do
+		[ -e "/$p" ] || [ -L "/$p" ] || echo "%s/$p"
+	done
+	set -- $(for p in "$@"; do [ -e "/$p" ] && echo "$p"; done)
+	if [ $# -gt 0 ]; then
+		err=$(tar -c -f $dev -C / "$@" 2>&1) || { echo "%star: $(echo "$err" | tail -n 1)"; return; }
+	fi
+	sync
+	echo "%sok"
+}`, collectSerial, markCollect, markMissing, markCollect, markCollect)
+		rel := make([]string, len(p.Collect))
+		for i, c := range p.Collect {
+			rel[i] = strings.TrimPrefix(path.Clean(c.Guest), "/")
+		}
+		w("collect %s", shWords(rel))
+	}
 	w("echo %s", shQuote(markKlog+p.Nonce))
 	w(`dmesg | tail -n +$((klog+1))`)
 	w("echo %s", shQuote(markKlogE+p.Nonce))

@@ -88,6 +88,9 @@ type Config struct {
 	Modules []string
 	// Files are host files or directory trees copied into the guest.
 	Files []File
+	// Collect are guest files or directory trees copied back to the host
+	// once the payload exits (pcaps, profiles, coverage); see Collect.
+	Collect []Collect
 	// Hugepages is the number of 2 MiB hugepages /init reserves; 0 means
 	// DefaultHugepages (at most MemoryMB/16) and a negative number none.
 	Hugepages int
@@ -158,6 +161,8 @@ type Result struct {
 	Duration time.Duration
 	// Args is QEMU's command line (without the binary).
 	Args []string
+	// Collected are the host paths of the files brought back (Config.Collect).
+	Collected []string
 }
 
 // plan is a checked Config with everything looked up.
@@ -173,6 +178,7 @@ type plan struct {
 	modules []initramfs.Module
 	argv    []string
 	cmd     Command
+	collect string // the collect disk image, when Config.Collect is set
 }
 
 var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
@@ -227,6 +233,9 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 			return nil, fmt.Errorf("%w: File{Host: %q, Guest: %q} needs a host path and an absolute guest path", ErrBadConfig, f.Host, f.Guest)
 		}
 	}
+	if err := checkCollect(c.Collect); err != nil {
+		return nil, err
+	}
 	nics, err := ResolveNICs(c.NICs)
 	if err != nil {
 		return nil, err
@@ -276,6 +285,9 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 			want = append(want, linuxModules(n.Model)...)
 		}
 	}
+	if len(c.Collect) > 0 {
+		want = append(want, collectModules...)
+	}
 	want = append(want, c.Modules...)
 	if p.modules, err = p.modDB.Resolve(want...); err != nil {
 		return nil, fmt.Errorf("%w: %v (kernel %s)", ErrBadConfig, err, p.kernel.ModulesDir)
@@ -320,7 +332,12 @@ func (p *plan) qemuArgs(initrd string) []string {
 	for i, n := range p.nics {
 		args = append(args, n.qemuArgs(i)...)
 	}
-	return append(args, c.QEMUArgs...)
+	args = append(args, c.QEMUArgs...)
+	if p.collect != "" {
+		// Last, so QEMU gives it a slot none of the above asked for.
+		args = append(args, collectArgs(p.collect)...)
+	}
+	return args
 }
 
 var (
@@ -434,13 +451,16 @@ func (p *plan) initScript(nonce string) string {
 		Env:       append(env, p.cmd.Env...),
 		Dir:       p.cmd.Dir,
 		Nonce:     nonce,
+		Collect:   p.cfg.Collect,
 	})
 }
 
 // Run boots a guest described by cfg, runs cmd in it and returns its result.
 // The guest is killed and its temporary files removed when ctx ends or the
 // timeout passes. The error wraps ErrBootFailed, ErrPayloadNotStarted,
-// ErrPayloadIncomplete, ErrTimeout or ErrPayloadFailed (or a setup error
+// ErrPayloadIncomplete, ErrTimeout, ErrPayloadFailed or, when the payload
+// succeeded but Config.Collect's files did not all come back, ErrCollect
+// (or a setup error
 // such as ErrNoQEMU, ErrNoKernel, ErrNICUnavailable, ErrBadConfig, in which
 // case the Result is nil).
 func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
@@ -463,6 +483,12 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 		return nil, fmt.Errorf("qemu: temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	if len(p.cfg.Collect) > 0 {
+		p.collect = filepath.Join(dir, "collect.img")
+		if err := createCollectImage(p.collect); err != nil {
+			return nil, err
+		}
+	}
 	initrd := filepath.Join(dir, "initrd.cpio")
 	if err := p.writeInitrd(ctx, initrd, nonce); err != nil {
 		return nil, err
@@ -501,6 +527,7 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 	res.Boot = con.bootTime
 	res.Bound = append([]string(nil), con.info...)
 	phase, setupErr, haveExit := con.phase, con.setupErr, con.haveExit
+	collectStatus, missing := con.collect, con.missing
 	con.mu.Unlock()
 	res.Duration = time.Since(start)
 
@@ -526,6 +553,10 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 		}
 		return res, fmt.Errorf("qemu: run canceled %s: %w", what, ctx.Err())
 	}
+	var collectErr error
+	if p.collect != "" && haveExit {
+		res.Collected, collectErr = p.bringBack(collectStatus, missing)
+	}
 	switch {
 	case phase == phaseBoot:
 		return res, fmt.Errorf("%w: qemu exited (%v) before /init ran%s", ErrBootFailed, exitDesc(qerr), diag())
@@ -537,9 +568,35 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 	case !haveExit:
 		return res, fmt.Errorf("%w: no exit status from %s (qemu %v)%s", ErrPayloadIncomplete, p.argv[0], exitDesc(qerr), diag())
 	case res.ExitCode != 0:
+		if collectErr != nil {
+			return res, fmt.Errorf("%w: %s exited with status %d (and %v)", ErrPayloadFailed, p.argv[0], res.ExitCode, collectErr)
+		}
 		return res, fmt.Errorf("%w: %s exited with status %d", ErrPayloadFailed, p.argv[0], res.ExitCode)
 	}
-	return res, nil
+	return res, collectErr
+}
+
+// bringBack extracts what the guest wrote to the collect disk, and reports
+// the paths it did not have and a failed transfer as an ErrCollect error.
+func (p *plan) bringBack(status string, missing []string) ([]string, error) {
+	var why []string
+	if status != "ok" {
+		if status == "" {
+			status = "the guest stopped before writing them"
+		}
+		why = append(why, status)
+	}
+	written, err := extractCollect(p.collect, p.cfg.Collect)
+	if err != nil {
+		why = append(why, strings.TrimPrefix(err.Error(), ErrCollect.Error()+": "))
+	}
+	if len(missing) > 0 {
+		why = append(why, "the guest has no "+strings.Join(missing, ", "))
+	}
+	if len(why) > 0 {
+		return written, fmt.Errorf("%w: %s", ErrCollect, strings.Join(why, "; "))
+	}
+	return written, nil
 }
 
 func exitDesc(err error) string {

@@ -274,6 +274,7 @@ func testInitParams() initParams {
 		Env:       []string{"A=b c"},
 		Dir:       "/vfnic/pkg",
 		Nonce:     "abc123",
+		Collect:   []Collect{{Guest: "/vfnic/out/a.pcap", Host: "/h/a.pcap"}, {Guest: "/vfnic/cover/", Host: "/h/cover", Dir: true}},
 	}
 }
 
@@ -291,11 +292,15 @@ func TestInitScript(t *testing.T) {
 		"bind_vfio 0000:00:04.0",
 		"bind_linux 0000:00:05.0 '10.0.0.2/24'",
 		"cd '/vfnic/pkg'",
+		"mkdir -p '/vfnic/out'",
+		"mkdir -p '/vfnic/cover'",
 		"dmesg -n 4",
 		"echo 'VFNIC-BEGIN abc123'",
 		"env -i 'VFNIC_GUEST=1' 'HOME=/root' 'TMPDIR=/tmp' 'PATH=/bin:/sbin:/usr/bin:/usr/sbin' 'A=b c' '/vfnic/bin/payload' '-test.v' 'it'\\''s quoted' </dev/null",
 		"echo 'VFNIC-END abc123'",
 		`echo "VFNIC-EXIT: $rc"`,
+		"collect 'vfnic/out/a.pcap' 'vfnic/cover'",
+		"echo 'VFNIC-KLOG abc123'",
 		"poweroff -f",
 	}
 	pos := 0

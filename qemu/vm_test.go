@@ -3,8 +3,10 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -232,4 +234,81 @@ func TestVMRunGoTestT(t *testing.T) {
 	require.Equal(t, 4, rep.Count(TestPass))
 	require.Zero(t, rep.Count(TestFail)+rep.Count(TestSkip))
 	require.NoError(t, rep.Err)
+}
+
+// TestVMNICPropsCollect gives two virtio-net NICs to the guest's Linux, one
+// with device properties and one without, and checks what the guest saw
+// (MTU, negotiated features, ring sizes) in a file brought back from the
+// guest, along with a 6 MiB file and a directory tree; a Collect path the
+// guest never wrote fails the run with ErrCollect and names it.
+func TestVMNICPropsCollect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: only TestVMSmoke boots a guest")
+	}
+	RequireVM(t)
+	bin := filepath.Join(t.TempDir(), "nicprops")
+	require.NoError(t, BuildBinary(t.Context(), "./testdata/nicprops", bin))
+	nics, err := ParseNICs("virtio,bind=linux,mac=02:00:00:00:00:10,host_mtu=9000,rx_queue_size=1024,event_idx=off,mrg_rxbuf=off;" +
+		"virtio,bind=linux,mac=02:00:00:00:00:11")
+	require.NoError(t, err)
+	host := t.TempDir()
+	var res *Result
+	logConsoleOnFailure(t, &res)
+	cfg := Config{
+		NICs:      nics,
+		Hugepages: -1,
+		Timeout:   2 * time.Minute,
+		Collect: []Collect{
+			{Guest: "/vfnic/out", Host: filepath.Join(host, "out"), Dir: true},
+			{Guest: "/vfnic/never-written.pcap", Host: filepath.Join(host, "never.pcap")},
+		},
+	}
+	res, err = Run(t.Context(), cfg, Command{Path: bin, Args: []string{"-out", "/vfnic/out"}})
+	require.ErrorIs(t, err, ErrCollect)
+	require.ErrorContains(t, err, "the guest has no /vfnic/never-written.pcap")
+	require.Equal(t, 0, res.ExitCode, "output: %s", res.Output)
+	t.Logf("run %v (boot %v), brought back %v", res.Duration.Round(time.Millisecond), res.Boot.Round(time.Millisecond), res.Collected)
+
+	b, err := os.ReadFile(filepath.Join(host, "out", "props.json"))
+	require.NoError(t, err)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal(b, &got))
+	t.Logf("guest saw: %s", b)
+	byMAC := map[string]map[string]any{}
+	for _, n := range got {
+		byMAC[n["mac"].(string)] = n
+	}
+	tuned, plain := byMAC["02:00:00:00:00:10"], byMAC["02:00:00:00:00:11"]
+	require.NotNil(t, tuned, "%s", b)
+	require.NotNil(t, plain, "%s", b)
+	require.Equal(t, map[string]any{"mtu": 9000.0, "event_idx": false, "mrg_rxbuf": false, "feat_mtu": true, "rx_ring_max": 1024.0},
+		pick(tuned, "mtu", "event_idx", "mrg_rxbuf", "feat_mtu", "rx_ring_max"))
+	require.Equal(t, map[string]any{"mtu": 1500.0, "event_idx": true, "mrg_rxbuf": true, "feat_mtu": false, "rx_ring_max": 256.0},
+		pick(plain, "mtu", "event_idx", "mrg_rxbuf", "feat_mtu", "rx_ring_max"))
+
+	blob, err := os.ReadFile(filepath.Join(host, "out", "blob.bin"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(testBlob(6<<20), blob), "6 MiB file came back byte-identical (got %d bytes)", len(blob))
+	note, err := os.ReadFile(filepath.Join(host, "out", "tree", "sub", "note.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "from the guest\n", string(note))
+	require.NoFileExists(t, filepath.Join(host, "never.pcap"))
+}
+
+func pick(m map[string]any, keys ...string) map[string]any {
+	out := map[string]any{}
+	for _, k := range keys {
+		out[k] = m[k]
+	}
+	return out
+}
+
+// testBlob is testdata/nicprops's Blob.
+func testBlob(n int) []byte {
+	r := rand.New(rand.NewPCG(7, 9))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
 }
