@@ -139,7 +139,13 @@ func TestVMExec(t *testing.T) {
 	vmexec := filepath.Join(t.TempDir(), "vmexec")
 	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", vmexec, "./cmd/vmexec").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", "-v", "-exec", vmexec, "-run", "TestGuestPass", "./testdata/guesttest")
+	// Coverage of package qemu as the guest test exercises it, and a CPU
+	// profile (relative: go test puts it in -outputdir), come back from the guest.
+	outDir := t.TempDir()
+	cover := filepath.Join(outDir, "cover.out")
+	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", "-v", "-exec", vmexec, "-run", "TestGuestPass",
+		"-coverpkg=github.com/vfnic/vfnic/qemu", "-coverprofile="+cover, "-cpuprofile=cpu.out", "-outputdir="+outDir,
+		"-o", filepath.Join(outDir, "guesttest.test"), "./testdata/guesttest")
 	// VFNIC_TIMEOUT bounds each guest well inside this test's own time: a
 	// guest left to vmexec's default (-test.timeout + 1m) outlived a host
 	// test that timed out, leaving go test, vmexec and QEMU behind.
@@ -152,6 +158,15 @@ func TestVMExec(t *testing.T) {
 	require.Contains(t, s, "--- PASS: TestGuestPass/igb")
 	require.True(t, strings.Contains(s, "ok  \tgithub.com/vfnic/vfnic/qemu/testdata/guesttest"), s)
 	t.Logf("go test -exec vmexec: %v", time.Since(start).Round(time.Millisecond))
+	require.Regexp(t, `coverage: [0-9.]+% of statements in github.com/vfnic/vfnic/qemu`, s)
+	prof, err := os.ReadFile(cover)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(prof), "mode: "), "%.200s", prof)
+	// GuestNICs ran in the guest: some block of guest.go has a count.
+	require.Regexp(t, `(?m)^github.com/vfnic/vfnic/qemu/guest.go:[0-9.,]+ [0-9]+ [1-9][0-9]*$`, string(prof))
+	cpu, err := os.ReadFile(filepath.Join(outDir, "cpu.out"))
+	require.NoError(t, err)
+	require.True(t, len(cpu) > 2 && cpu[0] == 0x1f && cpu[1] == 0x8b, "cpu.out is a gzipped pprof profile (%d bytes)", len(cpu))
 
 	// The guest's exit status comes back as vmexec's.
 	cmd = exec.CommandContext(t.Context(), "go", "test", "-count=1", "-exec", vmexec, "-run", "TestGuestFail", "./testdata/guesttest")

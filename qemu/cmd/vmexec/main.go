@@ -9,6 +9,13 @@
 // the current directory has a testdata folder it is copied into the guest
 // and the program runs in its parent, as `go test` would run it.
 //
+// What a test binary writes for the host comes back from the guest: the
+// files of -test.coverprofile, -test.cpuprofile, -test.memprofile,
+// -test.blockprofile, -test.mutexprofile, -test.trace and
+// -test.testlogfile, and the directories of -test.gocoverdir,
+// -test.outputdir and $GOCOVERDIR. So `go test -exec vmexec -cover
+// -coverprofile=c.out -cpuprofile=cpu.out` works as it does on the host.
+//
 // Environment:
 //
 //	VFNIC_NICS        guest NICs, qemu.ParseNICs syntax
@@ -33,6 +40,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,9 +111,12 @@ func configure(prog string, args []string) (qemu.Config, qemu.Command, error) {
 			*i.dst = n
 		}
 	}
+	if cmd.Args, cfg.Collect, cmd.Env, err = mapOutputs(cmd.Args, os.Getenv("GOCOVERDIR")); err != nil {
+		return cfg, cmd, err
+	}
 	cfg.Modules = strings.FieldsFunc(os.Getenv("VFNIC_MODULES"), func(r rune) bool { return r == ',' || r == ' ' })
 	cfg.KernelArgs = strings.Fields(os.Getenv("VFNIC_KERNEL_ARGS"))
-	cmd.Env = strings.Fields(os.Getenv("VFNIC_GUEST_ENV"))
+	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("VFNIC_GUEST_ENV"))...)
 	cfg.Timeout = 10 * time.Minute
 	if d, ok := testTimeout(args); ok && d > 0 {
 		cfg.Timeout = d + time.Minute
@@ -130,6 +142,114 @@ func configure(prog string, args []string) (qemu.Config, qemu.Command, error) {
 		cmd.Dir = "/vfnic/pkg"
 	}
 	return cfg, cmd, nil
+}
+
+// Test flags whose values are host paths the test binary writes.
+var (
+	fileFlags = []string{"test.coverprofile", "test.cpuprofile", "test.memprofile", "test.blockprofile",
+		"test.mutexprofile", "test.trace", "test.testlogfile"}
+	dirFlags = []string{"test.gocoverdir", "test.outputdir"}
+)
+
+// unsafeChars are what a guest file name does without: the host name is
+// only a hint there.
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
+
+// guestOut is where the guest writes what comes back to the host.
+const guestOut = "/vfnic/out"
+
+// mapOutputs rewrites the host paths in a test binary's output flags (and
+// $GOCOVERDIR) to guest paths, and returns the Collect entries that bring
+// them back. A relative profile path is relative to -test.outputdir when
+// given, as the testing package reads it, else to the current directory.
+func mapOutputs(args []string, gocoverdir string) ([]string, []qemu.Collect, []string, error) {
+	out := append([]string(nil), args...)
+	type flagAt struct{ i, v int } // index of the flag, of its value
+	found := map[string]flagAt{}
+	for i := 0; i < len(out); i++ {
+		a := strings.TrimLeft(out[i], "-")
+		if a == "args" || a == out[i] { // -args, or the first non-flag
+			break
+		}
+		name, _, hasValue := strings.Cut(a, "=")
+		if !slices.Contains(fileFlags, name) && !slices.Contains(dirFlags, name) {
+			continue
+		}
+		if hasValue {
+			found[name] = flagAt{i, i}
+		} else if i+1 < len(out) {
+			found[name] = flagAt{i, i + 1}
+			i++
+		}
+	}
+	value := func(f flagAt) string {
+		if f.i == f.v {
+			_, v, _ := strings.Cut(out[f.i], "=")
+			return v
+		}
+		return out[f.v]
+	}
+	set := func(name string, f flagAt, v string) {
+		if f.i == f.v {
+			out[f.i] = "-" + name + "=" + v
+		} else {
+			out[f.v] = v
+		}
+	}
+	var collect []qemu.Collect
+	guestDirs := map[string]string{} // host dir -> guest dir
+	mapDir := func(host string) (string, error) {
+		abs, err := filepath.Abs(host)
+		if err != nil {
+			return "", err
+		}
+		if g, ok := guestDirs[abs]; ok {
+			return g, nil
+		}
+		g := fmt.Sprintf("%s/d%d", guestOut, len(guestDirs))
+		guestDirs[abs] = g
+		collect = append(collect, qemu.Collect{Guest: g, Host: abs, Dir: true})
+		return g, nil
+	}
+	outputDir := ""
+	if f, ok := found["test.outputdir"]; ok {
+		outputDir = value(f)
+	}
+	for _, name := range dirFlags {
+		if f, ok := found[name]; ok && value(f) != "" {
+			g, err := mapDir(value(f))
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("-%s: %w", name, err)
+			}
+			set(name, f, g)
+		}
+	}
+	for n, name := range fileFlags {
+		f, ok := found[name]
+		if !ok || value(f) == "" {
+			continue
+		}
+		host := value(f)
+		if !filepath.IsAbs(host) && outputDir != "" {
+			host = filepath.Join(outputDir, host)
+		}
+		host, err := filepath.Abs(host)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("-%s: %w", name, err)
+		}
+		g := fmt.Sprintf("%s/f%d/%s", guestOut, n, unsafeChars.ReplaceAllString(filepath.Base(host), "_"))
+		set(name, f, g)
+		collect = append(collect, qemu.Collect{Guest: g, Host: host})
+	}
+	var env []string
+	if gocoverdir != "" {
+		g, err := mapDir(gocoverdir)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("GOCOVERDIR: %w", err)
+		}
+		env = append(env, "GOCOVERDIR="+g)
+	}
+	return out, collect, env, nil
 }
 
 // testTimeout finds -test.timeout in a test binary's arguments.

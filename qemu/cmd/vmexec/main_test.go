@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -46,4 +48,39 @@ func TestTestTimeout(t *testing.T) {
 	require.Equal(t, 90*time.Second, d)
 	_, ok = testTimeout([]string{"-args", "-test.timeout=1s"})
 	require.False(t, ok, "flags after -args belong to the test")
+}
+
+// TestMapOutputs rewrites the arguments `go test -exec vmexec -cover
+// -coverprofile=/tmp/c.out -cpuprofile=cpu.out` passes to the binary.
+func TestMapOutputs(t *testing.T) {
+	args := []string{"-test.paniconexit0", "-test.gocoverdir=/tmp/go-build1/b001/gocoverdir", "-test.timeout=10m0s",
+		"-test.outputdir=/work/pkg", "-test.coverprofile=/tmp/go-build1/b001/_cover_.out", "-test.cpuprofile", "cpu prof.out",
+		"-test.run=TestX", "-args", "-test.memprofile=/not/a/flag/here"}
+	got, collect, env, err := mapOutputs(args, "/tmp/go-build1/b001/gocoverdir")
+	require.NoError(t, err)
+	require.Equal(t, []string{"-test.paniconexit0", "-test.gocoverdir=/vfnic/out/d0", "-test.timeout=10m0s",
+		"-test.outputdir=/vfnic/out/d1", "-test.coverprofile=/vfnic/out/f0/_cover_.out", "-test.cpuprofile", "/vfnic/out/f1/cpu_prof.out",
+		"-test.run=TestX", "-args", "-test.memprofile=/not/a/flag/here"}, got)
+	require.Equal(t, []qemu.Collect{
+		{Guest: "/vfnic/out/d0", Host: "/tmp/go-build1/b001/gocoverdir", Dir: true},
+		{Guest: "/vfnic/out/d1", Host: "/work/pkg", Dir: true},
+		{Guest: "/vfnic/out/f0/_cover_.out", Host: "/tmp/go-build1/b001/_cover_.out"},
+		{Guest: "/vfnic/out/f1/cpu_prof.out", Host: "/work/pkg/cpu prof.out"},
+	}, collect)
+	require.Equal(t, []string{"GOCOVERDIR=/vfnic/out/d0"}, env, "the same directory maps once")
+
+	// Nothing to bring back: the arguments stay as they were.
+	plain := []string{"-test.v=true", "-test.run=X"}
+	got, collect, env, err = mapOutputs(plain, "")
+	require.NoError(t, err)
+	require.Equal(t, plain, got)
+	require.Empty(t, collect)
+	require.Empty(t, env)
+
+	// A relative profile without -test.outputdir is relative to here.
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	_, collect, _, err = mapOutputs([]string{"-test.trace=t.out"}, "")
+	require.NoError(t, err)
+	require.Equal(t, []qemu.Collect{{Guest: "/vfnic/out/f5/t.out", Host: filepath.Join(wd, "t.out")}}, collect)
 }
