@@ -3,14 +3,15 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,7 +110,8 @@ type GoTest struct {
 const guestPkgDir = "/vfnic/pkg"
 
 // RunGoTest builds gt.Package's test binary on the host, runs it with
-// -test.v in a guest described by cfg and parses the results. The error
+// -test.v=test2json in a guest described by cfg and reads the results
+// through `go tool test2json` (see ParseTestOutput). The error
 // wraps ErrTestsFailed, ErrTestsSkipped or ErrNoTests when the tests did
 // not all pass, or the run's own error (ErrBootFailed, ...) when the guest
 // did not get that far. The report is returned whenever the guest ran.
@@ -134,20 +136,27 @@ func RunGoTest(ctx context.Context, cfg Config, gt GoTest) (*TestReport, error) 
 	if res == nil {
 		return nil, runErr
 	}
-	rep := &TestReport{Package: gt.Package, Result: res, Tests: ParseTestOutput(res.Output), AllowSkip: gt.AllowSkip}
+	rep := &TestReport{Package: gt.Package, Result: res, AllowSkip: gt.AllowSkip}
+	tests, parseErr := ParseTestOutput(ctx, gt.Package, res.Output)
+	rep.Tests = tests
 	if runErr != nil && !errors.Is(runErr, ErrPayloadFailed) {
 		rep.Err = runErr
 		return rep, runErr
+	}
+	if parseErr != nil {
+		rep.Err = parseErr
+		return rep, parseErr
 	}
 	rep.Err = rep.verdict(runErr)
 	return rep, rep.Err
 }
 
-// TestArgs returns the test binary's arguments for gt: -test.v, -test.run,
+// TestArgs returns the test binary's arguments for gt: -test.v=test2json
+// (the framing test2json reads without guessing), -test.run,
 // a -test.timeout 20 s short of the guest's (so a hung test prints its
 // goroutines before the guest is killed), then gt.Args.
 func TestArgs(cfg Config, gt GoTest) []string {
-	args := []string{"-test.v=true"}
+	args := []string{"-test.v=test2json"}
 	if gt.Run != "" {
 		args = append(args, "-test.run="+gt.Run)
 	}
@@ -212,79 +221,103 @@ type TestReport struct {
 	Err error
 }
 
-var (
-	resultRe = regexp.MustCompile(`^(\s*)--- (PASS|FAIL|SKIP): (\S+) \(([0-9.]+)s\)`)
-	eventRe  = regexp.MustCompile(`^=== (RUN|CONT|PAUSE|NAME)\s+(\S+)`)
-)
+// ParseTestOutput converts a test binary's -test.v output (best with
+// -test.v=test2json, whose framing is unambiguous; plain -test.v=true text
+// works too) to per-test results with `go tool test2json`, the converter
+// `go test -json` uses. pkg names the package in the events.
+func ParseTestOutput(ctx context.Context, pkg, out string) ([]TestResult, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, goTool(), "tool", "test2json", "-t", "-p", pkg)
+	// test2json holds a test's result until the next framing line or the
+	// binary's final PASS/FAIL line; a binary that died after its last
+	// result never prints that line, so one is added (a package-level
+	// event, which ParseTestEvents ignores).
+	if out != "" && !strings.HasSuffix(out, "\n") {
+		out += "\n"
+	}
+	cmd.Stdin = strings.NewReader(out + "\x16FAIL\n")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("qemu: go tool test2json: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return ParseTestEvents(&stdout)
+}
 
-// ParseTestOutput parses `go test -v` output into per-test results. Tests
-// that started but never reported a result are returned as FAIL.
-func ParseTestOutput(out string) []TestResult {
+// TestEvent is one event of test2json's stream (`go doc test2json`).
+type TestEvent struct {
+	Time    time.Time `json:",omitempty"`
+	Action  string
+	Package string  `json:",omitempty"`
+	Test    string  `json:",omitempty"`
+	Elapsed float64 `json:",omitempty"` // seconds
+	Output  string  `json:",omitempty"`
+}
+
+// framing lines are test2json's copies of the test binary's own RUN, PAUSE,
+// CONT, NAME and result lines: the events already say what they say.
+var framing = []string{"=== RUN", "=== PAUSE", "=== CONT", "=== NAME", "--- PASS:", "--- FAIL:", "--- SKIP:"}
+
+// ParseTestEvents reads a test2json event stream (`go test -json`,
+// `go tool test2json`) into per-test results, in the order the tests
+// started. Tests that started but never reported a result are FAIL.
+func ParseTestEvents(r io.Reader) ([]TestResult, error) {
 	var order []string
 	byName := map[string]*TestResult{}
 	get := func(name string) *TestResult {
-		r, ok := byName[name]
+		t, ok := byName[name]
 		if !ok {
-			r = &TestResult{Name: name}
-			byName[name] = r
+			t = &TestResult{Name: name}
+			byName[name] = t
 			order = append(order, name)
 		}
-		return r
+		return t
 	}
-	logs := map[string]*strings.Builder{}
-	logTo := func(name, line string) {
-		b := logs[name]
-		if b == nil {
-			b = &strings.Builder{}
-			logs[name] = b
+	dec := json.NewDecoder(r)
+	for {
+		var e TestEvent
+		if err := dec.Decode(&e); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("qemu: test2json stream: %w", err)
 		}
-		b.WriteString(line)
-		b.WriteByte('\n')
-	}
-	current := ""     // test whose log lines follow
-	indentAfter := -1 // a result line's indent: deeper lines belong to it
-	for _, line := range strings.Split(out, "\n") {
-		if m := eventRe.FindStringSubmatch(line); m != nil {
-			current, indentAfter = m[2], -1
-			if m[1] == "RUN" {
-				get(current)
-			}
-			continue
+		if e.Test == "" {
+			continue // package-level events
 		}
-		if m := resultRe.FindStringSubmatch(line); m != nil {
-			r := get(m[3])
-			r.Status = TestStatus(m[2])
-			if s, err := strconv.ParseFloat(m[4], 64); err == nil {
-				r.Elapsed = time.Duration(s * float64(time.Second))
-			}
-			current, indentAfter = m[3], len(m[1])
-			continue
-		}
-		if current == "" || line == "" {
-			continue
-		}
-		if indentAfter >= 0 {
-			indent := len(line) - len(strings.TrimLeft(line, " \t"))
-			if indent <= indentAfter {
-				current, indentAfter = "", -1
-				continue
+		t := get(e.Test)
+		switch e.Action {
+		case "pass", "fail", "skip":
+			t.Status = TestStatus(strings.ToUpper(e.Action))
+			t.Elapsed = seconds(e.Elapsed)
+		case "output":
+			line := strings.TrimLeft(e.Output, " ")
+			if !slices.ContainsFunc(framing, func(f string) bool { return strings.HasPrefix(line, f) }) {
+				t.Output += e.Output
 			}
 		}
-		logTo(current, line)
 	}
 	res := make([]TestResult, 0, len(order))
 	for _, n := range order {
-		r := byName[n]
-		if b := logs[n]; b != nil {
-			r.Output = b.String()
+		t := byName[n]
+		if t.Status == "" { // started, never reported
+			t.Status = TestFail
+			t.Output += "(no result reported: the test binary crashed, panicked or timed out)\n"
 		}
-		if r.Status == "" { // started, never reported
-			r.Status = TestFail
-			r.Output += "(no result reported: the test binary crashed, panicked or timed out)\n"
-		}
-		res = append(res, *r)
+		res = append(res, *t)
 	}
-	return res
+	return res, nil
+}
+
+// seconds converts a reported elapsed time to a Duration, saturating: a
+// float64 beyond int64's range would otherwise convert to a negative one.
+func seconds(s float64) time.Duration {
+	switch d := s * float64(time.Second); {
+	case d != d || d <= 0: // NaN, or nothing
+		return 0
+	case d >= math.MaxInt64:
+		return math.MaxInt64
+	default:
+		return time.Duration(d)
+	}
 }
 
 // Count returns how many results have the status.
@@ -377,7 +410,9 @@ func (r *TestReport) outputTail() string {
 	if r.Result == nil {
 		return ""
 	}
-	lines := strings.Split(strings.TrimRight(r.Result.Output, "\n"), "\n")
+	// -test.v=test2json marks framing lines with ^V (0x16).
+	out := strings.ReplaceAll(r.Result.Output, "\x16", "")
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	if len(lines) > 40 {
 		lines = lines[len(lines)-40:]
 	}

@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -364,67 +365,103 @@ func TestConsoleParsing(t *testing.T) {
 	require.Equal(t, "insmod vfio", c.setupErr)
 }
 
-const sampleTestOutput = `=== RUN   TestA
-    a_test.go:10: hello from A
---- PASS: TestA (0.01s)
-=== RUN   TestB
-=== RUN   TestB/one
-    b_test.go:5: sub log
-=== RUN   TestB/two
-    b_test.go:9: skipping
---- FAIL: TestB (0.20s)
-    --- PASS: TestB/one (0.10s)
-    --- SKIP: TestB/two (0.00s)
-=== RUN   TestC
-    c_test.go:3: boom
---- SKIP: TestC (0.00s)
-=== RUN   TestD
-panic: runtime error
-FAIL
-`
+// sampleTestOutput is a test binary's -test.v=test2json output: framing
+// lines start with ^V (0x16). TestD panics and never reports.
+const sampleTestOutput = "\x16=== RUN   TestA\n" +
+	"    a_test.go:10: hello from A\n" +
+	"\x16--- PASS: TestA (0.01s)\n" +
+	"\x16=== RUN   TestB\n" +
+	"\x16=== RUN   TestB/one\n" +
+	"    b_test.go:5: sub log\n" +
+	"\x16--- PASS: TestB/one (0.10s)\n" +
+	"\x16=== NAME  TestB\n" +
+	"\x16=== RUN   TestB/two\n" +
+	"    b_test.go:9: skipping\n" +
+	"\x16--- SKIP: TestB/two (0.00s)\n" +
+	"\x16=== NAME  TestB\n" +
+	"\x16--- FAIL: TestB (0.20s)\n" +
+	"\x16=== RUN   TestC\n" +
+	"    c_test.go:3: boom\n" +
+	"\x16--- SKIP: TestC (0.00s)\n" +
+	"\x16=== RUN   TestBig\n" +
+	"\x16--- PASS: TestBig (10000000000.00s)\n" +
+	"\x16=== RUN   TestD\n" +
+	"panic: runtime error\n" +
+	"FAIL\n"
 
 func TestParseTestOutput(t *testing.T) {
-	res := ParseTestOutput(sampleTestOutput)
+	ctx := t.Context()
+	res, err := ParseTestOutput(ctx, "p", sampleTestOutput)
+	require.NoError(t, err)
 	got := map[string]TestStatus{}
 	for _, r := range res {
 		got[r.Name] = r.Status
 	}
 	require.Equal(t, map[string]TestStatus{
 		"TestA": TestPass, "TestB": TestFail, "TestB/one": TestPass, "TestB/two": TestSkip,
-		"TestC": TestSkip, "TestD": TestFail,
+		"TestC": TestSkip, "TestBig": TestPass, "TestD": TestFail,
 	}, got)
 	require.Equal(t, "TestA", res[0].Name)
-	require.Contains(t, res[0].Output, "hello from A")
+	require.Equal(t, "    a_test.go:10: hello from A\n", res[0].Output, "framing lines left out")
 	require.Equal(t, 10*time.Millisecond, res[0].Elapsed)
 	for _, r := range res {
 		switch r.Name {
 		case "TestB/one":
 			require.Contains(t, r.Output, "sub log")
+			require.Equal(t, 100*time.Millisecond, r.Elapsed)
+		case "TestBig":
+			// 1e10 s is past int64 nanoseconds: it saturates, never wraps negative.
+			require.Equal(t, time.Duration(math.MaxInt64), r.Elapsed)
 		case "TestD":
 			require.Contains(t, r.Output, "panic: runtime error")
 			require.Contains(t, r.Output, "no result reported")
 		}
 	}
 
+	parse := func(out string) []TestResult {
+		res, err := ParseTestOutput(ctx, "p", out)
+		require.NoError(t, err)
+		return res
+	}
 	rep := &TestReport{Package: "p", Tests: res}
 	require.ErrorIs(t, rep.verdict(nil), ErrTestsFailed)
-	rep = &TestReport{Package: "p", Tests: ParseTestOutput("=== RUN   TestS\n--- SKIP: TestS (0.00s)\n")}
+	rep = &TestReport{Package: "p", Tests: parse("\x16=== RUN   TestS\n\x16--- SKIP: TestS (0.00s)\n")}
 	require.ErrorIs(t, rep.verdict(nil), ErrTestsSkipped)
 	rep.AllowSkip = true
 	require.NoError(t, rep.verdict(nil))
-	rep = &TestReport{Package: "p", Tests: ParseTestOutput("testing: warning: no tests to run\nPASS\n")}
+	rep = &TestReport{Package: "p", Tests: parse("testing: warning: no tests to run\nPASS\n")}
 	require.ErrorIs(t, rep.verdict(nil), ErrNoTests)
-	rep = &TestReport{Package: "p", Tests: ParseTestOutput("=== RUN   TestA\n--- PASS: TestA (0.00s)\n")}
+	// Plain -test.v=true text is read too.
+	rep = &TestReport{Package: "p", Tests: parse("=== RUN   TestA\n--- PASS: TestA (0.00s)\n")}
 	require.NoError(t, rep.verdict(nil))
 	require.ErrorIs(t, rep.verdict(ErrPayloadFailed), ErrTestsFailed, "non-zero exit without a failed test")
 }
 
+func TestParseTestEvents(t *testing.T) {
+	events := `{"Action":"run","Package":"p","Test":"TestX"}
+{"Action":"output","Package":"p","Test":"TestX","Output":"=== RUN   TestX\n"}
+{"Action":"output","Package":"p","Test":"TestX","Output":"    x_test.go:1: log\n"}
+{"Action":"pass","Package":"p","Test":"TestX","Elapsed":1e12}
+{"Action":"run","Package":"p","Test":"TestY"}
+{"Action":"fail","Package":"p","Test":"TestY","Elapsed":-1}
+{"Action":"pass","Package":"p","Elapsed":0.5}
+`
+	res, err := ParseTestEvents(strings.NewReader(events))
+	require.NoError(t, err)
+	require.Equal(t, []TestResult{
+		{Name: "TestX", Status: TestPass, Elapsed: math.MaxInt64, Output: "    x_test.go:1: log\n"},
+		{Name: "TestY", Status: TestFail},
+	}, res)
+	_, err = ParseTestEvents(strings.NewReader("{not json"))
+	require.Error(t, err)
+}
+
 func TestTestArgs(t *testing.T) {
-	require.Equal(t, []string{"-test.v=true", "-test.run=TestX", "-test.timeout=2m40s", "-test.count=1"},
+	require.Equal(t, []string{"-test.v=test2json", "-test.run=TestX", "-test.timeout=2m40s", "-test.count=1"},
 		TestArgs(Config{}, GoTest{Run: "TestX", Args: []string{"-test.count=1"}}))
-	require.Equal(t, []string{"-test.v=true", "-test.timeout=5s"},
+	require.Equal(t, []string{"-test.v=test2json", "-test.timeout=5s"},
 		TestArgs(Config{Timeout: time.Hour}, GoTest{Args: []string{"-test.timeout=5s"}}))
-	require.Equal(t, []string{"-test.v=true"}, TestArgs(Config{Timeout: 30 * time.Second}, GoTest{}))
+	require.Equal(t, []string{"-test.v=test2json"}, TestArgs(Config{Timeout: 30 * time.Second}, GoTest{}))
 }
 
 // TestRealModulesResolve checks the VFIO chain against the installed guest
