@@ -30,7 +30,16 @@
 //
 // and in the package itself, tests that need the devices call
 // qemu.SkipUnlessGuest(t) and find their NICs with qemu.GuestNICs(). The
-// same tests run with `go test -exec vmexec` (see qemu/cmd/vmexec).
+// guest test binary runs with -test.v=test2json and its output is read
+// through `go tool test2json`. The same tests run with `go test -exec
+// vmexec` (see qemu/cmd/vmexec).
+//
+// Each NIC may carry QEMU device properties of its model (NIC.Props, or
+// "virtio,event_idx=off,host_mtu=9000" in ParseNICs), checked against the
+// installed QEMU before the guest boots. Config.Collect names guest files
+// and directories (pcaps, profiles, coverage) that come back to the host
+// when the payload exits: the guest writes them as a tar stream to a raw
+// virtio-blk disk that the host reads after QEMU has exited.
 //
 // Environment: $VFNIC_QEMU overrides the qemu-system-x86_64 found in PATH;
 // the kernel and modules come from the cache directory ($VFNIC_CACHE, else
