@@ -18,7 +18,8 @@
 //
 // Environment:
 //
-//	VFNIC_NICS        guest NICs, qemu.ParseNICs syntax
+//	VFNIC_NICS        guest NICs, qemu.ParseNICs syntax, QEMU device
+//	                  properties included ("virtio,host_mtu=9000")
 //	                  (default "virtio,packed=on,net=hub:0;e1000e,net=hub:0")
 //	VFNIC_MEM         guest RAM in MiB (default 1024)
 //	VFNIC_CPUS        guest CPUs (default 2)
