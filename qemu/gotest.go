@@ -132,6 +132,9 @@ func RunGoTest(ctx context.Context, cfg Config, gt GoTest) (*TestReport, error) 
 		}
 	}
 	cmd.Args = TestArgs(cfg, gt)
+	if cfg.Output != nil {
+		cfg.Output = stripFraming{cfg.Output}
+	}
 	res, runErr := Run(ctx, cfg, cmd)
 	if res == nil {
 		return nil, runErr
@@ -251,6 +254,20 @@ type TestEvent struct {
 	Test    string  `json:",omitempty"`
 	Elapsed float64 `json:",omitempty"` // seconds
 	Output  string  `json:",omitempty"`
+}
+
+// stripFraming drops the ^V (0x16) that -test.v=test2json puts before
+// framing lines, so live output reads like `go test -v`.
+type stripFraming struct{ w io.Writer }
+
+func (s stripFraming) Write(p []byte) (int, error) {
+	if bytes.IndexByte(p, 0x16) < 0 {
+		return s.w.Write(p)
+	}
+	if _, err := s.w.Write(bytes.ReplaceAll(p, []byte{0x16}, nil)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // framing lines are test2json's copies of the test binary's own RUN, PAUSE,

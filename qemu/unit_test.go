@@ -487,3 +487,14 @@ func TestRealModulesResolve(t *testing.T) {
 	}
 	require.Equal(t, "vfio_pci", names[len(names)-2], "vfio_pci after its chain: %v", names)
 }
+
+func TestStripFraming(t *testing.T) {
+	var b bytes.Buffer
+	w := stripFraming{&b}
+	for _, s := range []string{"\x16=== RUN   TestA\n", "  log\n", "\x16--- PASS: TestA (0.00s)\n"} {
+		n, err := w.Write([]byte(s))
+		require.NoError(t, err)
+		require.Equal(t, len(s), n)
+	}
+	require.Equal(t, "=== RUN   TestA\n  log\n--- PASS: TestA (0.00s)\n", b.String())
+}
