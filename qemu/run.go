@@ -460,9 +460,9 @@ func (p *plan) initScript(nonce string) string {
 // timeout passes. The error wraps ErrBootFailed, ErrPayloadNotStarted,
 // ErrPayloadIncomplete, ErrTimeout, ErrPayloadFailed or, when the payload
 // succeeded but Config.Collect's files did not all come back, ErrCollect
-// (or a setup error
-// such as ErrNoQEMU, ErrNoKernel, ErrNICUnavailable, ErrBadConfig, in which
-// case the Result is nil).
+// (or a setup error such as ErrNoQEMU, ErrNoKernel, ErrNICUnavailable,
+// ErrBadConfig, in which case the Result is nil). Collected files come
+// back whenever the payload finished, whatever its exit status.
 func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 	start := time.Now()
 	p, err := newPlan(ctx, cfg, cmd)
