@@ -112,12 +112,19 @@ func TestVMFailures(t *testing.T) {
 	})
 	t.Run("payload exits non-zero", func(t *testing.T) {
 		var live bytes.Buffer
-		res, err := Run(t.Context(), Config{Hugepages: -1, Output: &live},
-			Command{GuestPath: "/bin/sh", Args: []string{"-c", `echo "out $VFNIC_GUEST"; echo err >&2; exit 7`}})
+		// What a failing payload wrote still comes back: that is when it matters.
+		back := filepath.Join(t.TempDir(), "why.txt")
+		res, err := Run(t.Context(), Config{Hugepages: -1, Output: &live, Collect: []Collect{{Guest: "/tmp/out/why.txt", Host: back}}},
+			Command{GuestPath: "/bin/sh", Args: []string{"-c", `echo "out $VFNIC_GUEST"; echo err >&2; echo because > /tmp/out/why.txt; exit 7`}})
 		require.ErrorIs(t, err, ErrPayloadFailed)
+		require.False(t, errors.Is(err, ErrCollect), "%v", err)
 		require.Equal(t, 7, res.ExitCode)
 		require.Equal(t, "out 1\nerr\n", res.Output)
 		require.Equal(t, res.Output, live.String())
+		b, err := os.ReadFile(back)
+		require.NoError(t, err)
+		require.Equal(t, "because\n", string(b))
+		require.Equal(t, []string{back}, res.Collected)
 	})
 	t.Run("canceled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
