@@ -30,7 +30,8 @@ const collectSerial = "vfnic-collect"
 // disk that the host reads once QEMU has exited, so the console carries
 // no data and a few hundred MB come back as fast as the guest can write.
 // Regular files and directories come back; symbolic links and device
-// files are left out.
+// files are left out. The disk is one more PCI device in the guest (a
+// virtio-blk, with a slot QEMU picks), present only when Collect is set.
 type Collect struct {
 	// Guest is the absolute guest path: a file or a directory.
 	Guest string
