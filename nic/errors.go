@@ -13,6 +13,10 @@ var (
 	ErrInvalid = errors.New("nic: invalid argument")
 	// ErrClosed means the device or queue was closed.
 	ErrClosed = errors.New("nic: closed")
+	// ErrRemoved means the kernel took the device back (its driver was
+	// unbound through sysfs, or the device is being removed) and the
+	// driver closed it. Errors carrying it also wrap ErrClosed.
+	ErrRemoved = errors.New("nic: device taken back by the kernel (unbind or removal)")
 	// ErrFull means the queue has no free descriptor or buffer: read
 	// completions (and Release receive buffers), then retry.
 	ErrFull = errors.New("nic: queue full")

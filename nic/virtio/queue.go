@@ -32,7 +32,11 @@ type queue struct {
 	index  int
 	efd    *eventfd.FD // nil when the queue has no interrupt
 	closed bool
-	src    *cqSource // set while the queue feeds a cq.CQ
+	// closeErr is what operations return once closed: nic.ErrClosed, or
+	// an error that also wraps nic.ErrRemoved when the kernel took the
+	// device back.
+	closeErr error
+	src      *cqSource // set while the queue feeds a cq.CQ
 	vector int       // MSI-X vector, -1 for none
 
 	packets, bytes, errs, interrupts atomic.Uint64
@@ -121,6 +125,11 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	case errors.Is(err, eventfd.ErrTimeout):
 		return nic.ErrTimeout
 	case errors.Is(err, eventfd.ErrClosed):
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.closeErr != nil {
+			return q.closeErr
+		}
 		return nic.ErrClosed
 	}
 	return err
@@ -155,7 +164,7 @@ func (q *queue) finishPoll(n int, bytes uint64, errs int) {
 func (q *queue) usable() error {
 	switch {
 	case q.closed:
-		return nic.ErrClosed
+		return q.closeErr
 	case q.vq.broken:
 		return nic.ErrBroken
 	}
@@ -163,10 +172,12 @@ func (q *queue) usable() error {
 }
 
 // close marks the queue closed once the operation in progress, if any,
-// has finished; later operations return ErrClosed.
-func (q *queue) close() {
+// has finished; later operations return why (nic.ErrClosed, or an error
+// wrapping it and nic.ErrRemoved).
+func (q *queue) close(why error) {
 	q.mu.Lock()
 	q.closed = true
+	q.closeErr = why
 	q.mu.Unlock()
 }
 
