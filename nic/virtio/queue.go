@@ -37,7 +37,7 @@ type queue struct {
 	// device back.
 	closeErr error
 	src      *cqSource // set while the queue feeds a cq.CQ
-	vector int       // MSI-X vector, -1 for none
+	vector   int       // MSI-X vector, -1 for none
 
 	packets, bytes, errs, interrupts atomic.Uint64
 	notifies, suppressed             atomic.Uint64
