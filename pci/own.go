@@ -297,3 +297,18 @@ func (s Sysfs) GiveBack(ctx context.Context, a Address, opts GiveBackOptions) (s
 	}
 	return cur, nil
 }
+
+// WaitDriverGone waits until the device is no longer bound to driver (an
+// unbind that another writer of the sysfs unbind file started), up to
+// ctx's deadline or 5 s without one.
+func (s Sysfs) WaitDriverGone(ctx context.Context, a Address, driver string) error {
+	link := filepath.Join(s.devDir(a), "driver")
+	err := waitFor(ctx, func() (bool, error) {
+		cur, err := linkBase(link)
+		return cur != driver, err
+	})
+	if err != nil {
+		return fmt.Errorf("pci: %s still bound to %s: %w", a, driver, err)
+	}
+	return nil
+}

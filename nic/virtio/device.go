@@ -741,7 +741,15 @@ func (d *Device) close(why error) error {
 		return d.closeError
 	}
 	d.closed = true
-	d.closeError = errors.Join(d.teardown(why), d.giveBack())
+	err := d.teardown(why)
+	if errors.Is(why, nic.ErrRemoved) && !d.keepBound {
+		// The kernel finishes its unbind once the VFIO files are closed:
+		// give the device back only after that, not into the middle of it.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = errors.Join(err, pci.Sysfs{}.WaitDriverGone(ctx, d.claim.Address, pci.VFIODriver))
+		cancel()
+	}
+	d.closeError = errors.Join(err, d.giveBack())
 	return d.closeError
 }
 
