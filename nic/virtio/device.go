@@ -742,7 +742,7 @@ func (d *Device) close(why error) error {
 	}
 	d.closed = true
 	err := d.teardown(why)
-	if errors.Is(why, nic.ErrRemoved) && !d.keepBound {
+	if errors.Is(why, nic.ErrRemoved) && d.claim.Bound && !d.keepBound {
 		// The kernel finishes its unbind once the VFIO files are closed:
 		// give the device back only after that, not into the middle of it.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
