@@ -368,3 +368,21 @@ func size(n uint64) string {
 	}
 	return fmt.Sprintf("%d KiB", n>>10)
 }
+
+// bindChecks are the checks whose failure makes binding a device to
+// vfio-pci pointless: without them no process could open it.
+var bindChecks = map[string]bool{"device": true, "iommu": true, "vfio-pci": true, "vfio-container": true, "iommu-group": true}
+
+// CheckBind returns nil when device a can be bound to vfio-pci and
+// opened, otherwise an error wrapping ErrNotReady that names the first
+// reason. Hugepages and the memlock limit are left to the driver, whose
+// configuration decides how much it needs.
+func CheckBind(env Env, a pci.Address) error {
+	r := Run(env, a)
+	for _, c := range r.Checks {
+		if bindChecks[c.Name] && c.Status == Fail {
+			return fmt.Errorf("%w: %s", ErrNotReady, c)
+		}
+	}
+	return nil
+}

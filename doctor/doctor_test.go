@@ -199,3 +199,17 @@ func TestUnboundDeviceIsNotAFailure(t *testing.T) {
 	require.Contains(t, r.Checks[len(r.Checks)-1].Message, "is on virtio-pci")
 	require.False(t, errors.Is(r.Err(), ErrNotReady))
 }
+
+func TestCheckBind(t *testing.T) {
+	m := newMachine(t)
+	m.write(m.sys, "kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "0\n")
+	m.memlock = 64 << 10
+	require.NoError(t, CheckBind(m.env(), addr("0000:00:03.0")), "hugepages and memlock are the driver's business")
+	err := CheckBind(m.env(), addr("0000:00:05.0"))
+	require.ErrorIs(t, err, ErrNotReady)
+	require.Contains(t, err.Error(), "0000:00:05.0 has no IOMMU group")
+	require.NoError(t, os.RemoveAll(filepath.Join(m.sys, "bus/pci/drivers/vfio-pci")))
+	err = CheckBind(m.env(), addr("0000:00:03.0"))
+	require.ErrorIs(t, err, ErrNotReady)
+	require.Contains(t, err.Error(), "vfio-pci module missing")
+}

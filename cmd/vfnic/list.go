@@ -181,17 +181,10 @@ func parseAddrs(args []string) ([]pci.Address, error) {
 }
 
 // bindReadiness explains, before a bind, why vfio-pci could not take the
-// device: only the checks a bind depends on (hugepages and memlock matter
-// later, to the driver).
+// device (doctor.CheckBind).
 func bindReadiness(a pci.Address) error {
-	r := doctor.Run(doctor.Env{}, a)
-	for _, c := range r.Checks {
-		switch c.Name {
-		case "iommu", "vfio-pci", "iommu-group", "device":
-			if c.Status == doctor.Fail {
-				return fmt.Errorf("cannot bind %s: %s", a, c)
-			}
-		}
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+		return fmt.Errorf("cannot bind %s: %s", a, strings.TrimPrefix(err.Error(), "doctor: "))
 	}
 	return nil
 }

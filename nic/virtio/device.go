@@ -14,6 +14,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
@@ -120,6 +121,10 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("%w: %s is %04x:%04x, not virtio-net", nic.ErrNoDriver, name, pd.VendorID, pd.DeviceID)
 	}
 	if err := normalize(&cfg); err != nil {
+		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
+	}
+	// Explain a machine where VFIO cannot work before touching the binding.
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
 		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
 	}
 	claim, err := pci.Sysfs{}.Take(ctx, a, pci.TakeOptions{Force: cfg.Force})
