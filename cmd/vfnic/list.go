@@ -249,7 +249,7 @@ func runUnbind(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if d.Driver == "" {
+		if d.Driver == "" && d.DriverOverride == "" {
 			fmt.Fprintf(out, "%s: has no driver; nothing to unbind\n", a)
 			continue
 		}
@@ -262,7 +262,7 @@ func runUnbind(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "unbound %s from %s, now %s\n", a, d.Driver, driverName(now))
+		fmt.Fprintf(out, "unbound %s from %s, now %s\n", a, driverName(d.Driver), driverName(now))
 	}
 	return nil
 }
