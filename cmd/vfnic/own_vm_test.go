@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -173,6 +174,33 @@ func TestGuestCLIOwnership(t *testing.T) {
 	require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
 	require.Equal(t, "virtio-pci", driverOf(t, ownTakenNIC))
 	sh(t, "ip link set "+netIf(t, ownTakenNIC)+" down")
+
+	t.Run("DoctorAndListJSON", func(t *testing.T) {
+		code, out, errw := runCLI("doctor", "-json", ownTakenNIC)
+		require.Zero(t, code, "a guest with a vIOMMU, vfio-pci and hugepages is ready: %s\n%s", errw, out)
+		var r struct {
+			Ready  bool `json:"ready"`
+			Checks []struct{ Name, Status string }
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &r))
+		require.True(t, r.Ready)
+		require.NotEmpty(t, r.Checks)
+
+		code, out, errw = runCLI("list", "-json")
+		require.Zero(t, code, errw)
+		var lo listOutput
+		require.NoError(t, json.Unmarshal([]byte(out), &lo))
+		require.True(t, lo.VFIOReady, "warnings: %v", lo.Warnings)
+		var linux *listedDevice
+		for i := range lo.Devices {
+			if lo.Devices[i].Address == ownLinuxNIC {
+				linux = &lo.Devices[i]
+			}
+		}
+		require.NotNil(t, linux, out)
+		require.Equal(t, "virtio-pci", linux.Driver)
+		require.Contains(t, linux.Active, "interface "+linux.Interfaces[0]+" has address "+ownLinuxIP+"/24")
+	})
 
 	t.Run("UnbindRefusesLinuxDriver", func(t *testing.T) {
 		code, out, errw := runCLI("unbind", ownLinuxNIC)
