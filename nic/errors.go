@@ -55,6 +55,10 @@ var (
 	// this driver does not reassemble; every buffer of the frame completes
 	// with this error and is recycled.
 	ErrMultiBuffer = errors.New("nic: frame spans several receive buffers")
+	// ErrCanceled means the operation was still outstanding when the
+	// kernel took the device back (ErrRemoved): it never completed, and
+	// the completion carries only its Context (libfabric's FI_ECANCELED).
+	ErrCanceled = errors.New("nic: operation canceled: the device was taken back")
 	// ErrBroken is returned by the operations of a queue whose device
 	// reported an impossible completion index (ErrBadIndex); only closing
 	// (and so resetting) the device recovers.
