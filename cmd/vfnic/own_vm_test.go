@@ -244,6 +244,46 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Equal(t, "virtio-pci", driverOf(t, ownTakenNIC))
 	})
 
+	t.Run("KernelUnbindCancels", func(t *testing.T) {
+		sh(t, "ip link set "+netIf(t, ownTakenNIC)+" down")
+		dev, err := nic.Open(t.Context(), ownTakenNIC, nic.Config{QueueSize: 64, RxBuffers: 64})
+		require.NoError(t, err)
+		defer dev.Close()
+		rx, err := dev.Rx(0)
+		require.NoError(t, err)
+		posted := 0
+		for rx.PostRecv(posted) == nil {
+			posted++
+		}
+		require.NoError(t, rx.Flush())
+		unbound := make(chan error, 1)
+		go func() {
+			unbound <- os.WriteFile("/sys/bus/pci/devices/"+ownTakenNIC+"/driver/unbind", []byte(ownTakenNIC), 0o200)
+		}()
+		comps := make([]nic.Completion, 16)
+		canceled, frames := 0, 0
+		var end error
+		for end == nil {
+			n, err := rx.SRead(t.Context(), comps, 1, 5*time.Second)
+			for _, c := range comps[:n] {
+				if c.Err != nil {
+					require.ErrorIs(t, c.Err, nic.ErrCanceled)
+					canceled++
+				} else {
+					frames++ // stray traffic on the wire before the removal
+				}
+			}
+			end = err
+		}
+		require.ErrorIs(t, end, nic.ErrRemoved)
+		require.ErrorIs(t, end, nic.ErrClosed)
+		require.Equal(t, posted-frames, canceled, "every outstanding receive reported canceled")
+		require.NoError(t, <-unbound)
+		require.NoError(t, dev.Close())
+		require.Equal(t, "virtio-pci", driverOf(t, ownTakenNIC), "given back after the kernel's unbind")
+		t.Logf("%d receives posted, %d canceled by the removal, %d frames before it", posted, canceled, frames)
+	})
+
 	t.Run("HeldAndKernelUnbind", func(t *testing.T) {
 		linuxIf := netIf(t, ownLinuxNIC)
 		sh(t, "ip link set "+netIf(t, ownTakenNIC)+" down")
