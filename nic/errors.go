@@ -13,6 +13,10 @@ var (
 	ErrInvalid = errors.New("nic: invalid argument")
 	// ErrClosed means the device or queue was closed.
 	ErrClosed = errors.New("nic: closed")
+	// ErrRemoved means the kernel took the device back (its driver was
+	// unbound through sysfs, or the device is being removed) and the
+	// driver closed it. Errors carrying it also wrap ErrClosed.
+	ErrRemoved = errors.New("nic: device taken back by the kernel (unbind or removal)")
 	// ErrFull means the queue has no free descriptor or buffer: read
 	// completions (and Release receive buffers), then retry.
 	ErrFull = errors.New("nic: queue full")
@@ -51,6 +55,10 @@ var (
 	// this driver does not reassemble; every buffer of the frame completes
 	// with this error and is recycled.
 	ErrMultiBuffer = errors.New("nic: frame spans several receive buffers")
+	// ErrCanceled means the operation was still outstanding when the
+	// kernel took the device back (ErrRemoved): it never completed, and
+	// the completion carries only its Context (libfabric's FI_ECANCELED).
+	ErrCanceled = errors.New("nic: operation canceled: the device was taken back")
 	// ErrBroken is returned by the operations of a queue whose device
 	// reported an impossible completion index (ErrBadIndex); only closing
 	// (and so resetting) the device recovers.

@@ -189,6 +189,11 @@ type Config struct {
 	// Force takes a device even though a kernel network interface on it is
 	// up or carries addresses (see pci.CheckInUse).
 	Force bool
+	// KeepBound leaves the device bound to vfio-pci after Close and after
+	// a failed Open. By default a device that Open bound to vfio-pci goes
+	// back to the driver it had (Info.PreviousDriver); one that was on
+	// vfio-pci already stays there either way.
+	KeepBound bool
 	// IOVAFloor is the lowest device address used for DMA; 0 means 4 GiB,
 	// above the RAM of small machines, so that a stray physical address
 	// written by a device never lands in a buffer.
@@ -204,6 +209,12 @@ type Info struct {
 	Driver string
 	// Address is the PCI address ("0000:00:04.0").
 	Address string
+	// PreviousDriver is the kernel driver the device had before Open
+	// ("virtio-pci"; "" for none), and Rebound is true when Open bound it
+	// to vfio-pci (false when it was bound already). Close gives a
+	// rebound device back to PreviousDriver unless Config.KeepBound.
+	PreviousDriver string
+	Rebound        bool
 	// Model names the device ("virtio-net (packed ring)").
 	Model string
 	// MAC is the Ethernet address.

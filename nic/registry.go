@@ -67,7 +67,11 @@ func Lookup(d pci.Device) (Driver, bool) {
 }
 
 // Open finds the PCI device at addr ("0000:00:04.0" or "00:04.0") in sysfs,
-// picks the registered driver that handles it and opens it with cfg.
+// picks the registered driver that handles it and opens it with cfg. The
+// driver binds the device to vfio-pci when it is on another driver (after
+// the in-use check, see Config.Force) and gives it back to that driver on
+// Close or when Open fails, unless Config.KeepBound; Info.PreviousDriver
+// and Info.Rebound say what it found.
 func Open(ctx context.Context, addr string, cfg Config) (Device, error) {
 	a, err := pci.ParseAddress(addr)
 	if err != nil {

@@ -53,6 +53,11 @@ func SRead(ctx context.Context, q Waitable, out []Completion, threshold int, tim
 			return n, nil
 		}
 		err := q.WaitInterrupt(ctx, deadline)
+		if errors.Is(err, ErrClosed) {
+			// A queue closed under the reader may still report what
+			// happened to its operations (ErrCanceled completions).
+			n += q.Poll(out[n:])
+		}
 		if err != nil && !errors.Is(err, ErrTimeout) {
 			return finish(n, err)
 		}

@@ -34,7 +34,9 @@ const pollInterval = 2 * time.Millisecond
 // Unbind detaches the device from its kernel driver by writing its address
 // to <dev>/driver/unbind, and waits until the driver link is gone. A device
 // without a driver is left as it is. Unbind does not check whether the
-// device is in use: call CheckInUse first.
+// device is in use, nor which driver it takes the device from, nor whether
+// a process holds it open (the kernel's unbind then waits for that
+// process): GiveBack does all three.
 func (s Sysfs) Unbind(ctx context.Context, a Address) error {
 	d, err := s.Lookup(a)
 	if err != nil {

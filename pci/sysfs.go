@@ -14,6 +14,10 @@ import (
 // ErrNotFound reports a PCI address with no device under the sysfs root.
 var ErrNotFound = errors.New("pci: device not found")
 
+// ErrUnreadable reports a device whose sysfs attributes List could not
+// read or parse; the other devices are still listed.
+var ErrUnreadable = errors.New("pci: device unreadable")
+
 // DefaultRoot is where sysfs is mounted on a normal system.
 const DefaultRoot = "/sys"
 
@@ -25,6 +29,25 @@ const ClassNetwork = 0x02
 type Sysfs struct {
 	// Root is the sysfs mount point; "" means DefaultRoot.
 	Root string
+	// Proc is the procfs mount point the holder check reads; "" means
+	// /proc.
+	Proc string
+	// Dev is the device directory that holds vfio/<group>; "" means /dev.
+	Dev string
+}
+
+func (s Sysfs) proc() string {
+	if s.Proc == "" {
+		return "/proc"
+	}
+	return s.Proc
+}
+
+func (s Sysfs) dev() string {
+	if s.Dev == "" {
+		return "/dev"
+	}
+	return s.Dev
 }
 
 func (s Sysfs) root() string {
@@ -90,6 +113,12 @@ func (o ListOptions) match(d Device) bool {
 // List returns the devices under <root>/bus/pci/devices that match opts,
 // sorted by address. Entries whose names are not PCI addresses this package
 // can represent (for example VMD domains above 0xffff) are skipped.
+//
+// One unreadable device does not hide the others: List returns every
+// device it could read and, when some could not be read, an error joining
+// one error per such device, each wrapping ErrUnreadable and naming the
+// address. Callers that only need the readable devices may use the slice
+// and report the error as a warning.
 func (s Sysfs) List(opts ListOptions) ([]Device, error) {
 	dir := s.path("bus", "pci", "devices")
 	ents, err := os.ReadDir(dir)
@@ -97,6 +126,7 @@ func (s Sysfs) List(opts ListOptions) ([]Device, error) {
 		return nil, fmt.Errorf("pci: list devices: %w", err)
 	}
 	var out []Device
+	var bad []error
 	for _, e := range ents {
 		a, err := ParseAddress(e.Name())
 		if err != nil {
@@ -107,14 +137,15 @@ func (s Sysfs) List(opts ListOptions) ([]Device, error) {
 			continue // hot-unplugged while we listed
 		}
 		if err != nil {
-			return nil, err
+			bad = append(bad, fmt.Errorf("%w: %s: %w", ErrUnreadable, a, err))
+			continue
 		}
 		if opts.match(d) {
 			out = append(out, d)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return less(out[i].Address, out[j].Address) })
-	return out, nil
+	return out, errors.Join(bad...)
 }
 
 func less(a, b Address) bool {

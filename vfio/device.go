@@ -10,6 +10,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/vfnic/vfnic/eventfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +34,7 @@ type Device struct {
 	regions map[int]RegionInfo // region info never changes while the fd is open
 	maps    []*RegionMapping
 	irqs    map[int]int // enabled IRQ index -> number of vectors wired
+	req     *eventfd.FD // the device-request interrupt; nil when the device has none
 }
 
 // newDevice reads the device info of a freshly opened device fd.
@@ -316,7 +318,8 @@ func (d *Device) forget(m *RegionMapping) {
 // Close unmaps the device's region mappings and closes the device fd; the
 // kernel then disables the device's interrupts and bus mastering and resets
 // it if it can. Eventfds passed to EnableIRQ stay open (they are the
-// caller's). Idempotent.
+// caller's); the Request eventfd, the device's own, is closed, which wakes
+// a goroutine waiting on it with eventfd.ErrClosed. Idempotent.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -337,7 +340,11 @@ func (d *Device) Close() error {
 		errs = append(errs, d.errf("close", err))
 	}
 	d.fd = -1
+	req := d.req
 	d.mu.Unlock()
+	if req != nil {
+		errs = append(errs, req.Close())
+	}
 	if d.g != nil {
 		d.g.forget(d)
 	}

@@ -5,6 +5,12 @@
 // writing PCI config space, and wiring interrupts (MSI-X, MSI, INTx) to
 // eventfds. It knows nothing about what the device is.
 //
+// Every device it opens has its device-request interrupt
+// (VFIO_PCI_REQ_IRQ_INDEX) wired to an eventfd, Device.Request: when the
+// kernel wants the device back (a sysfs unbind, a hot-unplug) it signals
+// that eventfd and waits for the device to be closed, instead of blocking
+// until the process exits.
+//
 // Typical use:
 //
 //	c, err := vfio.OpenContainer()       // /dev/vfio/vfio

@@ -31,7 +31,8 @@ func (g *Group) Number() int { return g.num }
 // "0000:00:04.0", as listed in /sys/kernel/iommu_groups/<n>/devices) with
 // VFIO_GROUP_GET_DEVICE_FD and reads its device info. A device not in the
 // group wraps ErrNoDevice; one already open (here or, with EBUSY, by the
-// kernel's account) wraps ErrBusy.
+// kernel's account) wraps ErrBusy. The device-request interrupt is
+// registered at once (see Device.Request).
 func (g *Group) OpenDevice(addr string) (*Device, error) {
 	const op = "VFIO_GROUP_GET_DEVICE_FD"
 	if addr == "" || strings.IndexByte(addr, 0) >= 0 {
@@ -65,6 +66,10 @@ func (g *Group) OpenDevice(addr string) (*Device, error) {
 	}
 	d, err := newDevice(g, addr, fd)
 	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := d.registerRequest(); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/vfnic/vfnic/eventfd"
 )
 
 // IRQInfo is what VFIO_DEVICE_GET_IRQ_INFO reports for one IRQ index.
@@ -218,3 +220,46 @@ func (d *Device) EnableINTx(fd int) error { return d.EnableIRQ(IRQINTx, []int{fd
 
 // DisableINTx tears down INTx.
 func (d *Device) DisableINTx() error { return d.DisableIRQ(IRQINTx) }
+
+// registerRequest wires the device-request interrupt (VFIO_PCI_REQ_IRQ_INDEX)
+// to an eventfd the device owns. Without it, a kernel unbind of a device
+// this process holds blocks ("No device request channel registered,
+// blocked until released by user") until the process exits; with it the
+// kernel signals the eventfd, every 10 s until the device is closed. A
+// device without the index (older kernels) gets no Request eventfd.
+func (d *Device) registerRequest() error {
+	if d.info.NumIRQs <= IRQReq {
+		return nil
+	}
+	info, err := d.IRQInfo(IRQReq)
+	if err != nil {
+		return err
+	}
+	if info.Count == 0 || info.Flags&IRQFlagEventfd == 0 {
+		return nil
+	}
+	e, err := eventfd.New()
+	if err != nil {
+		return d.errf("VFIO_DEVICE_SET_IRQS", fmt.Errorf("eventfd for the request interrupt: %w", err))
+	}
+	if err := d.EnableIRQ(IRQReq, []int{e.Fd()}); err != nil {
+		e.Close()
+		return err
+	}
+	d.mu.Lock()
+	d.req = e
+	d.mu.Unlock()
+	return nil
+}
+
+// Request is the eventfd the kernel signals when it asks for the device
+// back: its driver is being unbound (a write to the sysfs unbind file) or
+// the device is being removed. The unbind waits until this process closes
+// the device, so a driver that sees it firing stops its queues and closes
+// the device. Nil when the device has no request interrupt. The device
+// owns the eventfd and closes it in Close.
+func (d *Device) Request() *eventfd.FD {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.req
+}

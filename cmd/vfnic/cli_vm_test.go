@@ -62,6 +62,10 @@ func TestVMTools(t *testing.T) {
 		NICs: []qemu.NIC{
 			{Model: qemu.VirtioNet, Packed: true, Slot: 4, Bind: qemu.BindVFIO, Net: nd},
 			{Model: qemu.E1000E, Slot: 5, Bind: qemu.BindNone},
+			// Two NICs of the guest's Linux on one wire, for the
+			// ownership tests (TestGuestCLIOwnership).
+			{Model: qemu.VirtioNet, Packed: true, Slot: 6, Bind: qemu.BindLinux, IPv4: ownLinuxIP + "/24", Net: qemu.Hub(0)},
+			{Model: qemu.VirtioNet, Packed: true, Slot: 7, Bind: qemu.BindLinux, Net: qemu.Hub(0)},
 		},
 		Timeout: 3 * time.Minute,
 	}
@@ -149,14 +153,14 @@ func TestGuestCLIListBind(t *testing.T) {
 
 	code, out, errw = runCLI("bind", cliSpareNIC)
 	require.Zero(t, code, errw)
-	require.Contains(t, out, "bound to vfio-pci")
+	require.Contains(t, out, "bound "+cliSpareNIC+" to vfio-pci (was no driver)")
 	d, err := os.Readlink("/sys/bus/pci/devices/" + cliSpareNIC + "/driver")
 	require.NoError(t, err)
 	require.Equal(t, "vfio-pci", filepath.Base(d))
 
 	code, out, errw = runCLI("unbind", cliSpareNIC)
 	require.Zero(t, code, errw)
-	require.Contains(t, out, "unbound from vfio-pci, now no driver", "no e1000e module is loaded to claim it")
+	require.Contains(t, out, "unbound "+cliSpareNIC+" from vfio-pci, now no driver", "no e1000e module is loaded to claim it")
 	_, err = os.Readlink("/sys/bus/pci/devices/" + cliSpareNIC + "/driver")
 	require.True(t, errors.Is(err, os.ErrNotExist))
 }

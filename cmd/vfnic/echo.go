@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/gopacket"
@@ -19,12 +21,17 @@ func runEcho(ctx context.Context, args []string, out io.Writer) error {
 	var df deviceFlags
 	df.register(fs)
 	ipFlag := fs.String("ip", "", "IPv4 address vfnic answers for (ARP, ICMP echo, UDP echo)")
+	portsFlag := fs.String("udp-ports", "7", "comma-separated UDP ports whose datagrams are echoed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	ip, err := netip.ParseAddr(*ipFlag)
 	if err != nil || !ip.Is4() {
 		return fmt.Errorf("%w: -ip needs an IPv4 address, got %q", errUsage, *ipFlag)
+	}
+	ports, err := parsePorts(*portsFlag)
+	if err != nil {
+		return err
 	}
 	dev, err := df.openOne(ctx, fs)
 	if err != nil {
@@ -38,14 +45,46 @@ func runEcho(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP for %s at %s (ready)\n", ip, dev.MAC())
+	e.ports = ports
+	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP on port(s) %s for %s at %s (ready)\n", *portsFlag, ip, dev.MAC())
 	p := newProgress(out, dev, df.interval, e.counters)
 	err = e.run(ctx, p)
 	p.summary("echo")
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return nil
+	case errors.Is(err, nic.ErrRemoved):
+		// Not a failure: the operator gave the NIC back to the kernel.
+		fmt.Fprintf(out, "echo: the kernel took %s back (driver unbound); stopped\n", dev.Info().Address)
 		return nil
 	}
 	return err
+}
+
+// reflectionPorts are UDP source ports echo never answers: services that
+// answer any datagram (RFC 862-868 echo, daytime, qotd, chargen, time)
+// would bounce an echo back forever, and the amplification vectors of
+// CISA's UDP-based amplification list (DNS, TFTP, portmap, NTP, NetBIOS,
+// SNMP, CLDAP, RIP, SSDP, ARD, WS-Discovery, mDNS, CoAP, Ubiquiti
+// discovery, memcached) are how spoofed requests turn a reflector into a
+// weapon. Port 0 is never a real client.
+var reflectionPorts = map[uint16]bool{
+	0: true, 7: true, 13: true, 17: true, 19: true, 37: true, 53: true, 69: true, 111: true,
+	123: true, 137: true, 161: true, 389: true, 520: true, 1900: true, 3283: true, 3702: true,
+	5353: true, 5683: true, 10001: true, 11211: true,
+}
+
+// parsePorts reads -udp-ports.
+func parsePorts(s string) (map[uint16]bool, error) {
+	ports := map[uint16]bool{}
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("%w: -udp-ports: %q is not a port number (1-65535)", errUsage, f)
+		}
+		ports[uint16(n)] = true
+	}
+	return ports, nil
 }
 
 // echoer answers for one IPv4 address on queue pair 0.
@@ -66,7 +105,10 @@ type echoer struct {
 	decoded []gopacket.LayerType
 	sbuf    gopacket.SerializeBuffer
 
-	arps, pings, udps, ignored, txDrops, errs uint64
+	// ports are the UDP destination ports echoed.
+	ports map[uint16]bool
+
+	arps, pings, udps, ignored, refused, txDrops, errs uint64
 }
 
 func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) {
@@ -78,19 +120,26 @@ func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) {
 	if err != nil {
 		return nil, err
 	}
-	a4 := ip.As4()
-	e := &echoer{dev: dev, rx: rx, tx: tx, mac: dev.MAC(), ip: net.IP(a4[:]), sbuf: gopacket.NewSerializeBuffer()}
-	e.parser = gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &e.eth, &e.arp, &e.ip4, &e.icmp, &e.udp, &e.payload)
-	e.parser.IgnoreUnsupported = true
+	e := newAnswerer(dev.MAC(), ip, map[uint16]bool{7: true})
+	e.dev, e.rx, e.tx = dev, rx, tx
 	if err := fillRx(rx); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
+// newAnswerer returns an echoer that builds replies but has no device yet.
+func newAnswerer(mac net.HardwareAddr, ip netip.Addr, ports map[uint16]bool) *echoer {
+	a4 := ip.As4()
+	e := &echoer{mac: mac, ip: net.IP(a4[:]), ports: ports, sbuf: gopacket.NewSerializeBuffer()}
+	e.parser = gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &e.eth, &e.arp, &e.ip4, &e.icmp, &e.udp, &e.payload)
+	e.parser.IgnoreUnsupported = true
+	return e
+}
+
 func (e *echoer) counters() string {
-	return fmt.Sprintf("answered arp %d icmp %d udp %d, ignored %d, tx drops %d, errors %d",
-		e.arps, e.pings, e.udps, e.ignored, e.txDrops, e.errs)
+	return fmt.Sprintf("answered arp %d icmp %d udp %d, ignored %d, refused %d, tx drops %d, errors %d",
+		e.arps, e.pings, e.udps, e.ignored, e.refused, e.txDrops, e.errs)
 }
 
 func (e *echoer) run(ctx context.Context, p *progress) error {
@@ -105,8 +154,12 @@ func (e *echoer) run(ctx context.Context, p *progress) error {
 			c := &comps[i]
 			if c.Err != nil {
 				// The driver already recycled the buffer; a queue the
-				// device broke fails the next SRead or Flush instead.
-				e.errs++
+				// device broke fails the next SRead or Flush instead. A
+				// buffer canceled because the kernel took the device back
+				// is no error of the device's.
+				if !errors.Is(c.Err, nic.ErrCanceled) {
+					e.errs++
+				}
 				continue
 			}
 			if reply := e.answer(c.Data); reply != nil {
@@ -163,6 +216,10 @@ func (e *echoer) answer(frame []byte) []byte {
 		}
 		return false
 	}
+	if refuse(e) {
+		e.refused++
+		return nil
+	}
 	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
 	ethr := layers.Ethernet{SrcMAC: e.mac, DstMAC: e.eth.SrcMAC, EthernetType: e.eth.EthernetType}
 	var err error
@@ -188,6 +245,10 @@ func (e *echoer) answer(frame []byte) []byte {
 		err = gopacket.SerializeLayers(e.sbuf, opts, &ethr, &ip, &icmp, gopacket.Payload(e.icmp.Payload))
 		e.pings++
 	case has(layers.LayerTypeIPv4) && e.ip4.DstIP.Equal(e.ip) && has(layers.LayerTypeUDP):
+		if !e.ports[uint16(e.udp.DstPort)] {
+			e.ignored++
+			return nil
+		}
 		ip := e.reverseIP()
 		udp := layers.UDP{SrcPort: e.udp.DstPort, DstPort: e.udp.SrcPort}
 		_ = udp.SetNetworkLayerForChecksum(&ip)
@@ -202,6 +263,29 @@ func (e *echoer) answer(frame []byte) []byte {
 		return nil
 	}
 	return e.sbuf.Bytes()
+}
+
+// refuse reports a request that must never be answered whatever it asks:
+// a reply to a broadcast or multicast source MAC or IPv4 source would go
+// to everyone (ff:ff:ff:ff:ff:ff), and a UDP source port in the
+// reflection set would start a loop or an amplification.
+func refuse(e *echoer) bool {
+	if len(e.eth.SrcMAC) == 6 && e.eth.SrcMAC[0]&1 != 0 {
+		return true
+	}
+	for _, d := range e.decoded {
+		switch d {
+		case layers.LayerTypeIPv4:
+			if src := e.ip4.SrcIP.To4(); src == nil || src.IsMulticast() || src.Equal(net.IPv4bcast) || src.IsUnspecified() {
+				return true
+			}
+		case layers.LayerTypeUDP:
+			if reflectionPorts[uint16(e.udp.SrcPort)] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (e *echoer) reverseIP() layers.IPv4 {

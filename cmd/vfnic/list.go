@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/pci"
 )
 
@@ -26,25 +29,91 @@ func nicName(d pci.Device) string {
 	if n, ok := nicNames[[2]uint16{d.VendorID, d.DeviceID}]; ok {
 		return n
 	}
+	if !d.IsNetwork() {
+		return fmt.Sprintf("class %06x", d.Class)
+	}
 	return "network controller"
 }
 
+// listedDevice is one row of 'vfnic list', and its -json form.
+type listedDevice struct {
+	Address    string   `json:"address"`
+	VendorID   string   `json:"vendor_id"`
+	DeviceID   string   `json:"device_id"`
+	Name       string   `json:"name"`
+	Driver     string   `json:"driver"`
+	IOMMUGroup int      `json:"iommu_group"` // -1: none
+	Interfaces []string `json:"interfaces"`
+	// Active lists why the kernel is using the device (interface up,
+	// addresses, routes): binding it would take that away.
+	Active []string `json:"active"`
+	VFIO   bool     `json:"vfio_bound"`
+}
+
+// listOutput is 'vfnic list -json'.
+type listOutput struct {
+	Devices []listedDevice `json:"devices"`
+	// VFIOReady is false when VFIO cannot work on the machine; Warnings
+	// then says why, and names devices that could not be read.
+	VFIOReady bool     `json:"vfio_ready"`
+	Warnings  []string `json:"warnings"`
+}
+
 func runList(_ context.Context, args []string, out io.Writer) error {
-	fs := newFlags("list", "[-all]")
+	fs := newFlags("list", "[-all] [-json]")
 	all := fs.Bool("all", false, "list every PCI device, not only network controllers")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("%w: list takes no arguments", errUsage)
 	}
-	devs, err := pci.List(pci.ListOptions{NetworkOnly: !*all})
-	if err != nil {
+	lo := listOutput{Devices: []listedDevice{}, Warnings: []string{}}
+	sys := pci.Sysfs{}
+	devs, err := sys.List(pci.ListOptions{NetworkOnly: !*all})
+	if err != nil && len(devs) == 0 && !errors.Is(err, pci.ErrUnreadable) {
 		return err
 	}
+	if err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			lo.Warnings = append(lo.Warnings, line)
+		}
+	}
+	for _, d := range devs {
+		ld := listedDevice{Address: d.Address.String(), VendorID: fmt.Sprintf("%04x", d.VendorID), DeviceID: fmt.Sprintf("%04x", d.DeviceID),
+			Name: nicName(d), Driver: d.Driver, IOMMUGroup: d.IOMMUGroup, Interfaces: d.NetInterfaces, Active: []string{},
+			VFIO: d.Driver == pci.VFIODriver}
+		if ld.Interfaces == nil {
+			ld.Interfaces = []string{}
+		}
+		if len(d.NetInterfaces) > 0 {
+			reasons, err := sys.InUse(d.Address, nil)
+			if err != nil {
+				lo.Warnings = append(lo.Warnings, fmt.Sprintf("%s: in-use check: %v", d.Address, err))
+			}
+			ld.Active = append(ld.Active, reasons...)
+		}
+		lo.Devices = append(lo.Devices, ld)
+	}
+	if rerr := doctor.Run(doctor.Env{}).Err(); rerr != nil {
+		lo.Warnings = append(lo.Warnings, strings.TrimPrefix(rerr.Error(), "doctor: "))
+	} else {
+		lo.VFIOReady = true
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(lo)
+	}
+	return printList(out, lo)
+}
+
+func printList(out io.Writer, lo listOutput) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ADDRESS\tID\tNAME\tDRIVER\tGROUP\tINTERFACES\tVFIO")
-	for _, d := range devs {
+	active := false
+	for _, d := range lo.Devices {
 		drv, grp, vf := d.Driver, fmt.Sprint(d.IOMMUGroup), "no"
 		if drv == "" {
 			drv = "-"
@@ -52,23 +121,33 @@ func runList(_ context.Context, args []string, out io.Writer) error {
 		if d.IOMMUGroup < 0 {
 			grp = "-"
 		}
-		if d.Driver == "vfio-pci" {
+		if d.VFIO {
 			vf = "bound"
 		}
-		ifs := strings.Join(d.NetInterfaces, ",")
+		ifs := strings.Join(d.Interfaces, ",")
 		if ifs == "" {
 			ifs = "-"
 		}
-		name := nicName(d)
-		if !d.IsNetwork() {
-			name = fmt.Sprintf("class %06x", d.Class)
+		if len(d.Active) > 0 {
+			// dpdk-devbind's mark: binding this NIC takes it from the kernel.
+			ifs += " *Active*"
+			active = true
 		}
-		fmt.Fprintf(tw, "%s\t%04x:%04x\t%s\t%s\t%s\t%s\t%s\n", d.Address, d.VendorID, d.DeviceID, name, drv, grp, ifs, vf)
+		fmt.Fprintf(tw, "%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\n", d.Address, d.VendorID, d.DeviceID, d.Name, drv, grp, ifs, vf)
 	}
-	if len(devs) == 0 {
+	if len(lo.Devices) == 0 {
 		fmt.Fprintln(tw, "(no network controllers)")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if active {
+		fmt.Fprintln(out, "*Active*: the kernel uses this NIC (interface up, addresses or routes); 'vfnic bind' refuses it without -force")
+	}
+	for _, w := range lo.Warnings {
+		fmt.Fprintln(out, "warning:", w)
+	}
+	return nil
 }
 
 // parseWithAddrs parses flags and then the PCI addresses that follow them.
@@ -101,6 +180,15 @@ func parseAddrs(args []string) ([]pci.Address, error) {
 	return as, nil
 }
 
+// bindReadiness explains, before a bind, why vfio-pci could not take the
+// device (doctor.CheckBind).
+func bindReadiness(a pci.Address) error {
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+		return fmt.Errorf("cannot bind %s: %s", a, strings.TrimPrefix(err.Error(), "doctor: "))
+	}
+	return nil
+}
+
 func runBind(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("bind", "[-force] ADDR...")
 	force := fs.Bool("force", false, "take a NIC even if its interface is up, has addresses or routes")
@@ -110,48 +198,71 @@ func runBind(ctx context.Context, args []string, out io.Writer) error {
 	}
 	sys := pci.Sysfs{}
 	for _, a := range addrs {
-		if err := sys.CheckInUse(a, nil, *force); err != nil {
+		if _, err := sys.Lookup(a); err != nil {
+			return err
+		}
+		if err := bindReadiness(a); err != nil {
+			return err
+		}
+		var c pci.Claim
+		err := withTimeout(ctx, func(ctx context.Context) error {
+			var err error
+			c, err = sys.Take(ctx, a, pci.TakeOptions{Force: *force})
+			return err
+		})
+		if errors.Is(err, pci.ErrInUse) {
 			return fmt.Errorf("%w (use -force to take it anyway)", err)
 		}
-		if err := withTimeout(ctx, func(c context.Context) error { return sys.Bind(c, a, "vfio-pci") }); err != nil {
+		if err != nil {
 			return err
 		}
 		d, err := sys.Lookup(a)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "%s: bound to vfio-pci, IOMMU group %d (/dev/vfio/%d)\n", a, d.IOMMUGroup, d.IOMMUGroup)
+		if !c.Bound {
+			fmt.Fprintf(out, "%s: already bound to vfio-pci, IOMMU group %d (/dev/vfio/%d)\n", a, d.IOMMUGroup, d.IOMMUGroup)
+			continue
+		}
+		fmt.Fprintf(out, "bound %s to vfio-pci (was %s), IOMMU group %d (/dev/vfio/%d)\n", a, driverName(c.Previous), d.IOMMUGroup, d.IOMMUGroup)
 	}
 	return nil
 }
 
+func driverName(d string) string {
+	if d == "" {
+		return "no driver"
+	}
+	return d
+}
+
 func runUnbind(ctx context.Context, args []string, out io.Writer) error {
-	addrs, err := parseWithAddrs(newFlags("unbind", "ADDR..."), args)
+	fs := newFlags("unbind", "[-force] ADDR...")
+	force := fs.Bool("force", false, "unbind a NIC even from a kernel driver other than vfio-pci (the in-use check still applies)")
+	addrs, err := parseWithAddrs(fs, args)
 	if err != nil {
 		return err
 	}
 	sys := pci.Sysfs{}
 	for _, a := range addrs {
-		if err := withTimeout(ctx, func(c context.Context) error { return sys.Unbind(c, a) }); err != nil {
-			return err
-		}
-		if err := sys.ClearOverride(a); err != nil {
-			return err
-		}
-		if err := sys.Reprobe(a); err != nil {
-			return err
-		}
-		// Give the kernel's driver a moment to claim it before reporting.
-		time.Sleep(200 * time.Millisecond)
 		d, err := sys.Lookup(a)
 		if err != nil {
 			return err
 		}
-		drv := d.Driver
-		if drv == "" {
-			drv = "no driver"
+		if d.Driver == "" && d.DriverOverride == "" {
+			fmt.Fprintf(out, "%s: has no driver; nothing to unbind\n", a)
+			continue
 		}
-		fmt.Fprintf(out, "%s: unbound from vfio-pci, now %s\n", a, drv)
+		var now string
+		err = withTimeout(ctx, func(ctx context.Context) error {
+			var err error
+			now, err = sys.GiveBack(ctx, a, pci.GiveBackOptions{Force: *force})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "unbound %s from %s, now %s\n", a, driverName(d.Driver), driverName(now))
 	}
 	return nil
 }

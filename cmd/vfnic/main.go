@@ -1,8 +1,9 @@
 // Command vfnic lists, binds and drives NICs from userspace through VFIO.
 //
-//	vfnic list                      NICs with driver, IOMMU group and binding
+//	vfnic list [-json]              NICs with driver, IOMMU group and binding
 //	vfnic bind [-force] ADDR...     give NICs to vfio-pci
-//	vfnic unbind ADDR...            give NICs back to their kernel drivers
+//	vfnic unbind [-force] ADDR...   give vfio-pci NICs back to their kernel drivers
+//	vfnic doctor [-json] [ADDR...]  check that VFIO can work and say what stops it
 //	vfnic probe [ADDR...]           open vfio-bound NICs and exercise them
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
 //	vfnic pktgen [flags] ADDR       send frames as fast as the NIC takes them
@@ -35,6 +36,7 @@ var commands = map[string]command{
 	"list":    {"list NICs with driver, IOMMU group and binding", runList},
 	"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", runBind},
 	"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", runUnbind},
+	"doctor":  {"check that VFIO can work here and say what stops it", runDoctor},
 	"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
 	"demo":    {"boot a QEMU guest with emulated NICs and run vfnic against them", runDemo},
 	"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},

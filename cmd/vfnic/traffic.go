@@ -128,6 +128,9 @@ func (p *progress) summary(what string) {
 // describe prints what was opened.
 func describe(out io.Writer, dev nic.Device) {
 	in := dev.Info()
+	if in.Rebound {
+		fmt.Fprintf(out, "bound %s to vfio-pci (was %s); it goes back on exit\n", in.Address, driverName(in.PreviousDriver))
+	}
 	fmt.Fprintf(out, "%s: %s (%s driver), MAC %s, %d queue pair(s) of %d descriptors, %d MSI-X vectors, features %v\n",
 		in.Address, in.Model, in.Driver, in.MAC, in.QueuePairs, in.QueueSize, in.Vectors, in.Features)
 }

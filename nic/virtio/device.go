@@ -14,6 +14,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
@@ -68,6 +69,12 @@ type Device struct {
 	tx        []*TxQueue
 	ctrl      *ctrlQueue
 
+	claim     pci.Claim // the driver the device had, to give it back
+	keepBound bool
+	// watchDone closes when the goroutine that waits on the device-request
+	// interrupt has ended; nil when there is none.
+	watchDone chan struct{}
+
 	mu         sync.Mutex // Close and config-space reads
 	closed     bool
 	cfgIntr    atomic.Uint64
@@ -116,26 +123,66 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
 	}
-	sys := pci.Sysfs{}
-	if err := sys.CheckInUse(a, nil, cfg.Force); err != nil {
+	// Explain a machine where VFIO cannot work before touching the binding.
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
+	}
+	claim, err := pci.Sysfs{}.Take(ctx, a, pci.TakeOptions{Force: cfg.Force})
+	if err != nil {
 		return nil, err
 	}
-	if err := sys.Bind(ctx, a, "vfio-pci"); err != nil {
+	d := &Device{name: name, claim: claim, keepBound: cfg.KeepBound}
+	if err := d.open(ctx, a, cfg); err != nil {
+		// Whatever was set up is released, the device reset first, and
+		// the device goes back where it was.
+		err = errors.Join(err, d.teardown(nic.ErrClosed), d.giveBack())
 		return nil, err
 	}
-	if pd, err = pci.Lookup(a); err != nil {
-		return nil, err
-	}
-	if pd.IOMMUGroup < 0 {
-		return nil, fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, name)
-	}
-	d := &Device{name: name, pciDev: pd}
-	if err := d.bringUp(ctx, cfg); err != nil {
-		// Whatever was set up is released, the device reset first.
-		_ = d.teardown()
-		return nil, err
+	d.info.PreviousDriver, d.info.Rebound = claim.Previous, claim.Bound
+	if req := d.vdev.Request(); req != nil {
+		d.watchDone = make(chan struct{})
+		go d.watchRequest(req)
 	}
 	return d, nil
+}
+
+func (d *Device) open(ctx context.Context, a pci.Address, cfg Config) error {
+	pd, err := pci.Lookup(a)
+	if err != nil {
+		return err
+	}
+	if pd.IOMMUGroup < 0 {
+		return fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, d.name)
+	}
+	d.pciDev = pd
+	return d.bringUp(ctx, cfg)
+}
+
+// giveBack returns a device that Open bound to vfio-pci to the driver it
+// had, unless Config.KeepBound; the VFIO files must be closed.
+func (d *Device) giveBack() error {
+	if d.keepBound {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return d.claim.Release(ctx)
+}
+
+// errRemoved is what queues return once the kernel took the device back.
+var errRemoved = fmt.Errorf("%w: %w", nic.ErrClosed, nic.ErrRemoved)
+
+// watchRequest waits for the kernel's device request (an unbind through
+// sysfs, a hot-unplug), which blocks until this process closes the
+// device: it then stops the queues, wakes their readers with an error
+// wrapping nic.ErrRemoved, and closes the device. It ends when the
+// request eventfd closes with the device.
+func (d *Device) watchRequest(req *eventfd.FD) {
+	defer close(d.watchDone)
+	if _, err := req.Wait(context.Background(), time.Time{}); err != nil {
+		return // closed with the device
+	}
+	_ = d.close(errRemoved)
 }
 
 // bringUp opens the VFIO objects and starts the device.
@@ -679,28 +726,48 @@ func (d *Device) Stats() nic.Stats {
 // the rings, disables MSI-X and bus mastering, frees the DMA memory, closes
 // the VFIO device, group and container, and closes the eventfds, which
 // wakes goroutines blocked in SRead with ErrClosed. CQs that queues were
-// bound to are unbound (and may then be closed). The device stays bound
-// to vfio-pci. Close is idempotent.
+// bound to are unbound (and may then be closed). A device that Open bound
+// to vfio-pci then goes back to the driver it had (Info.PreviousDriver)
+// unless Config.KeepBound. Close is idempotent.
 func (d *Device) Close() error {
+	err := d.close(nic.ErrClosed)
+	if d.watchDone != nil {
+		<-d.watchDone
+	}
+	return err
+}
+
+// close tears the device down once, queues then failing with why, and
+// gives it back to its previous driver.
+func (d *Device) close(why error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return d.closeError
 	}
 	d.closed = true
-	d.closeError = d.teardown()
+	err := d.teardown(why)
+	if errors.Is(why, nic.ErrRemoved) && d.claim.Bound && !d.keepBound {
+		// The kernel finishes its unbind once the VFIO files are closed:
+		// give the device back only after that, not into the middle of it.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = errors.Join(err, pci.Sysfs{}.WaitDriverGone(ctx, d.claim.Address, pci.VFIODriver))
+		cancel()
+	}
+	d.closeError = errors.Join(err, d.giveBack())
 	return d.closeError
 }
 
 // teardown releases whatever Open set up, in the order the device needs:
-// no DMA memory is freed while the device may still use it.
-func (d *Device) teardown() error {
+// no DMA memory is freed while the device may still use it. Queue
+// operations fail with why from then on.
+func (d *Device) teardown(why error) error {
 	var errs []error
 	for _, q := range d.rx {
-		q.close()
+		q.close(why)
 	}
 	for _, q := range d.tx {
-		q.close()
+		q.close(why)
 	}
 	if d.t != nil {
 		if err := d.t.reset(context.Background(), resetTimeout); err != nil {

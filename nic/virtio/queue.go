@@ -20,6 +20,7 @@ var (
 	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
 	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
 	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
+	errCanceled  = fmt.Errorf("%w (%w)", nic.ErrCanceled, nic.ErrRemoved)
 	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
 	errNotBuffer = fmt.Errorf("%w: address is not the start of a frame in this queue's buffers", nic.ErrBadBuffer)
 )
@@ -32,8 +33,15 @@ type queue struct {
 	index  int
 	efd    *eventfd.FD // nil when the queue has no interrupt
 	closed bool
-	src    *cqSource // set while the queue feeds a cq.CQ
-	vector int       // MSI-X vector, -1 for none
+	// closeErr is what operations return once closed: nic.ErrClosed, or
+	// an error that also wraps nic.ErrRemoved when the kernel took the
+	// device back.
+	closeErr error
+	src      *cqSource // set while the queue feeds a cq.CQ
+	// canceled are the operations outstanding when the kernel took the
+	// device back; Poll reports them, one error completion per call.
+	canceled []nic.Completion
+	vector   int // MSI-X vector, -1 for none
 
 	packets, bytes, errs, interrupts atomic.Uint64
 	notifies, suppressed             atomic.Uint64
@@ -121,6 +129,11 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	case errors.Is(err, eventfd.ErrTimeout):
 		return nic.ErrTimeout
 	case errors.Is(err, eventfd.ErrClosed):
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.closeErr != nil {
+			return q.closeErr
+		}
 		return nic.ErrClosed
 	}
 	return err
@@ -155,7 +168,7 @@ func (q *queue) finishPoll(n int, bytes uint64, errs int) {
 func (q *queue) usable() error {
 	switch {
 	case q.closed:
-		return nic.ErrClosed
+		return q.closeErr
 	case q.vq.broken:
 		return nic.ErrBroken
 	}
@@ -163,11 +176,38 @@ func (q *queue) usable() error {
 }
 
 // close marks the queue closed once the operation in progress, if any,
-// has finished; later operations return ErrClosed.
-func (q *queue) close() {
+// has finished; later operations return why (nic.ErrClosed, or an error
+// wrapping it and nic.ErrRemoved).
+//
+// When the kernel took the device back (why wraps nic.ErrRemoved), every
+// operation still posted is kept as an ErrCanceled completion for Poll,
+// so that callers learn the fate of each. (A queue that feeds a cq.CQ is
+// unbound from it at Close and reports none.)
+func (q *queue) close(why error) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.closed = true
-	q.mu.Unlock()
+	q.closeErr = why
+	if !errors.Is(why, nic.ErrRemoved) || q.src != nil || q.vq == nil {
+		return
+	}
+	for _, s := range q.vq.slots {
+		if s.posted {
+			q.canceled = append(q.canceled, nic.Completion{Context: s.ctx, Queue: q.index, Err: errCanceled})
+		}
+	}
+}
+
+// takeCanceled moves one canceled completion into out (an error
+// completion is always the last of a Poll). Called locked.
+func (q *queue) takeCanceled(out []nic.Completion) int {
+	if len(out) == 0 || len(q.canceled) == 0 {
+		return 0
+	}
+	out[0] = q.canceled[0]
+	q.canceled[0] = nic.Completion{}
+	q.canceled = q.canceled[1:]
+	return 1
 }
 
 // Buffer states of a receive pool.
@@ -323,7 +363,10 @@ func (q *RxQueue) recycle(b uint32) {
 func (q *RxQueue) Poll(out []nic.Completion) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.src != nil {
+	if q.closed {
+		return q.takeCanceled(out)
+	}
+	if q.src != nil {
 		return 0
 	}
 	return q.poll(out)
@@ -435,7 +478,10 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 func (q *TxQueue) Poll(out []nic.Completion) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.src != nil {
+	if q.closed {
+		return q.takeCanceled(out)
+	}
+	if q.src != nil {
 		return 0
 	}
 	return q.poll(out)
