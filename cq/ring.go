@@ -234,6 +234,22 @@ func (r *Ring) Advance() {
 	}
 }
 
+// consumeHole consumes the head entry, whose ownership bits are wrong,
+// by first writing the value that reads as not ready on the lap when the
+// reader comes back to this position (this lap's ready value; 0 for DD).
+// The wrong value left in place is exactly the next lap's ready value: the
+// reader would take the stale entry as new one lap later and run ahead of
+// the device.
+func (r *Ring) consumeHole() {
+	nextNotReady := r.want
+	if !r.flip {
+		nextNotReady = 0
+	}
+	p := r.ownerWord(r.head)
+	atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask|nextNotReady)
+	r.Advance()
+}
+
 // Publish tells the device how far the reader has consumed, through the
 // doorbell (skipped when the value has not moved).
 func (r *Ring) Publish() {

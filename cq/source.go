@@ -550,7 +550,7 @@ func (q *RingSource) stagePhase() {
 	q.errEnt = ErrEntry{Err: EIO, ProvErrno: ProvBadPhase}
 	q.errLen = copy(q.errData, r.EntryBytes(r.head))
 	q.staged = true
-	r.Advance()
+	r.consumeHole()
 }
 
 // Pending implements Source.

@@ -177,17 +177,21 @@ type devCQ struct {
 	closed   bool
 
 	// Counters, under d.mu.
-	written, dropped, interrupts, overruns uint64
-	lastWrite                              time.Duration
+	written, dropped, interrupts, overruns, driverErrors uint64
+	lastWrite                                            time.Duration
 }
 
 // CQStats are a CQ's device-side counters.
 type CQStats struct {
-	Written    uint64        // entries written (including injected ones)
-	Dropped    uint64        // completions dropped after an overrun
-	Interrupts uint64        // interrupts raised (lost ones not counted)
-	Overruns   uint64        // 1 once the CQ overran
-	LastWrite  time.Duration // device clock (Device.Now) of the last entry written
+	Written    uint64 // entries written (including injected ones)
+	Dropped    uint64 // completions dropped after an overrun
+	Interrupts uint64 // interrupts raised (lost ones not counted)
+	Overruns   uint64 // 1 once the CQ overran
+	// DriverErrors is 1 once the driver's consumer count was found ahead of
+	// the producer (entries consumed that the device never wrote); the CQ
+	// then writes nothing more.
+	DriverErrors uint64
+	LastWrite    time.Duration // device clock (Device.Now) of the last entry written
 }
 
 // notifier is the driver side of the arm doorbell.
@@ -329,7 +333,7 @@ func (d *Device) CQStats(c *cq.CQ) (CQStats, error) {
 		return CQStats{}, err
 	}
 	return CQStats{Written: dc.written, Dropped: dc.dropped, Interrupts: dc.interrupts,
-		Overruns: dc.overruns, LastWrite: dc.lastWrite}, nil
+		Overruns: dc.overruns, DriverErrors: dc.driverErrors, LastWrite: dc.lastWrite}, nil
 }
 
 // stepCQ takes a new arm request and fires if it is already satisfied.
@@ -433,7 +437,13 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	if dc.prod-dc.consSeen >= dc.size {
 		dc.consSeen = dc.cons.Read()
-		if dc.prod-dc.consSeen >= dc.size {
+		// Signed: a consumer count ahead of the producer is not a full
+		// ring but a driver that consumed entries never written.
+		switch used := int32(dc.prod - dc.consSeen); {
+		case used < 0:
+			d.driverError(dc)
+			return false
+		case used >= int32(dc.size):
 			d.overrun(dc)
 			return false
 		}
@@ -487,6 +497,16 @@ func (d *Device) overrun(dc *devCQ) {
 			d.fired = true
 		}
 	}
+}
+
+// driverError stops the CQ when the driver's consumer count is ahead of
+// the producer: the ring's state is no longer known, so the device writes
+// nothing more (every later completion is dropped), does not report an
+// overrun, and counts the error (CQStats.DriverErrors).
+func (d *Device) driverError(dc *devCQ) {
+	dc.dead = true
+	dc.driverErrors++
+	dc.dropped++
 }
 
 // FaultKind selects an injected fault.
