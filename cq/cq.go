@@ -217,17 +217,24 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 
 // probe is a zero-count read: progress and state only. Called locked.
 func (c *CQ) probe() error {
-	ready := false
+	ready, over := false, false
 	for _, s := range c.srcs {
-		if _, st := s.Poll(nil, nil); st == StateError {
+		switch _, st := s.Poll(nil, nil); st {
+		case StateError:
 			return ErrAvail
+		case StateOverrun:
+			over = true
+			continue
 		}
 		if s.Pending(1) > 0 {
 			ready = true
 		}
 	}
-	if ready {
+	switch {
+	case ready:
 		return nil
+	case over:
+		c.fatal = true
 	}
 	if c.fatal {
 		return ErrOverrun
@@ -263,6 +270,11 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 			e.ErrData = data
 		}
 		return nil
+	}
+	// No error entry: a source that overran says so here too, not only
+	// once a Read has noticed it.
+	if !c.fatal && c.probe() == ErrOverrun {
+		return ErrOverrun
 	}
 	if c.fatal {
 		return ErrOverrun

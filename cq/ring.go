@@ -273,7 +273,12 @@ func (f *cfield) get(e unsafe.Pointer) uint64 {
 }
 
 func (r *Ring) decode(i uint32, raw *Raw) {
-	e := r.entry(i)
+	r.decodeAt(r.entry(i), i, raw)
+}
+
+// decodeAt decodes the entry at e, which is ring position i or a copy of
+// it.
+func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *Raw) {
 	*raw = Raw{
 		Index:    i,
 		ID:       uint32(r.f[fID].get(e)),

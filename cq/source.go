@@ -34,6 +34,8 @@ type Source interface {
 	// Poll moves up to len(ents) successful completions into ents (and
 	// their source addresses into addrs when addrs is not nil), stopping
 	// before an error entry, and publishes the consumer index once.
+	// With no ents it consumes nothing but reports an error entry at the
+	// head (StateError) or an overrun (StateOverrun).
 	Poll(ents []Entry, addrs []Addr) (int, State)
 	// Pending counts the entries ready to be polled, up to max, without
 	// consuming them. An error entry counts; an overrun counts as max.
@@ -282,6 +284,12 @@ func (q *RingSource) Attach(f Format) error {
 // Poll implements Source. A Read (no addrs) takes the fast path when the
 // source has one (pollFast).
 func (q *RingSource) Poll(ents []Entry, addrs []Addr) (int, State) {
+	if len(ents) == 0 {
+		// A probe: stage an error entry at the head and notice an
+		// overrun, consuming nothing else (errOnly stores no entry, so
+		// scratch stays empty).
+		return q.poll(q.scratch[:], nil, true)
+	}
 	if q.fast == nil || addrs != nil || q.staged || q.overrun {
 		return q.poll(ents, addrs, false)
 	}
@@ -437,27 +445,33 @@ func (q *RingSource) markDirty(t *Table) {
 	q.dirty = append(q.dirty, t)
 }
 
-// stageHead classifies the refused head entry again (cold path) and
-// stages it.
+// stageHead stages the refused head entry (cold path). It takes one copy
+// of the entry, the error data, and decides and releases from that copy
+// alone: a device that rewrites the entry meanwhile cannot make it free an
+// id other than the one it looked up.
 func (q *RingSource) stageHead(tabs []*Table) {
 	r := q.ring
-	e := r.entry(r.head)
-	id := uint32(r.f[fID].get(e))
-	if r.idx {
-		id = r.head
+	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	if stageHook != nil {
+		stageHook()
 	}
-	qn := uint32(r.f[fQueue].get(e))
-	t := tableFor(tabs, qn)
+	var raw Raw
+	r.decodeAt(unsafe.Pointer(&q.errData[0]), r.head, &raw)
+	t := tableFor(tabs, raw.Queue)
 	if t == nil {
-		q.stage(qn, nil, nil, ProvBadQueue, EIO)
+		q.stage(&raw, nil, nil, ProvBadQueue, EIO)
 		return
 	}
-	if s := t.lookup(id); s != nil {
-		q.stage(qn, t, s, 0, 0)
+	if s := t.lookup(raw.ID); s != nil {
+		q.stage(&raw, t, s, 0, 0)
 	} else {
-		q.stage(qn, nil, nil, ProvBadID, EIO)
+		q.stage(&raw, nil, nil, ProvBadID, EIO)
 	}
 }
+
+// stageHook, when set by a test, runs between the copy of a refused entry
+// and its decoding, where a device may rewrite it.
+var stageHook func()
 
 // tableFor returns the table bound to queue qn, or nil.
 func tableFor(tabs []*Table, qn uint32) *Table {
@@ -492,17 +506,15 @@ func entryFlags(fl Flags) Flags {
 // of size bytes (written so that it cannot overflow).
 func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 
-// stage turns the head entry into the pending error completion and
-// consumes it. With a nil slot the entry names no outstanding operation
-// (prov and errno given); with a slot, the device status, opcode and length
-// decide the error, and the slot is released. Cold path.
-func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) {
-	r := q.ring
-	var raw Raw
-	r.decode(r.head, &raw)
+// stage turns the head entry, decoded into raw from the copy in errData,
+// into the pending error completion and consumes it. With a nil slot the
+// entry names no outstanding operation (prov and errno given); with a
+// slot, the device status, opcode and length decide the error, and the
+// slot is released. Cold path.
+func (q *RingSource) stage(raw *Raw, t *Table, s *slot, prov int, errno Errno) {
 	ee := &q.errEnt
 	*ee = ErrEntry{}
-	ee.Queue = qn
+	ee.Queue = raw.Queue
 	if s != nil {
 		sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
 		fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
@@ -538,9 +550,8 @@ func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) 
 	}
 	ee.Err = errno
 	ee.ProvErrno = prov
-	q.errLen = copy(q.errData, r.EntryBytes(r.head))
 	q.staged = true
-	r.Advance()
+	q.ring.Advance()
 }
 
 // stagePhase reports the head entry, whose ownership bit is wrong while the

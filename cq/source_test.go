@@ -397,3 +397,79 @@ func TestResolveEverySize(t *testing.T) {
 		}
 	}
 }
+
+// A refused entry is decided and released from one copy: a device that
+// rewrites its id while the reader stages it cannot make the reader free
+// an id other than the one it looked up (which would leak one slot for
+// good and hand an outstanding one out again).
+func TestRefusedEntryReadOnce(t *testing.T) {
+	for _, f := range []Format{FormatContext, FormatTagged} {
+		t.Run(f.String(), func(t *testing.T) {
+			h := newHarness(t, Attr{Format: f}, 16, 4)
+			a, b := h.post("a", 8, FlagSend|FlagMsg), h.post("b", 8, FlagSend|FlagMsg)
+			h.complete(rawEntry{id: a, status: 5}) // GENERAL_ERR
+			stageHook = func() {
+				setField(h.dev.mem, h.dev.l.Fields.ID, uint64(b)) // the device rewrites the id
+			}
+			defer func() { stageHook = nil }()
+			_, err := h.c.Read(make([]Entry, 4))
+			require.ErrorIs(t, err, ErrAvail)
+			var ee ErrEntry
+			require.NoError(t, h.c.ReadErr(&ee))
+			require.Equal(t, "a", ee.Context, "decided from the copy taken")
+			require.Equal(t, EIO, ee.Err)
+			require.Equal(t, a, readID(ee.ErrData), "the error data is that copy")
+			require.Equal(t, 1, h.tab.Outstanding(), "a released, b still outstanding")
+			// b completes normally; every slot can be posted again, once.
+			h.complete(rawEntry{id: b})
+			n, err := h.c.Read(make([]Entry, 4))
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			require.Zero(t, h.tab.Outstanding())
+			seen := map[uint32]bool{}
+			for i := 0; i < 4; i++ {
+				id := h.post(i, 8, FlagSend|FlagMsg)
+				require.False(t, seen[id&3], "slot %d handed out twice", id&3)
+				seen[id&3] = true
+			}
+			_, err = h.tab.Post(Op{})
+			require.ErrorIs(t, err, ErrFull)
+		})
+	}
+}
+
+func readID(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
+
+// A Read of zero entries reports the state a Read would: ErrAvail for an
+// error entry at the head, ErrOverrun on an overrun CQ (for good), nil for
+// waiting successes; ReadErr reports an overrun no Read has noticed yet.
+func TestZeroReadAndReadErrReportState(t *testing.T) {
+	h := newHarness(t, Attr{Format: FormatMsg}, 4, 8)
+	_, err := h.c.Read(nil)
+	require.ErrorIs(t, err, ErrAgain)
+	h.complete(rawEntry{id: h.post("ok", 8, FlagSend|FlagMsg)})
+	_, err = h.c.Read(nil)
+	require.NoError(t, err, "a success waits")
+	n, err := h.c.Read(make([]Entry, 4))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	h.complete(rawEntry{id: h.post("bad", 8, FlagSend|FlagMsg), status: 5})
+	for i := 0; i < 2; i++ {
+		_, err = h.c.Read(nil)
+		require.ErrorIs(t, err, ErrAvail)
+	}
+	var ee ErrEntry
+	require.NoError(t, h.c.ReadErr(&ee))
+	require.Equal(t, "bad", ee.Context)
+	_, err = h.c.Read(nil)
+	require.ErrorIs(t, err, ErrAgain)
+
+	h.over.Write(1)
+	require.ErrorIs(t, h.c.ReadErr(&ee), ErrOverrun, "before any Read noticed")
+	for i := 0; i < 2; i++ {
+		_, err = h.c.Read(nil)
+		require.ErrorIs(t, err, ErrOverrun)
+	}
+	_, err = h.c.Read(make([]Entry, 4))
+	require.ErrorIs(t, err, ErrOverrun)
+}

@@ -74,6 +74,9 @@ func (s *cqSource) convert(e *cq.Entry, c *nic.Completion) {
 // Poll implements cq.Source: successful completions up to the first error
 // entry, which is staged for ReadErr.
 func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.State) {
+	if len(ents) == 0 && !s.held {
+		s.peek() // a probe: stage an error entry at the head
+	}
 	if s.staged {
 		return 0, cq.StateError
 	}
@@ -145,20 +148,8 @@ func (s *cqSource) Pending(max int) int {
 // ReadErr implements cq.Source. When nothing is staged it reads one entry:
 // an error is returned, a success is kept for the next Poll.
 func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
-	if !s.staged && !s.held {
-		s.q.mu.Lock()
-		k := 0
-		if !s.q.closed {
-			k = s.pq.poll(s.scratch[:1])
-		}
-		s.q.mu.Unlock()
-		if k == 1 {
-			if s.scratch[0].Err != nil {
-				s.stage(&s.scratch[0])
-			} else {
-				s.held = true
-			}
-		}
+	if !s.held {
+		s.peek()
 	}
 	if !s.staged {
 		return nil, false
@@ -168,6 +159,27 @@ func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	e.ErrData = buf
 	s.staged = false
 	return s.errData, true
+}
+
+// peek reads one entry when nothing is staged or held: an error is staged,
+// a success is held for the next Poll.
+func (s *cqSource) peek() {
+	if s.staged || s.held {
+		return
+	}
+	s.q.mu.Lock()
+	k := 0
+	if !s.q.closed {
+		k = s.pq.poll(s.scratch[:1])
+	}
+	s.q.mu.Unlock()
+	if k == 1 {
+		if s.scratch[0].Err != nil {
+			s.stage(&s.scratch[0])
+		} else {
+			s.held = true
+		}
+	}
 }
 
 // Arm implements cq.Source with the ring's event suppression: the packed

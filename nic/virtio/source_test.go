@@ -98,7 +98,9 @@ func TestCQErrorsInOrder(t *testing.T) {
 
 		// A device that completes an id it was never given.
 		d.complete(7, 100, 1)
-		require.NoError(t, c.ReadErr(&ee), "ReadErr reads an error at the head itself")
+		_, err = c.Read(nil)
+		require.ErrorIs(t, err, cq.ErrAvail, "a zero-count read sees an error at the head")
+		require.NoError(t, c.ReadErr(&ee), "ReadErr takes it")
 		require.Equal(t, cq.ProvBadID, ee.ProvErrno)
 		t.Logf("%s", c.StrError(ee.ProvErrno, ee.ErrData))
 	})
