@@ -438,7 +438,9 @@ func TestRefusedEntryReadOnce(t *testing.T) {
 	}
 }
 
-func readID(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
+func readID(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
 
 // A Read of zero entries reports the state a Read would: ErrAvail for an
 // error entry at the head, ErrOverrun on an overrun CQ (for good), nil for
