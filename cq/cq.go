@@ -67,6 +67,9 @@ func (c *CQ) Interrupt() *eventfd.FD { return c.wait }
 // AddSource attaches a device ring to the CQ. Sources are polled in the
 // order they were added.
 func (c *CQ) AddSource(s Source) error {
+	if s == nil {
+		return fmt.Errorf("%w: nil source", ErrInvalid)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -475,3 +475,12 @@ func TestZeroReadAndReadErrReportState(t *testing.T) {
 	_, err = h.c.Read(make([]Entry, 4))
 	require.ErrorIs(t, err, ErrOverrun)
 }
+
+func TestAddSourceNil(t *testing.T) {
+	c, err := New(Attr{}, Limits{})
+	require.NoError(t, err)
+	defer c.Close()
+	require.ErrorIs(t, c.AddSource(nil), ErrInvalid)
+	_, err = c.Read(make([]Entry, 1))
+	require.ErrorIs(t, err, ErrAgain, "the CQ is unchanged")
+}
