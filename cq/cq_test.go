@@ -2,6 +2,7 @@ package cq
 
 import (
 	"context"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,3 +174,33 @@ func benchLaps(b *testing.B, c *CQ, lap int, refill func()) {
 }
 
 var benchBatch = 32
+
+// One error vocabulary: a closed CQ's errors match os.ErrClosed, an
+// expired SRead os.ErrDeadlineExceeded (and ErrAgain, fi_cq_sread's
+// -FI_EAGAIN), and a nil context is refused.
+func TestErrorVocabulary(t *testing.T) {
+	c, err := New(Attr{WaitObj: WaitFD}, Limits{})
+	require.NoError(t, err)
+	ents := make([]Entry, 1)
+	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorIs(t, err, ErrAgain)
+	var te interface{ Timeout() bool }
+	require.ErrorAs(t, err, &te)
+	require.True(t, te.Timeout())
+	require.NoError(t, c.Signal())
+	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
+	require.ErrorIs(t, err, ErrSignaled)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "a signal is not a deadline")
+	_, err = c.SRead(nil, ents, 0, time.Millisecond) //nolint:staticcheck // a nil context is what is tested
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	require.NoError(t, c.Close())
+	_, err = c.Read(ents)
+	require.ErrorIs(t, err, os.ErrClosed)
+	require.ErrorIs(t, c.ReadErr(&ErrEntry{}), os.ErrClosed)
+	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
+	require.ErrorIs(t, err, os.ErrClosed)
+	require.ErrorIs(t, c.Signal(), os.ErrClosed)
+	require.ErrorIs(t, c.AddSource(&RingSource{}), os.ErrClosed)
+}

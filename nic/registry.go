@@ -69,6 +69,9 @@ func Lookup(d pci.Device) (Driver, bool) {
 // Open finds the PCI device at addr ("0000:00:04.0" or "00:04.0") in sysfs,
 // picks the registered driver that handles it and opens it with cfg.
 func Open(ctx context.Context, addr string, cfg Config) (Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", ErrInvalid)
+	}
 	a, err := pci.ParseAddress(addr)
 	if err != nil {
 		return nil, err

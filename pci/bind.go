@@ -36,6 +36,9 @@ const pollInterval = 2 * time.Millisecond
 // without a driver is left as it is. Unbind does not check whether the
 // device is in use: call CheckInUse first.
 func (s Sysfs) Unbind(ctx context.Context, a Address) error {
+	if ctx == nil {
+		return fmt.Errorf("pci: unbind %s: nil context: %w", a, fs.ErrInvalid)
+	}
 	d, err := s.Lookup(a)
 	if err != nil {
 		return err
@@ -78,6 +81,9 @@ func (s Sysfs) unbind(ctx context.Context, a Address, drv string) error {
 // The override stays set after success, so the device goes back to driver
 // rather than its usual one if it is ever re-probed; ClearOverride undoes it.
 func (s Sysfs) Bind(ctx context.Context, a Address, driver string) error {
+	if ctx == nil {
+		return fmt.Errorf("pci: bind %s: nil context: %w", a, fs.ErrInvalid)
+	}
 	if err := checkDriverName(driver); err != nil {
 		return fmt.Errorf("pci: bind %s: %w", a, err)
 	}

@@ -405,6 +405,9 @@ func (q *QP) PostRecv(ctx any, buf []byte, o RecvOpts) error {
 // Flush waits until the device has taken every send posted so far, so
 // their completions (and the receives they caused) are written.
 func (q *QP) Flush(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", cq.ErrInvalid)
+	}
 	q.mu.Lock()
 	tail := q.sqTail
 	q.mu.Unlock()

@@ -98,6 +98,9 @@ func Match(d pci.Device) bool {
 // per queue (vector 0 for configuration changes) and starts the device.
 // The receive queues start empty: post buffers, then Flush.
 func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", nic.ErrInvalid)
+	}
 	if !littleEndian() {
 		return nil, fmt.Errorf("%w: virtio rings are little-endian and this driver stores natively", nic.ErrNotSupported)
 	}
