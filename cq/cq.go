@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vfnic/vfnic/cq/internal/provider"
 	"github.com/vfnic/vfnic/eventfd"
 )
 
@@ -17,7 +18,7 @@ type CQ struct {
 	single bool
 
 	mu     sync.Mutex // readers; also guards srcs, closed, fatal, bound
-	srcs   []Source
+	srcs   []source
 	closed bool
 	fatal  bool
 	bound  int
@@ -59,17 +60,40 @@ func New(attr Attr, lim Limits) (*CQ, error) {
 // format.
 func (c *CQ) Attr() Attr { return c.attr }
 
-// Interrupt returns the eventfd that the device's completion interrupts
-// must signal (VFIO SET_IRQS, or the software device's Add); nil when the
-// CQ has no wait object or waits by yielding.
-func (c *CQ) Interrupt() *eventfd.FD { return c.wait }
+// source is a device completion ring feeding the CQ: cq/ring.Source,
+// which documents the methods. The CQ calls it once per batch, never per
+// entry, and serialises the calls.
+type source interface {
+	Attach(f Format) error
+	Poll(ents []Entry, addrs []Addr) (int, provider.State)
+	Pending(max int) int
+	ReadErr(e *ErrEntry) (data []byte, ok bool)
+	Arm(solicitedOnly bool, threshold int) error
+	StrError(provErrno int, errData []byte) (s string, ok bool)
+	Close() error
+}
 
-// AddSource attaches a device ring to the CQ. Sources are polled in the
-// order they were added.
-func (c *CQ) AddSource(s Source) error {
-	if s == nil {
-		return fmt.Errorf("%w: nil source", ErrInvalid)
+// The driver side of a CQ, reached through cq/ring (AddSource, Bind,
+// Unbind, Bound, Interrupt) so that it is not part of the consumer API.
+func init() {
+	provider.CQ = provider.Hooks{
+		AddSource: func(c, s any) error {
+			src, ok := s.(source)
+			if !ok || s == nil {
+				return fmt.Errorf("%w: not a completion source: %T", ErrInvalid, s)
+			}
+			return c.(*CQ).addSource(src)
+		},
+		Bind:      func(c any) error { return c.(*CQ).bind() },
+		Unbind:    func(c any) { c.(*CQ).unbind() },
+		Bound:     func(c any) int { return c.(*CQ).boundCount() },
+		Interrupt: func(c any) *eventfd.FD { return c.(*CQ).wait },
 	}
+}
+
+// addSource attaches a device ring to the CQ. Sources are polled in the
+// order they were added.
+func (c *CQ) addSource(s source) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -82,9 +106,9 @@ func (c *CQ) AddSource(s Source) error {
 	return nil
 }
 
-// Bind records an endpoint (a device queue) that reports to this CQ; Close
-// fails with ErrBusy until it is Unbound.
-func (c *CQ) Bind() error {
+// bind records an endpoint (a device queue) that reports to this CQ; Close
+// fails with ErrBusy until it is unbound.
+func (c *CQ) bind() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -94,8 +118,8 @@ func (c *CQ) Bind() error {
 	return nil
 }
 
-// Unbind undoes one Bind.
-func (c *CQ) Unbind() {
+// unbind undoes one bind.
+func (c *CQ) unbind() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.bound > 0 {
@@ -103,8 +127,8 @@ func (c *CQ) Unbind() {
 	}
 }
 
-// Bound returns the number of bound endpoints.
-func (c *CQ) Bound() int {
+// boundCount returns the number of bound endpoints.
+func (c *CQ) boundCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.bound
@@ -152,7 +176,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	// One source, the common case: what readAll does, with nothing but c
 	// to keep across the call.
 	n, st := c.srcs[0].Poll(ents, addrs)
-	if st == StateOverrun && n == 0 {
+	if st == provider.StateOverrun && n == 0 {
 		c.fatal = true
 	}
 	fatal := c.fatal
@@ -162,7 +186,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	switch {
 	case n > 0:
 		return n, nil
-	case st == StateError:
+	case st == provider.StateError:
 		return 0, ErrAvail
 	case fatal:
 		return 0, ErrOverrun
@@ -191,11 +215,11 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 		}
 		k, st := s.Poll(ents[n:], a)
 		n += k
-		if st == StateError {
+		if st == provider.StateError {
 			errHead = true
 			break
 		}
-		if st == StateOverrun {
+		if st == provider.StateOverrun {
 			over = true
 		}
 		if n == len(ents) {
@@ -223,9 +247,9 @@ func (c *CQ) probe() error {
 	ready, over := false, false
 	for _, s := range c.srcs {
 		switch _, st := s.Poll(nil, nil); st {
-		case StateError:
+		case provider.StateError:
 			return ErrAvail
-		case StateOverrun:
+		case provider.StateOverrun:
 			over = true
 			continue
 		}

@@ -35,8 +35,6 @@ var (
 	// ErrInvalid means a bad argument or attribute (FI_EINVAL). It is
 	// os.ErrInvalid.
 	ErrInvalid = os.ErrInvalid
-	// ErrFull means a posted-operation table has no free slot.
-	ErrFull = errors.New("cq: no free slot for a posted operation")
 )
 
 // againError is a distinct error that still matches ErrAgain, so callers

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -80,33 +81,33 @@ const (
 	MaxCQSize     = 65536
 )
 
-// Layout returns the ring layout of a CQ of size entries, for cq.Ring.
-func Layout(size int) cq.Layout {
-	return cq.Layout{
-		Name: "sim", EntrySize: CQESize, Entries: size, Convention: cq.PhaseBit,
+// Layout returns the ring layout of a CQ of size entries, for ring.Ring.
+func Layout(size int) ring.Layout {
+	return ring.Layout{
+		Name: "sim", EntrySize: CQESize, Entries: size, Convention: ring.PhaseBit,
 		OwnerOff: OffOwner, OwnerMask: OwnerBit, InitPhase: 1,
-		DetectHoles: true, Doorbell: cq.DoorbellCount,
-		Fields: cq.Fields{
-			ID:       cq.Field{Off: OffID, Bits: 32},
-			Queue:    cq.Field{Off: OffQueue, Bits: 16},
-			Opcode:   cq.Field{Off: OffOpcode, Bits: 8},
-			Status:   cq.Field{Off: OffStatus, Bits: 8},
-			Len:      cq.Field{Off: OffByteLen, Bits: 32},
-			Flags:    cq.Field{Off: OffDevFlags, Bits: 8},
-			Data:     cq.Field{Off: OffData, Bits: 64},
-			Tag:      cq.Field{Off: OffTag, Bits: 64},
-			Src:      cq.Field{Off: OffSrc, Bits: 64},
-			SrcValid: cq.Field{Off: OffDevFlags, Shift: 4, Bits: 1},
-			Syndrome: cq.Field{Off: OffSyndrome, Bits: 32},
-			BufOff:   cq.Field{Off: OffBufOff, Bits: 32},
+		DetectHoles: true, Doorbell: ring.DoorbellCount,
+		Fields: ring.Fields{
+			ID:       ring.Field{Off: OffID, Bits: 32},
+			Queue:    ring.Field{Off: OffQueue, Bits: 16},
+			Opcode:   ring.Field{Off: OffOpcode, Bits: 8},
+			Status:   ring.Field{Off: OffStatus, Bits: 8},
+			Len:      ring.Field{Off: OffByteLen, Bits: 32},
+			Flags:    ring.Field{Off: OffDevFlags, Bits: 8},
+			Data:     ring.Field{Off: OffData, Bits: 64},
+			Tag:      ring.Field{Off: OffTag, Bits: 64},
+			Src:      ring.Field{Off: OffSrc, Bits: 64},
+			SrcValid: ring.Field{Off: OffDevFlags, Shift: 4, Bits: 1},
+			Syndrome: ring.Field{Off: OffSyndrome, Bits: 32},
+			BufOff:   ring.Field{Off: OffBufOff, Bits: 32},
 		},
 	}
 }
 
 // Codes returns the meaning of the CQE's status, opcode and flag values.
-func Codes() cq.Codes {
-	return cq.Codes{
-		Statuses: []cq.Status{
+func Codes() ring.Codes {
+	return ring.Codes{
+		Statuses: []ring.Status{
 			{Value: uint32(StatusOK), Name: "OK"},
 			{Value: uint32(StatusLocalLenErr), Err: cq.ETRUNC, Name: "LOCAL_LEN_ERR"},
 			{Value: uint32(StatusLocalProtErr), Err: cq.EFAULT, Name: "LOCAL_PROT_ERR"},
@@ -114,7 +115,7 @@ func Codes() cq.Codes {
 			{Value: uint32(StatusRemoteAccessErr), Err: cq.EACCES, Name: "REMOTE_ACCESS_ERR"},
 			{Value: uint32(StatusGeneralErr), Err: cq.EIO, Name: "GENERAL_ERR"},
 		},
-		Opcodes: []cq.Opcode{
+		Opcodes: []ring.Opcode{
 			{Value: uint32(OpSend), Flags: cq.FlagSend, Name: "SEND"},
 			{Value: uint32(OpRecv), Flags: cq.FlagRecv, Name: "RECV"},
 			{Value: uint32(OpWrite), Flags: cq.FlagRMA | cq.FlagWrite, Name: "WRITE"},
@@ -149,7 +150,7 @@ type cqe struct {
 // devCQ is the device side of a CQ.
 type devCQ struct {
 	c      *cq.CQ
-	src    *cq.RingSource
+	src    *ring.RingSource
 	region *dma.Region
 	ring   []byte
 	win    doorbell.Window
@@ -201,7 +202,7 @@ type notifier struct {
 	seq uint8
 }
 
-// Arm writes the arm doorbell (cq.Notifier).
+// Arm writes the arm doorbell (ring.Notifier).
 func (n *notifier) Arm(consumed uint32, solicitedOnly bool, threshold int) error {
 	n.seq++
 	thr := uint64(min(max(threshold, 1), 0xffff))
@@ -237,7 +238,7 @@ func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
 	}
 	dc, src, err := d.newDevCQ(c, r, size)
 	if err == nil {
-		err = c.AddSource(src)
+		err = ring.AddSource(c, src)
 	}
 	if err != nil {
 		_ = c.Close()
@@ -258,8 +259,8 @@ func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
 	return c, nil
 }
 
-func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSource, error) {
-	ring, err := r.Carve(size*CQESize, 4096)
+func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *ring.RingSource, error) {
+	entries, err := r.Carve(size*CQESize, 4096)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -268,8 +269,8 @@ func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSo
 		return nil, nil, err
 	}
 	pw := doorbell.NewWindow(page.Bytes)
-	dc := &devCQ{c: c, region: r, ring: ring.Bytes, win: doorbell.NewWindow(ring.Bytes),
-		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: c.Interrupt()}
+	dc := &devCQ{c: c, region: r, ring: entries.Bytes, win: doorbell.NewWindow(entries.Bytes),
+		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: ring.Interrupt(c)}
 	var errs [4]error
 	dc.cons, errs[0] = pw.Reg32(OffCQConsumer)
 	dc.arm, errs[1] = pw.Reg64(OffCQArm)
@@ -280,9 +281,9 @@ func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSo
 			return nil, nil, e
 		}
 	}
-	src, err := cq.NewRingSource(cq.RingConfig{
-		Mem: ring.Bytes, Layout: Layout(size), Codes: Codes(),
-		Regs:     cq.RingRegs{Doorbell: doorbell.NewDoorbell(dc.cons), Overrun: dc.over, OverrunMask: 1},
+	src, err := ring.NewRingSource(ring.RingConfig{
+		Mem: entries.Bytes, Layout: Layout(size), Codes: Codes(),
+		Regs:     ring.RingRegs{Doorbell: doorbell.NewDoorbell(dc.cons), Overrun: dc.over, OverrunMask: 1},
 		Notifier: &notifier{d: d, arm: dc.arm},
 		Closer:   closerFunc(func() error { return d.releaseCQ(dc) }),
 	})

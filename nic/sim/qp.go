@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 )
@@ -95,8 +96,8 @@ type QP struct {
 	region  *dma.Region
 	sendCQ  *cq.CQ
 	recvCQ  *cq.CQ
-	sendTab *cq.Table
-	recvTab *cq.Table
+	sendTab *ring.Table
+	recvTab *ring.Table
 	source  bool
 	sqSize  uint32
 	rqSize  uint32
@@ -154,10 +155,10 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 		return nil, err
 	}
 	q := &QP{d: d, sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, source: cfg.Source, sqSize: sqs, rqSize: rqs}
-	if q.sendTab, err = cq.NewTable(int(sqs), 32); err != nil {
+	if q.sendTab, err = ring.NewTable(int(sqs), 32); err != nil {
 		return nil, err
 	}
-	if q.recvTab, err = cq.NewTable(int(rqs), 32); err != nil {
+	if q.recvTab, err = ring.NewTable(int(rqs), 32); err != nil {
 		return nil, err
 	}
 
@@ -166,7 +167,7 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 		q.recvDev, err = d.devCQOf(cfg.RecvCQ)
 	}
 	if err == nil && d.nextQP >= maxQPs {
-		err = fmt.Errorf("sim: %d queue pairs created: %w", maxQPs, cq.ErrFull)
+		err = fmt.Errorf("sim: %d queue pairs created: %w", maxQPs, ring.ErrFull)
 	}
 	if err == nil {
 		q.num = d.nextQP
@@ -187,18 +188,18 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 	if err := q.setup(); err != nil {
 		return fail(err)
 	}
-	if err := cfg.SendCQ.Bind(); err != nil {
+	if err := ring.Bind(cfg.SendCQ); err != nil {
 		return fail(err)
 	}
-	if err := cfg.RecvCQ.Bind(); err != nil {
-		cfg.SendCQ.Unbind()
+	if err := ring.Bind(cfg.RecvCQ); err != nil {
+		ring.Unbind(cfg.SendCQ)
 		return fail(err)
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		cfg.SendCQ.Unbind()
-		cfg.RecvCQ.Unbind()
+		ring.Unbind(cfg.SendCQ)
+		ring.Unbind(cfg.RecvCQ)
 		return nil, ErrClosed
 	}
 	d.qps = append(d.qps, q)
@@ -315,9 +316,9 @@ func (q *QP) post(dest cq.Addr, ctx any, payload []byte, o SendOpts) error {
 	if o.Tagged {
 		fl = cq.FlagSend | cq.FlagTagged
 	}
-	id, err := q.sendTab.Post(cq.Op{Context: ctx, Len: len(payload), Flags: fl})
+	id, err := q.sendTab.Post(ring.Op{Context: ctx, Len: len(payload), Flags: fl})
 	if err != nil {
-		if errors.Is(err, cq.ErrFull) {
+		if errors.Is(err, ring.ErrFull) {
 			return ErrQueueFull
 		}
 		return err
@@ -386,10 +387,10 @@ func (q *QP) PostRecv(ctx any, buf []byte, o RecvOpts) error {
 		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	id, err := q.recvTab.Post(cq.Op{Context: ctx, Buf: uintptr(iova), Len: len(buf), Flags: fl})
+	id, err := q.recvTab.Post(ring.Op{Context: ctx, Buf: uintptr(iova), Len: len(buf), Flags: fl})
 	if err != nil {
 		q.mu.Unlock()
-		if errors.Is(err, cq.ErrFull) {
+		if errors.Is(err, ring.ErrFull) {
 			return ErrQueueFull
 		}
 		return err
@@ -457,8 +458,8 @@ func (q *QP) Close() error {
 	}
 	err := d.free(q.region)
 	d.mu.Unlock()
-	q.sendCQ.Unbind()
-	q.recvCQ.Unbind()
+	ring.Unbind(q.sendCQ)
+	ring.Unbind(q.recvCQ)
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -744,7 +745,7 @@ func (d *Device) teardown() error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		c.Unbind() // the CQ may close now; its sources read nothing more
+		ring.Unbind(c) // the CQ may close now; its sources read nothing more
 	}
 	d.bound = nil
 	return errors.Join(errs...)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -17,7 +18,7 @@ func bindTest(t *testing.T, q *queue, pq pollQueue, flags cq.Flags, f cq.Format)
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
 	s := &cqSource{dev: &Device{name: "test", closed: true}, pq: pq, q: q, qnum: uint32(q.vq.qidx), flags: flags}
-	require.NoError(t, c.AddSource(s))
+	require.NoError(t, ring.AddSource(c, s))
 	q.src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
@@ -158,7 +159,7 @@ func TestCQSRead(t *testing.T) {
 			if x, ok := r.dev.take(); ok {
 				r.dev.complete(x.id, writeFrame(x, frameFor(5, 64), 1), 1)
 			}
-			_ = c.Interrupt().Add(1) // what the MSI-X vector does once rewired
+			_ = ring.Interrupt(c).Add(1) // what the MSI-X vector does once rewired
 		}()
 		n, err := c.SRead(context.Background(), ents, 0, 5*time.Second)
 		require.NoError(t, err)

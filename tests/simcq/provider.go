@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/tests/conformance"
 )
@@ -87,7 +88,7 @@ func (e *endpoint) PostRecv(ctx any, size int, o conformance.RecvOpts) ([]byte, 
 	b := e.mem.Bytes()
 	if size <= 0 || e.off+size > len(b) {
 		e.mu.Unlock()
-		return nil, fmt.Errorf("simcq: %d bytes of receive buffer: %w", size, cq.ErrFull)
+		return nil, fmt.Errorf("simcq: %d bytes of receive buffer: %w", size, ring.ErrFull)
 	}
 	buf := b[e.off : e.off+size : e.off+size]
 	e.off = (e.off + size + 63) &^ 63

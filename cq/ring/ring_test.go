@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -187,10 +188,10 @@ func TestLayoutValidation(t *testing.T) {
 	for i, mod := range bad {
 		l := good
 		mod(&l)
-		require.ErrorIs(t, l.Validate(), ErrInvalid, "case %d", i)
+		require.ErrorIs(t, l.Validate(), cq.ErrInvalid, "case %d", i)
 	}
 	_, err := NewRing(make([]byte, 100), good, RingRegs{})
-	require.ErrorIs(t, err, ErrInvalid, "ring memory too small")
+	require.ErrorIs(t, err, cq.ErrInvalid, "ring memory too small")
 }
 
 func TestFieldAtEndOfEntry(t *testing.T) {

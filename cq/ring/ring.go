@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
@@ -75,13 +76,13 @@ func NewRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 	}
 	need := l.EntrySize * l.Entries
 	if len(mem) < need {
-		return nil, fmt.Errorf("%w: layout %q: ring memory of %d bytes for %d entries of %d", ErrInvalid, l.Name, len(mem), l.Entries, l.EntrySize)
+		return nil, fmt.Errorf("%w: layout %q: ring memory of %d bytes for %d entries of %d", cq.ErrInvalid, l.Name, len(mem), l.Entries, l.EntrySize)
 	}
 	if uintptr(unsafe.Pointer(&mem[0]))%4 != 0 {
-		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", ErrInvalid, l.Name)
+		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", cq.ErrInvalid, l.Name)
 	}
 	if regs.Overrun.Valid() && regs.OverrunMask == 0 {
-		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", ErrInvalid, l.Name)
+		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", cq.ErrInvalid, l.Name)
 	}
 	r := &Ring{
 		mem:   mem[:need:need],

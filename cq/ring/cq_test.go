@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"context"
+	"github.com/vfnic/vfnic/cq"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -12,13 +13,13 @@ import (
 )
 
 func TestSReadBlocksUntilInterrupt(t *testing.T) {
-	h := newHarness(t, Attr{Format: FormatMsg, WaitObj: WaitFD}, 16, 16)
-	id := h.post("late", 8, FlagSend|FlagMsg)
+	h := newHarness(t, cq.Attr{Format: cq.FormatMsg, WaitObj: cq.WaitFD}, 16, 16)
+	id := h.post("late", 8, cq.FlagSend|cq.FlagMsg)
 	go func() {
 		time.Sleep(30 * time.Millisecond)
 		h.produce(rawEntry{id: id, ln: 8})
 	}()
-	ents := make([]Entry, 4)
+	ents := make([]cq.Entry, 4)
 	start := time.Now()
 	n, err := h.c.SRead(context.Background(), ents, 0, 5*time.Second)
 	require.NoError(t, err)
@@ -29,30 +30,30 @@ func TestSReadBlocksUntilInterrupt(t *testing.T) {
 }
 
 func TestSReadNoWaitObject(t *testing.T) {
-	h := newHarness(t, Attr{WaitObj: WaitNone}, 16, 16)
-	_, err := h.c.SRead(context.Background(), make([]Entry, 1), 0, time.Second)
-	require.ErrorIs(t, err, ErrNotSupported)
-	require.ErrorIs(t, h.c.Signal(), ErrNotSupported)
+	h := newHarness(t, cq.Attr{WaitObj: cq.WaitNone}, 16, 16)
+	_, err := h.c.SRead(context.Background(), make([]cq.Entry, 1), 0, time.Second)
+	require.ErrorIs(t, err, cq.ErrNotSupported)
+	require.ErrorIs(t, h.c.Signal(), cq.ErrNotSupported)
 	_, err = h.c.WaitFD()
-	require.ErrorIs(t, err, ErrNoData)
+	require.ErrorIs(t, err, cq.ErrNoData)
 }
 
 func TestSReadLostInterruptRecoversAtTimeout(t *testing.T) {
-	h := newHarness(t, Attr{Format: FormatMsg, WaitObj: WaitFD}, 16, 16)
+	h := newHarness(t, cq.Attr{Format: cq.FormatMsg, WaitObj: cq.WaitFD}, 16, 16)
 	h.arms.lose = 1
-	id := h.post("lost", 8, FlagSend|FlagMsg)
+	id := h.post("lost", 8, cq.FlagSend|cq.FlagMsg)
 	go func() {
 		time.Sleep(20 * time.Millisecond)
 		h.produce(rawEntry{id: id, ln: 8})
 	}()
-	ents := make([]Entry, 4)
+	ents := make([]cq.Entry, 4)
 	n, err := h.c.SRead(context.Background(), ents, 0, 150*time.Millisecond)
 	require.NoError(t, err, "the last poll at the timeout finds the entry")
 	require.Equal(t, 1, n)
 }
 
 func TestSReadManyWaiters(t *testing.T) {
-	h := newHarness(t, Attr{Format: FormatMsg, WaitObj: WaitFD}, 256, 256)
+	h := newHarness(t, cq.Attr{Format: cq.FormatMsg, WaitObj: cq.WaitFD}, 256, 256)
 	const total = 200
 	var got atomic.Int64
 	seen := make([]atomic.Int32, total)
@@ -63,7 +64,7 @@ func TestSReadManyWaiters(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ents := make([]Entry, 3)
+			ents := make([]cq.Entry, 3)
 			for got.Load() < total {
 				n, err := h.c.SRead(ctx, ents, 0, 50*time.Millisecond)
 				if err != nil {
@@ -77,7 +78,7 @@ func TestSReadManyWaiters(t *testing.T) {
 		}()
 	}
 	for i := 0; i < total; i++ {
-		id := h.post(i, 8, FlagSend|FlagMsg)
+		id := h.post(i, 8, cq.FlagSend|cq.FlagMsg)
 		h.produce(rawEntry{id: id, ln: 1})
 		if i%16 == 0 {
 			time.Sleep(time.Millisecond)
@@ -90,20 +91,20 @@ func TestSReadManyWaiters(t *testing.T) {
 }
 
 func TestAllocsFilledRing(t *testing.T) {
-	h := newHarness(t, Attr{Format: FormatTagged, WaitObj: WaitFD}, 1024, 1024)
+	h := newHarness(t, cq.Attr{Format: cq.FormatTagged, WaitObj: cq.WaitFD}, 1024, 1024)
 	ctxs := make([]any, 1024)
 	for i := range ctxs {
 		ctxs[i] = i
 	}
 	fill := func(status uint8) {
 		for i := 0; i < 1000; i++ {
-			id, err := h.tab.Post(Op{Context: ctxs[i], Len: 64, Flags: FlagRecv | FlagMsg})
+			id, err := h.tab.Post(Op{Context: ctxs[i], Len: 64, Flags: cq.FlagRecv | cq.FlagMsg})
 			require.NoError(t, err)
 			h.complete(rawEntry{id: id, opcode: 1, ln: 64, status: uint32(status), flags: 1 << 4, src: 9})
 		}
 	}
-	ents := make([]Entry, 8)
-	addrs := make([]Addr, 8)
+	ents := make([]cq.Entry, 8)
+	addrs := make([]cq.Addr, 8)
 	fill(0)
 	require.Zero(t, testing.AllocsPerRun(100, func() { _, _ = h.c.Read(ents) }))
 	require.Zero(t, testing.AllocsPerRun(20, func() { _, _ = h.c.ReadFrom(ents, addrs) }))
@@ -113,7 +114,7 @@ func TestAllocsFilledRing(t *testing.T) {
 		}
 	}
 	fill(5)
-	var ee ErrEntry
+	var ee cq.ErrEntry
 	buf := make([]byte, 16)
 	require.Zero(t, testing.AllocsPerRun(100, func() {
 		ee.ErrData = buf
@@ -133,14 +134,14 @@ func TestAllocsFilledRing(t *testing.T) {
 // world to read memory statistics on every lap).
 func BenchmarkReadFilledRing(b *testing.B) {
 	const lap = 4096
-	h := newHarness(b, Attr{Format: FormatData}, lap, lap)
+	h := newHarness(b, cq.Attr{Format: cq.FormatData}, lap, lap)
 	ctxs := make([]any, lap)
 	for i := range ctxs {
 		ctxs[i] = i
 	}
 	refill := func() {
 		for i := 0; i < lap; i++ {
-			id, err := h.tab.Post(Op{Context: ctxs[i], Len: 1500, Flags: FlagRecv | FlagMsg})
+			id, err := h.tab.Post(Op{Context: ctxs[i], Len: 1500, Flags: cq.FlagRecv | cq.FlagMsg})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -153,8 +154,8 @@ func BenchmarkReadFilledRing(b *testing.B) {
 // benchLaps is the timed part of the filled-ring benchmarks: for each lap,
 // refill (not timed), then read the lap from c in batches of benchBatch.
 // ns/op is per entry and counts only the reads.
-func benchLaps(b *testing.B, c *CQ, lap int, refill func()) {
-	ents := make([]Entry, benchBatch)
+func benchLaps(b *testing.B, c *cq.CQ, lap int, refill func()) {
+	ents := make([]cq.Entry, benchBatch)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var reading time.Duration
@@ -179,28 +180,28 @@ var benchBatch = 32
 // expired SRead os.ErrDeadlineExceeded (and ErrAgain, fi_cq_sread's
 // -FI_EAGAIN), and a nil context is refused.
 func TestErrorVocabulary(t *testing.T) {
-	c, err := New(Attr{WaitObj: WaitFD}, Limits{})
+	c, err := cq.New(cq.Attr{WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
-	ents := make([]Entry, 1)
+	ents := make([]cq.Entry, 1)
 	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
-	require.ErrorIs(t, err, ErrAgain)
+	require.ErrorIs(t, err, cq.ErrAgain)
 	var te interface{ Timeout() bool }
 	require.ErrorAs(t, err, &te)
 	require.True(t, te.Timeout())
 	require.NoError(t, c.Signal())
 	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
-	require.ErrorIs(t, err, ErrSignaled)
+	require.ErrorIs(t, err, cq.ErrSignaled)
 	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "a signal is not a deadline")
 	_, err = c.SRead(nil, ents, 0, time.Millisecond) //nolint:staticcheck // a nil context is what is tested
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, cq.ErrInvalid)
 	require.ErrorIs(t, err, os.ErrInvalid)
 	require.NoError(t, c.Close())
 	_, err = c.Read(ents)
 	require.ErrorIs(t, err, os.ErrClosed)
-	require.ErrorIs(t, c.ReadErr(&ErrEntry{}), os.ErrClosed)
+	require.ErrorIs(t, c.ReadErr(&cq.ErrEntry{}), os.ErrClosed)
 	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
 	require.ErrorIs(t, err, os.ErrClosed)
 	require.ErrorIs(t, c.Signal(), os.ErrClosed)
-	require.ErrorIs(t, c.AddSource(&RingSource{}), os.ErrClosed)
+	require.ErrorIs(t, AddSource(c, &RingSource{}), os.ErrClosed)
 }
