@@ -23,9 +23,9 @@ type RingRegs struct {
 	OverrunMask uint32
 }
 
-// Raw is one entry as the device wrote it, decoded by the layout but not
-// validated: the verbs layer and tests read it; the CQ path validates it.
-type Raw struct {
+// decoded is one entry as the device wrote it, decoded by the layout but not
+// validated (the error path stages from it).
+type decoded struct {
 	Index    uint32 // ring position of the entry
 	ID       uint32 // posted id (the position with IDIsIndex)
 	Queue    uint32 // device queue
@@ -64,13 +64,13 @@ type Ring struct {
 	srcOK bool // SrcValid absent: Src valid whenever present
 }
 
-// NewRing makes a reader over mem, which holds l.Entries entries of
+// newRing makes a reader over mem, which holds l.Entries entries of
 // l.EntrySize bytes and must stay mapped while the Ring is used. mem must
 // not be Go heap memory that the garbage collector may move (it never
 // does for make()d slices, but device memory belongs outside the heap).
 // The reader starts at position 0 expecting lap 0; it does not write mem
 // (see Reset).
-func NewRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
+func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -159,8 +159,8 @@ func (r *Ring) ownerWord(i uint32) *uint32 {
 	return (*uint32)(unsafe.Add(r.base, uintptr(i)*r.esz+r.own))
 }
 
-// Ready reports whether the entry at the head is owned by the driver.
-func (r *Ring) Ready() bool {
+// ready reports whether the entry at the head is owned by the driver.
+func (r *Ring) ready() bool {
 	return atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want
 }
 
@@ -182,9 +182,9 @@ func (r *Ring) next(i, want uint32) (uint32, uint32) {
 	return i, want
 }
 
-// Pending counts the driver-owned entries from the head, up to max, without
+// pending counts the driver-owned entries from the head, up to max, without
 // consuming them.
-func (r *Ring) Pending(max int) int {
+func (r *Ring) pending(max int) int {
 	i, want := r.head, r.want
 	n := 0
 	for n < max && n < int(r.n) && r.readyAt(i, want) {
@@ -194,33 +194,33 @@ func (r *Ring) Pending(max int) int {
 	return n
 }
 
-// Hole reports, when the head entry is not driver-owned, whether the entry
+// hole reports, when the head entry is not driver-owned, whether the entry
 // after it is: a device that writes in order never leaves such a hole, so
 // the head entry carries a wrong ownership bit. The head is checked again
 // after the next entry, so an entry being written at that moment is not
 // mistaken for a hole. It is false unless the layout enables DetectHoles.
-func (r *Ring) Hole() bool {
-	if !r.holes || r.Ready() {
+func (r *Ring) hole() bool {
+	if !r.holes || r.ready() {
 		return false
 	}
 	i, want := r.next(r.head, r.want)
-	return r.readyAt(i, want) && !r.Ready()
+	return r.readyAt(i, want) && !r.ready()
 }
 
-// Overrun reports whether the device has flagged an overrun and no
+// overrun reports whether the device has flagged an overrun and no
 // driver-owned entry remains at the head.
-func (r *Ring) Overrun() bool {
+func (r *Ring) overrun() bool {
 	if !r.regs.Overrun.Valid() || r.regs.Overrun.Read()&r.regs.OverrunMask == 0 {
 		return false
 	}
 	// The device stops writing when it flags the overrun, so an entry
 	// that looked empty before the flag was read may since have appeared.
-	return !r.Ready()
+	return !r.ready()
 }
 
-// Advance consumes the head entry; for DescriptorDone it clears the DD bit.
-// It does not ring the doorbell (Publish does, once per batch).
-func (r *Ring) Advance() {
+// advance consumes the head entry; for DescriptorDone it clears the DD bit.
+// It does not ring the doorbell (publish does, once per batch).
+func (r *Ring) advance() {
 	if r.clear {
 		p := r.ownerWord(r.head)
 		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask)
@@ -248,12 +248,12 @@ func (r *Ring) consumeHole() {
 	}
 	p := r.ownerWord(r.head)
 	atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask|nextNotReady)
-	r.Advance()
+	r.advance()
 }
 
-// Publish tells the device how far the reader has consumed, through the
+// publish tells the device how far the reader has consumed, through the
 // doorbell (skipped when the value has not moved).
-func (r *Ring) Publish() {
+func (r *Ring) publish() {
 	switch {
 	case r.regs.Doorbell == nil:
 	case r.l.Doorbell == DoorbellHead:
@@ -273,14 +273,14 @@ func (f *cfield) get(e unsafe.Pointer) uint64 {
 	return v >> (f.shift & 63) & f.mask
 }
 
-func (r *Ring) decode(i uint32, raw *Raw) {
+func (r *Ring) decode(i uint32, raw *decoded) {
 	r.decodeAt(r.entry(i), i, raw)
 }
 
 // decodeAt decodes the entry at e, which is ring position i or a copy of
 // it.
-func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *Raw) {
-	*raw = Raw{
+func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *decoded) {
+	*raw = decoded{
 		Index:    i,
 		ID:       uint32(r.f[fID].get(e)),
 		Queue:    uint32(r.f[fQueue].get(e)),
@@ -300,30 +300,30 @@ func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *Raw) {
 	}
 }
 
-// Peek decodes the head entry into raw without consuming it; false when
+// peek decodes the head entry into raw without consuming it; false when
 // the head is not driver-owned. Fields are read only after the ownership
 // word was loaded (acquire).
-func (r *Ring) Peek(raw *Raw) bool {
-	if !r.Ready() {
+func (r *Ring) peek(raw *decoded) bool {
+	if !r.ready() {
 		return false
 	}
 	r.decode(r.head, raw)
 	return true
 }
 
-// Next decodes and consumes the head entry; false when it is not
+// take decodes and consumes the head entry; false when it is not
 // driver-owned. Call Publish after a batch.
-func (r *Ring) Next(raw *Raw) bool {
-	if !r.Peek(raw) {
+func (r *Ring) take(raw *decoded) bool {
+	if !r.peek(raw) {
 		return false
 	}
-	r.Advance()
+	r.advance()
 	return true
 }
 
-// EntryBytes returns the bytes of the entry at ring position i (for error
+// entryBytes returns the bytes of the entry at ring position i (for error
 // data and debugging); nil when i is outside the ring.
-func (r *Ring) EntryBytes(i uint32) []byte {
+func (r *Ring) entryBytes(i uint32) []byte {
 	if i >= r.n {
 		return nil
 	}

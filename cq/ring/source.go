@@ -172,7 +172,7 @@ type RingSource struct {
 
 // NewRingSource makes a source over cfg.Mem.
 func NewRingSource(cfg RingConfig) (*RingSource, error) {
-	r, err := NewRing(cfg.Mem, cfg.Layout, cfg.Regs)
+	r, err := newRing(cfg.Mem, cfg.Layout, cfg.Regs)
 	if err != nil {
 		return nil, err
 	}
@@ -422,13 +422,13 @@ func (q *RingSource) endBatch(n int, stopped, fail bool, tabs []*Table) (int, St
 		q.stageHead(tabs)
 	case stopped:
 		switch {
-		case r.Hole():
+		case r.hole():
 			q.stagePhase()
-		case r.Overrun():
+		case r.overrun():
 			q.overrun = true
 		}
 	}
-	r.Publish()
+	r.publish()
 	for _, t := range q.dirty {
 		t.flush()
 	}
@@ -457,11 +457,11 @@ func (q *RingSource) markDirty(t *Table) {
 // id other than the one it looked up.
 func (q *RingSource) stageHead(tabs []*Table) {
 	r := q.ring
-	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	q.errLen = copy(q.errData, r.entryBytes(r.head))
 	if stageHook != nil {
 		stageHook()
 	}
-	var raw Raw
+	var raw decoded
 	r.decodeAt(unsafe.Pointer(&q.errData[0]), r.head, &raw)
 	t := tableFor(tabs, raw.Queue)
 	if t == nil {
@@ -517,7 +517,7 @@ func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 // entry names no outstanding operation (prov and errno given); with a
 // slot, the device status, opcode and length decide the error, and the
 // slot is released. Cold path.
-func (q *RingSource) stage(raw *Raw, t *Table, s *slot, prov int, errno cq.Errno) {
+func (q *RingSource) stage(raw *decoded, t *Table, s *slot, prov int, errno cq.Errno) {
 	ee := &q.errEnt
 	*ee = cq.ErrEntry{}
 	ee.Queue = raw.Queue
@@ -557,7 +557,7 @@ func (q *RingSource) stage(raw *Raw, t *Table, s *slot, prov int, errno cq.Errno
 	ee.Err = errno
 	ee.ProvErrno = prov
 	q.staged = true
-	q.ring.Advance()
+	q.ring.advance()
 }
 
 // stagePhase reports the head entry, whose ownership bit is wrong while the
@@ -565,7 +565,7 @@ func (q *RingSource) stage(raw *Raw, t *Table, s *slot, prov int, errno cq.Errno
 func (q *RingSource) stagePhase() {
 	r := q.ring
 	q.errEnt = cq.ErrEntry{Err: cq.EIO, ProvErrno: cq.ProvBadPhase}
-	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	q.errLen = copy(q.errData, r.entryBytes(r.head))
 	q.staged = true
 	r.consumeHole()
 }
@@ -573,13 +573,13 @@ func (q *RingSource) stagePhase() {
 // Pending implements Source.
 func (q *RingSource) Pending(max int) int {
 	if q.staged {
-		return 1 + q.ring.Pending(max-1)
+		return 1 + q.ring.pending(max-1)
 	}
 	if q.overrun {
 		return max
 	}
-	n := q.ring.Pending(max)
-	if n == 0 && (q.ring.Hole() || q.ring.Overrun()) {
+	n := q.ring.pending(max)
+	if n == 0 && (q.ring.hole() || q.ring.overrun()) {
 		return max
 	}
 	return n
