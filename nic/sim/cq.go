@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/cq/ring"
@@ -14,24 +15,56 @@ import (
 	"github.com/vfnic/vfnic/eventfd"
 )
 
-// CQE geometry and field offsets (see the package documentation).
+// CQE is the software device's completion entry as it lies in the ring
+// (little-endian fields; see the package documentation). It is the one
+// declaration of the format: the Off* constants, CQESize and Layout are
+// derived from it.
+type CQE struct {
+	ID       uint32   // the id the driver put in the descriptor (ring.Table id)
+	Queue    uint16   // 2k for QP k's send queue, 2k+1 for its receive queue
+	Opcode   Opcode   // what completed
+	Status   Status   // StatusOK or an error
+	ByteLen  uint32   // bytes sent or received
+	DevFlags uint32   // Dev* bits
+	Data     uint64   // remote CQ data (DevHasData)
+	Tag      uint64   // message tag (DevTagged)
+	Src      uint64   // source address (DevHasSrc)
+	Syndrome uint32   // vendor error detail
+	BufOff   uint32   // offset inside a multi-receive buffer
+	_        [12]byte // reserved, written as 0
+	Owner    uint32   // OwnerBit is the phase; written last
+}
+
+// CQE geometry and field offsets, from CQE.
 const (
-	CQESize     = 64
-	OffID       = 0
-	OffQueue    = 4
-	OffOpcode   = 6
-	OffStatus   = 7
-	OffByteLen  = 8
-	OffDevFlags = 12
-	OffData     = 16
-	OffTag      = 24
-	OffSrc      = 32
-	OffSyndrome = 40
-	OffBufOff   = 44
-	OffOwner    = 60
+	CQESize     = int(unsafe.Sizeof(CQE{}))
+	OffID       = int(unsafe.Offsetof(CQE{}.ID))
+	OffQueue    = int(unsafe.Offsetof(CQE{}.Queue))
+	OffOpcode   = int(unsafe.Offsetof(CQE{}.Opcode))
+	OffStatus   = int(unsafe.Offsetof(CQE{}.Status))
+	OffByteLen  = int(unsafe.Offsetof(CQE{}.ByteLen))
+	OffDevFlags = int(unsafe.Offsetof(CQE{}.DevFlags))
+	OffData     = int(unsafe.Offsetof(CQE{}.Data))
+	OffTag      = int(unsafe.Offsetof(CQE{}.Tag))
+	OffSrc      = int(unsafe.Offsetof(CQE{}.Src))
+	OffSyndrome = int(unsafe.Offsetof(CQE{}.Syndrome))
+	OffBufOff   = int(unsafe.Offsetof(CQE{}.BufOff))
+	OffOwner    = int(unsafe.Offsetof(CQE{}.Owner))
 	// OwnerBit is the phase bit in the owner word.
 	OwnerBit = 1 << 31
 )
+
+// The documented format is 64 bytes with the owner word last: a change to
+// CQE that breaks it does not compile.
+var (
+	_ [64 - CQESize]struct{}
+	_ [CQESize - 64]struct{}
+	_ [60 - OffOwner]struct{}
+	_ [OffOwner - 60]struct{}
+)
+
+// bits returns the width in bits of a CQE field of size bytes.
+func bitsOf(size uintptr) int { return int(8 * size) }
 
 // Opcode is the CQE opcode.
 type Opcode uint8
@@ -83,23 +116,24 @@ const (
 
 // Layout returns the ring layout of a CQ of size entries, for ring.Ring.
 func Layout(size int) ring.Layout {
+	var e CQE
 	return ring.Layout{
 		Name: "sim", EntrySize: CQESize, Entries: size, Convention: ring.PhaseBit,
 		OwnerOff: OffOwner, OwnerMask: OwnerBit, InitPhase: 1,
 		DetectHoles: true, Doorbell: ring.DoorbellCount,
 		Fields: ring.Fields{
-			ID:       ring.Field{Off: OffID, Bits: 32},
-			Queue:    ring.Field{Off: OffQueue, Bits: 16},
-			Opcode:   ring.Field{Off: OffOpcode, Bits: 8},
-			Status:   ring.Field{Off: OffStatus, Bits: 8},
-			Len:      ring.Field{Off: OffByteLen, Bits: 32},
-			Flags:    ring.Field{Off: OffDevFlags, Bits: 8},
-			Data:     ring.Field{Off: OffData, Bits: 64},
-			Tag:      ring.Field{Off: OffTag, Bits: 64},
-			Src:      ring.Field{Off: OffSrc, Bits: 64},
-			SrcValid: ring.Field{Off: OffDevFlags, Shift: 4, Bits: 1},
-			Syndrome: ring.Field{Off: OffSyndrome, Bits: 32},
-			BufOff:   ring.Field{Off: OffBufOff, Bits: 32},
+			ID:       ring.Field{Off: OffID, Bits: bitsOf(unsafe.Sizeof(e.ID))},
+			Queue:    ring.Field{Off: OffQueue, Bits: bitsOf(unsafe.Sizeof(e.Queue))},
+			Opcode:   ring.Field{Off: OffOpcode, Bits: bitsOf(unsafe.Sizeof(e.Opcode))},
+			Status:   ring.Field{Off: OffStatus, Bits: bitsOf(unsafe.Sizeof(e.Status))},
+			Len:      ring.Field{Off: OffByteLen, Bits: bitsOf(unsafe.Sizeof(e.ByteLen))},
+			Flags:    ring.Field{Off: OffDevFlags, Bits: 8}, // the Dev* bits
+			Data:     ring.Field{Off: OffData, Bits: bitsOf(unsafe.Sizeof(e.Data))},
+			Tag:      ring.Field{Off: OffTag, Bits: bitsOf(unsafe.Sizeof(e.Tag))},
+			Src:      ring.Field{Off: OffSrc, Bits: bitsOf(unsafe.Sizeof(e.Src))},
+			SrcValid: ring.Field{Off: OffDevFlags, Shift: bits.TrailingZeros(DevHasSrc), Bits: 1},
+			Syndrome: ring.Field{Off: OffSyndrome, Bits: bitsOf(unsafe.Sizeof(e.Syndrome))},
+			BufOff:   ring.Field{Off: OffBufOff, Bits: bitsOf(unsafe.Sizeof(e.BufOff))},
 		},
 	}
 }
@@ -134,16 +168,7 @@ func Limits() cq.Limits {
 
 // cqe is a completion before the device writes it.
 type cqe struct {
-	id        uint32
-	queue     uint16
-	opcode    uint8
-	status    uint8
-	byteLen   uint32
-	flags     uint32
-	data, tag uint64
-	src       uint64
-	syndrome  uint32
-	bufOff    uint32
+	CQE
 	solicited bool // device-internal: counts for solicited-only arms
 }
 
@@ -393,20 +418,20 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 		dc.faults = dc.faults[1:]
 		switch f.Kind {
 		case FaultErrorStatus:
-			e.status = uint8(f.Status)
+			e.Status = f.Status
 			if f.Status == StatusOK {
-				e.status = uint8(StatusGeneralErr)
+				e.Status = StatusGeneralErr
 			}
-			e.syndrome = f.Syndrome
+			e.Syndrome = f.Syndrome
 		case FaultBadLen:
-			e.byteLen += 4096
+			e.ByteLen += 4096
 		case FaultBadStatus:
-			e.status = 0xee
+			e.Status = 0xee
 		case FaultBadOpcode:
-			e.opcode = 0xee
+			e.Opcode = 0xee
 		case FaultBadID:
 			bad := e
-			bad.id ^= 0x80000000 // same slot, another generation: never outstanding
+			bad.ID ^= 0x80000000 // same slot, another generation: never outstanding
 			if !d.write(dc, bad, false) {
 				return
 			}
@@ -415,7 +440,7 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 			if dc.hasLast {
 				dup = dc.last
 			} else {
-				dup.id ^= 0x80000000
+				dup.ID ^= 0x80000000
 			}
 			if !d.write(dc, dup, false) {
 				return
@@ -454,28 +479,30 @@ func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	// line is in the reader's cache, and a few wide stores waiting for it
 	// fill the store buffer less than a dozen narrow ones.
 	var t [CQESize]byte
-	binary.LittleEndian.PutUint32(t[OffID:], e.id)
-	binary.LittleEndian.PutUint16(t[OffQueue:], e.queue)
-	t[OffOpcode] = e.opcode
-	t[OffStatus] = e.status
-	binary.LittleEndian.PutUint32(t[OffByteLen:], e.byteLen)
-	binary.LittleEndian.PutUint32(t[OffDevFlags:], e.flags)
-	binary.LittleEndian.PutUint64(t[OffData:], e.data)
-	binary.LittleEndian.PutUint64(t[OffTag:], e.tag)
-	binary.LittleEndian.PutUint64(t[OffSrc:], e.src)
-	binary.LittleEndian.PutUint32(t[OffSyndrome:], e.syndrome)
-	binary.LittleEndian.PutUint32(t[OffBufOff:], e.bufOff)
-	copy(dc.ring[pos*CQESize:pos*CQESize+OffOwner], t[:OffOwner])
+	le := binary.LittleEndian
+	le.PutUint32(t[OffID:], e.ID)
+	le.PutUint16(t[OffQueue:], e.Queue)
+	t[OffOpcode] = byte(e.Opcode)
+	t[OffStatus] = byte(e.Status)
+	le.PutUint32(t[OffByteLen:], e.ByteLen)
+	le.PutUint32(t[OffDevFlags:], e.DevFlags)
+	le.PutUint64(t[OffData:], e.Data)
+	le.PutUint64(t[OffTag:], e.Tag)
+	le.PutUint64(t[OffSrc:], e.Src)
+	le.PutUint32(t[OffSyndrome:], e.Syndrome)
+	le.PutUint32(t[OffBufOff:], e.BufOff)
+	at := int(pos) * CQESize
+	copy(dc.ring[at:at+OffOwner], t[:OffOwner])
 	phase := uint32(1) ^ (dc.prod>>dc.shift)&1
 	if wrongPhase {
 		phase ^= 1
 	}
-	owner, _ := dc.win.Reg32(uintptr(pos*CQESize + OffOwner)) // in range: pos < size
-	owner.Write(phase << 31)                                  // last, a release store
+	owner, _ := dc.win.Reg32(uintptr(at + OffOwner)) // in range: pos < size
+	owner.Write(phase << 31)                         // last, a release store
 	dc.prod++
 	dc.written++
 	dc.lastWrite = d.stamp()
-	if dc.armed && dc.armSol && (e.solicited || e.status != 0) {
+	if dc.armed && dc.armSol && (e.solicited || e.Status != 0) {
 		dc.solSeen = true
 	}
 	d.maybeFire(dc)

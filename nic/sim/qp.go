@@ -475,17 +475,17 @@ func (d *Device) stepQP(q *QP) bool {
 		b := q.sq[slot*DescSize : slot*DescSize+DescSize]
 		addr := binary.LittleEndian.Uint64(b[OffDescAddr:])
 		ln := binary.LittleEndian.Uint32(b[OffDescLen:])
-		e := cqe{id: binary.LittleEndian.Uint32(b[OffDescID:]), queue: uint16(2 * q.num),
-			opcode: uint8(OpSend), byteLen: ln}
+		e := cqe{CQE: CQE{ID: binary.LittleEndian.Uint32(b[OffDescID:]), Queue: uint16(2 * q.num),
+			Opcode: OpSend, ByteLen: ln}}
 		var frame []byte
 		if ln > 0 {
 			frame = d.translate(addr, ln)
 		}
 		switch {
 		case ln > MaxFrame:
-			e.status = uint8(StatusLocalLenErr)
+			e.Status = StatusLocalLenErr
 		case ln > 0 && frame == nil:
-			e.status = uint8(StatusLocalProtErr)
+			e.Status = StatusLocalProtErr
 		default:
 			d.stats.Frames++
 			d.deliver(q, frame, b)
@@ -513,19 +513,19 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		return
 	}
 	dfl := binary.LittleEndian.Uint32(desc[OffDescFlags:])
-	e := cqe{queue: uint16(2*r.num + 1), opcode: uint8(OpRecv), byteLen: uint32(len(frame)),
+	e := cqe{CQE: CQE{Queue: uint16(2*r.num + 1), Opcode: OpRecv, ByteLen: uint32(len(frame))},
 		solicited: dfl&DescSolicited != 0}
 	if dfl&DescHasData != 0 {
-		e.flags |= DevHasData
-		e.data = binary.LittleEndian.Uint64(desc[OffDescData:])
+		e.DevFlags |= DevHasData
+		e.Data = binary.LittleEndian.Uint64(desc[OffDescData:])
 	}
 	if dfl&DescTagged != 0 {
-		e.flags |= DevTagged
-		e.tag = binary.LittleEndian.Uint64(desc[OffDescTag:])
+		e.DevFlags |= DevTagged
+		e.Tag = binary.LittleEndian.Uint64(desc[OffDescTag:])
 	}
 	if r.source {
-		e.flags |= DevHasSrc
-		e.src = uint64(from.addr)
+		e.DevFlags |= DevHasSrc
+		e.Src = uint64(from.addr)
 	}
 	m := &r.multi
 	if !m.active {
@@ -538,17 +538,17 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		r.drqHead++ // published once per pass by stepQP
 		addr := binary.LittleEndian.Uint64(b[OffDescAddr:])
 		blen := binary.LittleEndian.Uint32(b[OffDescLen:])
-		e.id = binary.LittleEndian.Uint32(b[OffDescID:])
+		e.ID = binary.LittleEndian.Uint32(b[OffDescID:])
 		buf := d.translate(addr, blen)
 		if buf == nil {
-			e.status, e.byteLen = uint8(StatusLocalProtErr), 0
+			e.Status, e.ByteLen = StatusLocalProtErr, 0
 			d.complete(r.recvDev, e)
 			return
 		}
 		if binary.LittleEndian.Uint32(b[OffDescFlags:])&DescMultiRecv == 0 {
 			copy(buf, frame)
 			if len(frame) > len(buf) {
-				e.status = uint8(StatusLocalLenErr)
+				e.Status = StatusLocalLenErr
 			}
 			d.stats.Delivered++
 			d.complete(r.recvDev, e)
@@ -558,19 +558,19 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		if minFree == 0 {
 			minFree = MaxFrame
 		}
-		*m = multiBuf{active: true, buf: buf, id: e.id, minFree: minFree}
+		*m = multiBuf{active: true, buf: buf, id: e.ID, minFree: minFree}
 	}
-	e.id = m.id
-	e.bufOff = uint32(m.off)
+	e.ID = m.id
+	e.BufOff = uint32(m.off)
 	space := len(m.buf) - m.off
 	copy(m.buf[m.off:], frame)
 	if len(frame) > space {
-		e.status = uint8(StatusLocalLenErr) // the error releases the buffer
+		e.Status = StatusLocalLenErr // the error releases the buffer
 		*m = multiBuf{}
 	} else {
 		m.off += (len(frame) + 63) &^ 63
 		if len(m.buf)-m.off < m.minFree {
-			e.flags |= DevMultiRecv
+			e.DevFlags |= DevMultiRecv
 			*m = multiBuf{}
 		}
 	}
