@@ -2,6 +2,7 @@ package nic
 
 import (
 	"errors"
+	"fmt"
 	"os"
 
 	"github.com/vfnic/vfnic/cq"
@@ -33,6 +34,10 @@ var (
 	// ErrTimeout means a blocking read's timeout passed with nothing to
 	// read. It is os.ErrDeadlineExceeded, as for Go's own deadlines.
 	ErrTimeout = os.ErrDeadlineExceeded
+	// ErrBound means a queue bound to a completion queue (BindCQ) was read
+	// directly: its completions go to the CQ, read them there. It matches
+	// ErrInvalid.
+	ErrBound = fmt.Errorf("%w: queue feeds a completion queue (BindCQ): read it there", ErrInvalid)
 	// ErrDeviceFailed means the device stopped working: it did not reset,
 	// refused the negotiated features, or flagged DEVICE_NEEDS_RESET.
 	ErrDeviceFailed = errors.New("nic: device failed")

@@ -31,10 +31,14 @@ func TestCQReceive(t *testing.T) {
 		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
 		ctx := postN(t, rx, 8)
 		var comps [4]nic.Completion
-		require.Zero(t, rx.Poll(comps[:]), "a bound queue's own Poll reads nothing")
-		require.ErrorIs(t, rx.WaitInterrupt(context.Background(), time.Now()), nic.ErrInvalid)
+		require.Equal(t, 1, rx.Poll(comps[:]), "a bound queue's own Poll says it is bound")
+		require.ErrorIs(t, comps[0].Err, nic.ErrBound)
+		require.ErrorIs(t, comps[0].Err, nic.ErrInvalid)
+		_, err := rx.SRead(context.Background(), comps[:], 1, time.Second)
+		require.ErrorIs(t, err, nic.ErrBound)
+		require.ErrorIs(t, rx.WaitInterrupt(context.Background(), time.Now()), nic.ErrBound)
 		ents := make([]cq.Entry, 8)
-		_, err := c.Read(ents)
+		_, err = c.Read(ents)
 		require.ErrorIs(t, err, cq.ErrAgain)
 		for i := range 5 {
 			deliver(t, r.dev, frameFor(i, 64+i*100), 1)
