@@ -198,6 +198,7 @@ type devCQ struct {
 	solSeen  bool
 	lose     int
 	faults   []Fault
+	rng      uint64 // FaultGarbage's generator
 	last     cqe
 	hasLast  bool
 	closed   bool
@@ -451,11 +452,47 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 			if !d.write(dc, e, true) {
 				return
 			}
+		case FaultGarbage:
+			if !d.write(dc, dc.garbage(), false) {
+				return
+			}
+		case FaultRewriteID:
+			if d.write(dc, e, false) {
+				// After the hand-over (the owner word is written), a stale
+				// id for about a microsecond, then the real one again: a
+				// reader sees one or the other, and must act on the one it
+				// read, never look up one and release the other.
+				at := int((dc.prod-1)&(dc.size-1)) * CQESize
+				binary.LittleEndian.PutUint32(dc.ring[at+OffID:], e.ID^0x80000000)
+				for t := time.Now(); time.Since(t) < time.Microsecond; {
+				}
+				binary.LittleEndian.PutUint32(dc.ring[at+OffID:], e.ID)
+				dc.last, dc.hasLast = e, true
+			}
+			return
 		}
 	}
 	if d.write(dc, e, false) {
 		dc.last, dc.hasLast = e, true
 	}
+}
+
+// garbage returns an entry of pseudo-random fields (xorshift64, seeded by
+// the CQ), for FaultGarbage.
+func (dc *devCQ) garbage() cqe {
+	next := func() uint64 {
+		if dc.rng == 0 {
+			dc.rng = 0x9e3779b97f4a7c15 ^ uint64(dc.size)
+		}
+		dc.rng ^= dc.rng << 13
+		dc.rng ^= dc.rng >> 7
+		dc.rng ^= dc.rng << 17
+		return dc.rng
+	}
+	a, b, c := next(), next(), next()
+	return cqe{CQE: CQE{ID: uint32(a), Queue: uint16(a >> 32), Opcode: Opcode(a >> 48), Status: Status(a >> 56),
+		ByteLen: uint32(b), DevFlags: uint32(b >> 32), Data: c, Tag: c * 31, Src: b ^ c,
+		Syndrome: uint32(c >> 32), BufOff: uint32(c)}}
 }
 
 // write puts one entry in the ring, or enters the overrun state when the
@@ -568,12 +605,21 @@ const (
 	FaultLostIRQ
 	// FaultSpuriousIRQ: an interrupt is raised now with nothing new.
 	FaultSpuriousIRQ
+	// FaultGarbage: an extra entry of random fields, with the right
+	// phase, precedes the next completion.
+	FaultGarbage
+	// FaultRewriteID: right after handing the next completion over (owner
+	// word written) the device rewrites its id to a stale one for about a
+	// microsecond, then back: a reader sees either id. The operation
+	// completes, or its completion is refused (ProvBadID) and it stays
+	// outstanding: lost by the device, never completed twice.
+	FaultRewriteID
 )
 
 // String names the fault.
 func (k FaultKind) String() string {
 	names := [...]string{"", "error-status", "bad-id", "duplicate-id", "bad-len", "bad-status",
-		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq"}
+		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq", "garbage", "rewrite-id"}
 	if k > 0 && int(k) < len(names) {
 		return names[k]
 	}
@@ -596,7 +642,8 @@ func (d *Device) Inject(c *cq.CQ, f Fault) error {
 		return err
 	}
 	switch f.Kind {
-	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase:
+	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase,
+		FaultGarbage, FaultRewriteID:
 		dc.faults = append(dc.faults, f)
 	case FaultOverrun:
 		d.overrun(dc)
