@@ -36,9 +36,8 @@ type CQ struct {
 }
 
 // New makes a CQ with attr resolved against the provider's limits (actual
-// size, default format). The driver then allocates its ring(s) of
-// Attr().Size entries, wires the device's interrupts to Interrupt() and adds
-// them with AddSource.
+// size, default format). A device's BindCQ (or a driver through cq/ring)
+// then feeds it from the device's completion rings.
 func New(attr Attr, lim Limits) (*CQ, error) {
 	a, err := lim.Resolve(attr)
 	if err != nil {
@@ -327,7 +326,7 @@ func (c *CQ) StrError(provErrno int, errData []byte) string {
 }
 
 // Close releases the CQ and its device rings (fi_close). It fails with
-// ErrBusy while endpoints are bound. Blocked SRead calls return ErrClosed;
+// ErrBusy while device queues are bound to it. Blocked SRead calls return ErrClosed;
 // completions still queued are lost. Close is idempotent.
 func (c *CQ) Close() error {
 	c.mu.Lock()
