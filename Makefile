@@ -9,7 +9,7 @@ GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all setup deps build vet test test-host test-vm demo bench clean
+.PHONY: all setup deps build vet test test-host test-vm demo bench fuzz soak clean
 
 all: build
 
@@ -44,6 +44,23 @@ demo: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Every fuzz target for FUZZTIME each (their seed corpora run in make test).
+FUZZTIME ?= 60s
+fuzz: deps
+	@for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		pkg=./$$(dirname $${f#./}); \
+		for t in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | cut -d' ' -f2); do \
+			echo "== $$pkg $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
+
+# The soak on the software device with random faults, for SOAKTIME (a
+# short one runs in make test).
+SOAKTIME ?= 60s
+soak: deps
+	VFNIC_SOAK=$(SOAKTIME) $(GO) test -count=1 -run '^TestSoak$$' -v ./tests/simcq
 
 clean:
 	$(GO) clean -testcache

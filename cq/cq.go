@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vfnic/vfnic/cq/internal/provider"
 	"github.com/vfnic/vfnic/eventfd"
 )
 
@@ -17,7 +18,7 @@ type CQ struct {
 	single bool
 
 	mu     sync.Mutex // readers; also guards srcs, closed, fatal, bound
-	srcs   []Source
+	srcs   []source
 	closed bool
 	fatal  bool
 	bound  int
@@ -35,9 +36,8 @@ type CQ struct {
 }
 
 // New makes a CQ with attr resolved against the provider's limits (actual
-// size, default format). The driver then allocates its ring(s) of
-// Attr().Size entries, wires the device's interrupts to Interrupt() and adds
-// them with AddSource.
+// size, default format). A device's BindCQ (or a driver through cq/ring)
+// then feeds it from the device's completion rings.
 func New(attr Attr, lim Limits) (*CQ, error) {
 	a, err := lim.Resolve(attr)
 	if err != nil {
@@ -59,14 +59,40 @@ func New(attr Attr, lim Limits) (*CQ, error) {
 // format.
 func (c *CQ) Attr() Attr { return c.attr }
 
-// Interrupt returns the eventfd that the device's completion interrupts
-// must signal (VFIO SET_IRQS, or the software device's Add); nil when the
-// CQ has no wait object or waits by yielding.
-func (c *CQ) Interrupt() *eventfd.FD { return c.wait }
+// source is a device completion ring feeding the CQ: cq/ring.Source,
+// which documents the methods. The CQ calls it once per batch, never per
+// entry, and serialises the calls.
+type source interface {
+	Attach(f Format) error
+	Poll(ents []Entry, addrs []Addr) (int, provider.State)
+	Pending(max int) int
+	ReadErr(e *ErrEntry) (data []byte, ok bool)
+	Arm(solicitedOnly bool, threshold int) error
+	StrError(provErrno int, errData []byte) (s string, ok bool)
+	Close() error
+}
 
-// AddSource attaches a device ring to the CQ. Sources are polled in the
+// The driver side of a CQ, reached through cq/ring (AddSource, Bind,
+// Unbind, Bound, Interrupt) so that it is not part of the consumer API.
+func init() {
+	provider.CQ = provider.Hooks{
+		AddSource: func(c, s any) error {
+			src, ok := s.(source)
+			if !ok || s == nil {
+				return fmt.Errorf("%w: not a completion source: %T", ErrInvalid, s)
+			}
+			return c.(*CQ).addSource(src)
+		},
+		Bind:      func(c any) error { return c.(*CQ).bind() },
+		Unbind:    func(c any) { c.(*CQ).unbind() },
+		Bound:     func(c any) int { return c.(*CQ).boundCount() },
+		Interrupt: func(c any) *eventfd.FD { return c.(*CQ).wait },
+	}
+}
+
+// addSource attaches a device ring to the CQ. Sources are polled in the
 // order they were added.
-func (c *CQ) AddSource(s Source) error {
+func (c *CQ) addSource(s source) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -79,9 +105,9 @@ func (c *CQ) AddSource(s Source) error {
 	return nil
 }
 
-// Bind records an endpoint (a device queue) that reports to this CQ; Close
-// fails with ErrBusy until it is Unbound.
-func (c *CQ) Bind() error {
+// bind records an endpoint (a device queue) that reports to this CQ; Close
+// fails with ErrBusy until it is unbound.
+func (c *CQ) bind() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -91,8 +117,8 @@ func (c *CQ) Bind() error {
 	return nil
 }
 
-// Unbind undoes one Bind.
-func (c *CQ) Unbind() {
+// unbind undoes one bind.
+func (c *CQ) unbind() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.bound > 0 {
@@ -100,8 +126,8 @@ func (c *CQ) Unbind() {
 	}
 }
 
-// Bound returns the number of bound endpoints.
-func (c *CQ) Bound() int {
+// boundCount returns the number of bound endpoints.
+func (c *CQ) boundCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.bound
@@ -149,7 +175,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	// One source, the common case: what readAll does, with nothing but c
 	// to keep across the call.
 	n, st := c.srcs[0].Poll(ents, addrs)
-	if st == StateOverrun && n == 0 {
+	if st == provider.StateOverrun && n == 0 {
 		c.fatal = true
 	}
 	fatal := c.fatal
@@ -159,7 +185,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	switch {
 	case n > 0:
 		return n, nil
-	case st == StateError:
+	case st == provider.StateError:
 		return 0, ErrAvail
 	case fatal:
 		return 0, ErrOverrun
@@ -188,11 +214,11 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 		}
 		k, st := s.Poll(ents[n:], a)
 		n += k
-		if st == StateError {
+		if st == provider.StateError {
 			errHead = true
 			break
 		}
-		if st == StateOverrun {
+		if st == provider.StateOverrun {
 			over = true
 		}
 		if n == len(ents) {
@@ -217,17 +243,24 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 
 // probe is a zero-count read: progress and state only. Called locked.
 func (c *CQ) probe() error {
-	ready := false
+	ready, over := false, false
 	for _, s := range c.srcs {
-		if _, st := s.Poll(nil, nil); st == StateError {
+		switch _, st := s.Poll(nil, nil); st {
+		case provider.StateError:
 			return ErrAvail
+		case provider.StateOverrun:
+			over = true
+			continue
 		}
 		if s.Pending(1) > 0 {
 			ready = true
 		}
 	}
-	if ready {
+	switch {
+	case ready:
 		return nil
+	case over:
+		c.fatal = true
 	}
 	if c.fatal {
 		return ErrOverrun
@@ -264,6 +297,11 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 		}
 		return nil
 	}
+	// No error entry: a source that overran says so here too, not only
+	// once a Read has noticed it.
+	if !c.fatal && c.probe() == ErrOverrun {
+		return ErrOverrun
+	}
 	if c.fatal {
 		return ErrOverrun
 	}
@@ -288,7 +326,7 @@ func (c *CQ) StrError(provErrno int, errData []byte) string {
 }
 
 // Close releases the CQ and its device rings (fi_close). It fails with
-// ErrBusy while endpoints are bound. Blocked SRead calls return ErrClosed;
+// ErrBusy while device queues are bound to it. Blocked SRead calls return ErrClosed;
 // completions still queued are lost. Close is idempotent.
 func (c *CQ) Close() error {
 	c.mu.Lock()

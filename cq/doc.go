@@ -1,27 +1,13 @@
-// Package cq reads completion rings that a device writes into DMA memory
-// and offers them through a completion-queue API with the semantics of
-// libfabric's fi_cq(3).
+// Package cq is a completion queue with the semantics of libfabric's
+// fi_cq(3), over the completion rings a device writes into DMA memory.
 //
-// The layers, bottom up:
-//
-//   - Layout and Ring: a declarative description of a device's completion
-//     entry (size, ownership word and convention, field offsets) and a
-//     reader that decides ownership by the phase, owner, wrap, generation
-//     or DD bit, loading the ownership word atomically before the rest of
-//     the entry, and publishes the consumer index once per batch.
-//   - Table: the operations a driver posted, so that every id, length and
-//     status a device writes is checked before use; a bad entry becomes an
-//     error completion (ProvBadID, ProvBadLen, ...), never a panic.
-//   - RingSource: a Ring plus its Tables and the device's status and
-//     opcode codes, converting entries to the CQ's format in one pass with
-//     no call per entry. A layout whose fields are byte-aligned is read by
-//     a loop compiled for the CQ's format and the fields' widths, chosen
-//     once (fast.go); any other by a generic loop. Source is the small
-//     interface (called once per batch) through which a CQ reaches it.
-//   - CQ: one or more Sources behind Read, ReadFrom, ReadErr, SRead,
-//     SReadFrom, Signal, StrError, WaitFD/TryWait and Close. Blocking
-//     reads arm the device's interrupt, poll again and park the goroutine
-//     on an eventfd through Go's runtime poller.
+// A CQ comes from a device (nic/sim's OpenCQ) or from New and a device's
+// BindCQ. Read, ReadFrom and ReadErr take completions without blocking and
+// without allocating; SRead and SReadFrom block, arming the device's
+// interrupt, polling again and parking the goroutine on an eventfd through
+// Go's runtime poller; Signal wakes a blocked SRead; WaitFD and TryWait
+// hand the wait object to an epoll loop; StrError describes a provider
+// error; Close releases the CQ and its device rings.
 //
 // Decisions where the references disagree: errors stay in completion
 // order (a read returns the successes before the first error entry; a
@@ -32,5 +18,10 @@
 // returns ErrNoWait; the timeout counts down across spurious wake-ups,
 // negative waits forever, zero tries once.
 //
-// Read, ReadFrom and ReadErr do not allocate.
+// Errors: a closed CQ returns errors matching os.ErrClosed, an expired
+// SRead one matching both ErrAgain and os.ErrDeadlineExceeded, a bad
+// argument os.ErrInvalid, as in Go's os and net packages.
+//
+// Drivers feed a CQ through package cq/ring, which describes and reads
+// their completion rings.
 package cq

@@ -2,6 +2,7 @@ package cq
 
 import (
 	"errors"
+	"os"
 	"strconv"
 	"syscall"
 )
@@ -22,42 +23,57 @@ var (
 	ErrBusy = errors.New("cq: endpoints still bound")
 	// ErrNoData means the CQ has no wait object to hand out (FI_ENODATA).
 	ErrNoData = errors.New("cq: no wait object")
-	// ErrClosed means the CQ (or a source of it) is closed.
-	ErrClosed = errors.New("cq: closed")
+	// ErrClosed means the CQ (or a source of it) is closed. It is
+	// os.ErrClosed, the error Go's os and net packages (and cilium/ebpf's
+	// ring readers) return for a closed object, so one errors.Is test
+	// covers every package of vfnic.
+	ErrClosed = os.ErrClosed
 	// ErrNotSupported means the operation or attribute is not supported
 	// (FI_ENOSYS).
-	ErrNotSupported = errors.New("cq: not supported")
-	// ErrInvalid means a bad argument or attribute (FI_EINVAL).
-	ErrInvalid = errors.New("cq: invalid argument")
-	// ErrFull means a posted-operation table has no free slot.
-	ErrFull = errors.New("cq: no free slot for a posted operation")
+	// It is errors.ErrUnsupported.
+	ErrNotSupported = errors.ErrUnsupported
+	// ErrInvalid means a bad argument or attribute (FI_EINVAL). It is
+	// os.ErrInvalid.
+	ErrInvalid = os.ErrInvalid
 )
 
 // againError is a distinct error that still matches ErrAgain, so callers
 // written against fi_cq_sread's single -FI_EAGAIN keep working while others
-// can tell a timeout from a signal.
-type againError struct{ msg string }
+// can tell a timeout from a signal. An expired timeout also matches
+// os.ErrDeadlineExceeded, as Go's own deadlines do.
+type againError struct {
+	msg      string
+	deadline bool
+}
 
 // Error returns the message.
 func (e *againError) Error() string { return e.msg }
 
-// Is makes the error match ErrAgain.
-func (e *againError) Is(target error) bool { return target == ErrAgain }
+// Is makes the error match ErrAgain, and a timeout os.ErrDeadlineExceeded.
+func (e *againError) Is(target error) bool {
+	return target == ErrAgain || (e.deadline && target == os.ErrDeadlineExceeded)
+}
+
+// Timeout reports whether the error is an expired timeout (the net.Error
+// convention).
+func (e *againError) Timeout() bool { return e.deadline }
 
 var (
 	// ErrTimeout is returned by SRead when its timeout expires with no
-	// completion (fi_cq_sread's -FI_EAGAIN). errors.Is(ErrTimeout, ErrAgain)
-	// holds.
-	ErrTimeout error = &againError{"cq: timeout"}
+	// completion (fi_cq_sread's -FI_EAGAIN). It matches both ErrAgain and
+	// os.ErrDeadlineExceeded.
+	ErrTimeout error = &againError{"cq: timeout", true}
 	// ErrSignaled is returned by SRead woken by Signal with no completion to
 	// return. errors.Is(ErrSignaled, ErrAgain) holds.
-	ErrSignaled error = &againError{"cq: signaled"}
+	ErrSignaled error = &againError{"cq: signaled", false}
 	// ErrNoWait is returned by SRead on a CQ opened without a wait object
 	// (WaitNone). errors.Is(ErrNoWait, ErrNotSupported) holds.
 	ErrNoWait error = &notSupported{"cq: sread on a CQ without a wait object"}
 	// errShortAddrs is preallocated so that ReadFrom's argument check does
 	// not allocate.
 	errShortAddrs = &invalid{"cq: ReadFrom: fewer source addresses than entries"}
+	// errNilContext: blocking calls take a context, never nil.
+	errNilContext = &invalid{"cq: nil context"}
 )
 
 type notSupported struct{ msg string }

@@ -40,7 +40,7 @@ func (c *CQ) sread(ctx context.Context, ents []Entry, addrs []Addr, cond int, ti
 		return 0, ErrNoWait
 	}
 	if ctx == nil {
-		ctx = context.Background()
+		return 0, errNilContext
 	}
 	if len(ents) == 0 {
 		return c.read(ents, addrs)

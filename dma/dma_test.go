@@ -194,6 +194,8 @@ func TestPool(t *testing.T) {
 	require.EqualValues(t, 3, idx)
 	_, err = NewPool(r, 0, 10)
 	require.ErrorIs(t, err, ErrBadRange)
+	_, err = NewPool(nil, 8, 2000)
+	require.ErrorIs(t, err, ErrBadRange, "a nil region is an error, not a panic")
 }
 
 func TestPoolNoAllocs(t *testing.T) {

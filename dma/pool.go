@@ -25,6 +25,9 @@ type Pool struct {
 // NewPool carves count buffers of size bytes (rounded up to 64 for cache
 // lines) from r.
 func NewPool(r *Region, count, size int) (*Pool, error) {
+	if r == nil {
+		return nil, fmt.Errorf("%w: pool in a nil region", ErrBadRange)
+	}
 	if count <= 0 || size <= 0 || count > 1<<24 || size > 1<<24 {
 		return nil, fmt.Errorf("%w: pool of %d x %d bytes", ErrBadRange, count, size)
 	}

@@ -9,6 +9,7 @@ package dma
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -22,8 +23,9 @@ type Mapper interface {
 	UnmapDMA(iova, size uint64) error
 }
 
-// ErrClosed is returned when a closed Space or Region is used.
-var ErrClosed = errors.New("dma: closed")
+// ErrClosed is returned when a closed Space or Region is used. It is
+// os.ErrClosed.
+var ErrClosed = os.ErrClosed
 
 // ErrNoRoom means a region has no space left for a ring or pool.
 var ErrNoRoom = errors.New("dma: region full")

@@ -15,11 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrTimeout is returned by Wait when its deadline passes with no event.
-var ErrTimeout = errors.New("eventfd: timeout")
+// ErrTimeout is returned by Wait when its deadline passes with no event. It
+// is os.ErrDeadlineExceeded, as for Go's own deadlines.
+var ErrTimeout = os.ErrDeadlineExceeded
 
-// ErrClosed is returned by operations on a closed FD.
-var ErrClosed = errors.New("eventfd: closed")
+// ErrClosed is returned by operations on a closed FD. It is os.ErrClosed.
+var ErrClosed = os.ErrClosed
 
 // FD is an eventfd counter. Add and Take may be called from any goroutine;
 // Wait parks the calling goroutine on the runtime poller. Concurrent Waits
@@ -98,6 +99,9 @@ func (e *FD) Take() (uint64, error) {
 // ctx is cancelled, and ErrClosed when the FD is closed, including by a Close
 // that happens while it waits.
 func (e *FD) Wait(ctx context.Context, deadline time.Time) (uint64, error) {
+	if ctx == nil {
+		return 0, fmt.Errorf("eventfd: nil context: %w", os.ErrInvalid)
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

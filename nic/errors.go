@@ -1,6 +1,12 @@
 package nic
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/vfnic/vfnic/cq"
+)
 
 // Errors of opening and using a device.
 var (
@@ -8,11 +14,14 @@ var (
 	ErrNoDriver = errors.New("nic: no driver for device")
 	// ErrNotSupported means the device lacks something the driver needs
 	// (a feature, enough interrupt vectors, a modern interface).
-	ErrNotSupported = errors.New("nic: not supported by the device")
-	// ErrInvalid means an argument or a Config field is out of range.
-	ErrInvalid = errors.New("nic: invalid argument")
-	// ErrClosed means the device or queue was closed.
-	ErrClosed = errors.New("nic: closed")
+	// It is cq.ErrNotSupported: one sentinel for both layers.
+	ErrNotSupported = cq.ErrNotSupported
+	// ErrInvalid means an argument or a Config field is out of range. It
+	// is cq.ErrInvalid.
+	ErrInvalid = cq.ErrInvalid
+	// ErrClosed means the device or queue was closed. It is os.ErrClosed
+	// (as cq.ErrClosed is).
+	ErrClosed = os.ErrClosed
 	// ErrRemoved means the kernel took the device back (its driver was
 	// unbound through sysfs, or the device is being removed) and the
 	// driver closed it. Errors carrying it also wrap ErrClosed.
@@ -26,8 +35,13 @@ var (
 	// ErrBadBuffer means a buffer handed back (Release, Repost) is not one
 	// the queue gave out, or was handed back twice.
 	ErrBadBuffer = errors.New("nic: bad buffer")
-	// ErrTimeout means a blocking read's timeout passed with nothing to read.
-	ErrTimeout = errors.New("nic: timeout")
+	// ErrTimeout means a blocking read's timeout passed with nothing to
+	// read. It is os.ErrDeadlineExceeded, as for Go's own deadlines.
+	ErrTimeout = os.ErrDeadlineExceeded
+	// ErrBound means a queue bound to a completion queue (BindCQ) was read
+	// directly: its completions go to the CQ, read them there. It matches
+	// ErrInvalid.
+	ErrBound = fmt.Errorf("%w: queue feeds a completion queue (BindCQ): read it there", ErrInvalid)
 	// ErrDeviceFailed means the device stopped working: it did not reset,
 	// refused the negotiated features, or flagged DEVICE_NEEDS_RESET.
 	ErrDeviceFailed = errors.New("nic: device failed")

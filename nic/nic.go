@@ -61,7 +61,9 @@ type Queue interface {
 	// the device and notifies it unless it suppressed notifications.
 	Flush() error
 	// Poll moves up to len(out) completions into out without blocking and
-	// returns how many. An error completion is always the last one.
+	// returns how many. An error completion is always the last one. A
+	// queue bound to a CQ (BindCQ) returns one error completion whose Err
+	// is ErrBound, and SRead and WaitInterrupt return ErrBound.
 	Poll(out []Completion) int
 	// SRead is the blocking Poll: it returns once threshold completions
 	// (at least 1, at most len(out)) are read, an error completion is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -110,7 +111,10 @@ func TestSRead(t *testing.T) {
 		q := &fakeQueue{}
 		_, err := SRead(ctx, q, out, 1, 0)
 		require.ErrorIs(t, err, ErrTimeout)
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 		require.Empty(t, q.arms, "a zero timeout polls once and never sleeps")
+		_, err = SRead(nil, q, out, 1, 0) //nolint:staticcheck // a nil context is what is tested
+		require.ErrorIs(t, err, ErrInvalid)
 	})
 	t.Run("threshold-accumulates", func(t *testing.T) {
 		q := &fakeQueue{ready: comps(1), arrivals: []arrival{{time.Millisecond, comps(2)}, {time.Millisecond, comps(3)}}}

@@ -73,6 +73,9 @@ func Lookup(d pci.Device) (Driver, bool) {
 // Close or when Open fails, unless Config.KeepBound; Info.PreviousDriver
 // and Info.Rebound say what it found.
 func Open(ctx context.Context, addr string, cfg Config) (Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", ErrInvalid)
+	}
 	a, err := pci.ParseAddress(addr)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package nic
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -21,11 +22,11 @@ type Waitable interface {
 // Completions already read are always returned (with a nil error), even
 // when ctx ends or the queue closes meanwhile; the next call reports that.
 func SRead(ctx context.Context, q Waitable, out []Completion, threshold int, timeout time.Duration) (int, error) {
+	if ctx == nil {
+		return 0, fmt.Errorf("%w: nil context", ErrInvalid)
+	}
 	if len(out) == 0 {
 		return 0, nil
-	}
-	if ctx == nil {
-		ctx = context.Background()
 	}
 	thr := min(max(threshold, 1), len(out))
 	var deadline time.Time

@@ -38,6 +38,9 @@ const pollInterval = 2 * time.Millisecond
 // a process holds it open (the kernel's unbind then waits for that
 // process): GiveBack does all three.
 func (s Sysfs) Unbind(ctx context.Context, a Address) error {
+	if ctx == nil {
+		return fmt.Errorf("pci: unbind %s: nil context: %w", a, fs.ErrInvalid)
+	}
 	d, err := s.Lookup(a)
 	if err != nil {
 		return err
@@ -80,6 +83,9 @@ func (s Sysfs) unbind(ctx context.Context, a Address, drv string) error {
 // The override stays set after success, so the device goes back to driver
 // rather than its usual one if it is ever re-probed; ClearOverride undoes it.
 func (s Sysfs) Bind(ctx context.Context, a Address, driver string) error {
+	if ctx == nil {
+		return fmt.Errorf("pci: bind %s: nil context: %w", a, fs.ErrInvalid)
+	}
 	if err := checkDriverName(driver); err != nil {
 		return fmt.Errorf("pci: bind %s: %w", a, err)
 	}

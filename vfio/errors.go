@@ -1,6 +1,9 @@
 package vfio
 
-import "errors"
+import (
+	"errors"
+	"os"
+)
 
 // Sentinel errors; every error returned by this package that has one of
 // these causes wraps it (use errors.Is). Errors from a failed ioctl also
@@ -12,7 +15,7 @@ var (
 	ErrNotVFIO = errors.New("vfio: not a VFIO device file")
 	// ErrNotSupported: the kernel or device lacks a required feature
 	// (API version, type1v2 IOMMU, reset, IOVA range reporting, ...).
-	ErrNotSupported = errors.New("vfio: not supported")
+	ErrNotSupported = errors.ErrUnsupported
 	// ErrGroupNotViable: some device of the IOMMU group is bound to a host driver.
 	ErrGroupNotViable = errors.New("vfio: IOMMU group not viable")
 	// ErrNoDevice: the group or device does not exist (or is not bound to vfio-pci).
@@ -35,7 +38,8 @@ var (
 	// ErrBadInfo: the kernel's info structure or capability chain is malformed.
 	ErrBadInfo = errors.New("vfio: malformed info structure")
 	// ErrInvalid: an argument is invalid (negative index, empty list, ...).
-	ErrInvalid = errors.New("vfio: invalid argument")
-	// ErrClosed: the container, group, device or mapping was closed.
-	ErrClosed = errors.New("vfio: use of closed object")
+	ErrInvalid = os.ErrInvalid
+	// ErrClosed: the container, group, device or mapping was closed. It is
+	// os.ErrClosed.
+	ErrClosed = os.ErrClosed
 )

@@ -1,9 +1,9 @@
 // Command goreader is the Go half of the completion-path benchmark (see
 // bench/README.md). It maps the shared-memory ring that bench/c/producer.c
 // writes and reads it through vfnic's real completion path, built the way
-// nic/sim builds its CQs: cq.New with sim.Limits, a cq.RingSource over
+// nic/sim builds its CQs: cq.New with sim.Limits, a ring.RingSource over
 // sim.Layout with sim.Codes, the consumer-count doorbell and the overrun
-// word of sim's status page, and a cq.Table of posted receives bound to
+// word of sim's status page, and a ring.Table of posted receives bound to
 // queue 0. Each cq.CQ.Read fills a []cq.Entry of the batch size; every
 // completion is checked (data = sequence number) and its buffer re-posted
 // through the Table.
@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic/sim"
 )
@@ -121,19 +122,19 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 	if err != nil {
 		return fail(err)
 	}
-	src, err := cq.NewRingSource(cq.RingConfig{
+	src, err := ring.NewRingSource(ring.RingConfig{
 		Mem: s.ring(), Layout: sim.Layout(n), Codes: sim.Codes(),
-		Regs: cq.RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: over, OverrunMask: 1},
+		Regs: ring.RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: over, OverrunMask: 1},
 	})
 	if err != nil {
 		return fail(err)
 	}
-	if err := c.AddSource(src); err != nil {
+	if err := ring.AddSource(c, src); err != nil {
 		return fail(err)
 	}
 	// Ids are the slot index (log2(N) id bits, no generation), so the
 	// producer, which completes ids in sequence, can name them.
-	tab, err := cq.NewTable(n, bits.TrailingZeros(uint(n)))
+	tab, err := ring.NewTable(n, bits.TrailingZeros(uint(n)))
 	if err != nil {
 		return fail(err)
 	}
@@ -143,7 +144,7 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 	bufs := make([]rxBuf, n)
 	for i := range bufs {
 		bufs[i] = rxBuf{idx: uint32(i), addr: bufBase + uintptr(i)*postLen}
-		id, err := tab.Post(cq.Op{Context: &bufs[i], Buf: bufs[i].addr, Len: postLen, Flags: recvFlags})
+		id, err := tab.Post(ring.Op{Context: &bufs[i], Buf: bufs[i].addr, Len: postLen, Flags: recvFlags})
 		if err != nil {
 			return fail(err)
 		}
@@ -224,7 +225,7 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 				if lapped {
 					continue // re-posted after the timed reads
 				}
-				if _, err := tab.Post(cq.Op{Context: b, Buf: b.addr, Len: postLen, Flags: recvFlags}); err != nil {
+				if _, err := tab.Post(ring.Op{Context: b, Buf: b.addr, Len: postLen, Flags: recvFlags}); err != nil {
 					return fail(fmt.Errorf("re-post at completion %d: %w", seq, err))
 				}
 			}
@@ -235,7 +236,7 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 			// above), so the buffers go back in that order.
 			for i := range bufs {
 				b := &bufs[i]
-				if _, err := tab.Post(cq.Op{Context: b, Buf: b.addr, Len: postLen, Flags: recvFlags}); err != nil {
+				if _, err := tab.Post(ring.Op{Context: b, Buf: b.addr, Len: postLen, Flags: recvFlags}); err != nil {
 					return fail(fmt.Errorf("re-post of buffer %d after lap %d: %w", i, lap, err))
 				}
 			}

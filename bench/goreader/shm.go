@@ -99,7 +99,7 @@ func openShm(path string, timeout time.Duration) (*shm, error) {
 	}
 	s := &shm{mem: mem}
 	n := int(s.u32(offEntries))
-	if s.u32(offMagic) != vbMagic || s.u32(offVersion) != vbVersion || s.u32(offEntrySize) != entrySize ||
+	if s.u32(offMagic) != vbMagic || s.u32(offVersion) != vbVersion || s.u32(offEntrySize) != uint32(entrySize) ||
 		n == 0 || n&(n-1) != 0 || int64(ctrlSize+n*entrySize) > st.Size() {
 		_ = unix.Munmap(mem)
 		return nil, fmt.Errorf("%s: bad header (magic, version, entry size or entries)", path)
@@ -135,7 +135,7 @@ func (s *shm) fill(from, to uint64) {
 	shift := uint(bits.TrailingZeros64(n))
 	ring := s.ring()
 	for q := from; q < to; q++ {
-		e := ring[(q&(n-1))*entrySize:][:entrySize]
+		e := ring[int(q&(n-1))*entrySize:][:entrySize]
 		le := binary.LittleEndian
 		le.PutUint32(e[sim.OffID:], uint32(q&(n-1)))
 		le.PutUint16(e[sim.OffQueue:], 0)
@@ -152,7 +152,7 @@ func (s *shm) fill(from, to uint64) {
 	}
 	for q := from; q < to; q++ {
 		phase := uint32(1) ^ uint32(q>>shift)&1
-		atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[(q&(n-1))*entrySize+sim.OffOwner])), phase<<31)
+		atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[int(q&(n-1))*entrySize+sim.OffOwner])), phase<<31)
 	}
 }
 

@@ -6,31 +6,65 @@ import (
 	"math/bits"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 )
 
-// CQE geometry and field offsets (see the package documentation).
+// CQE is the software device's completion entry as it lies in the ring
+// (little-endian fields; see the package documentation). It is the one
+// declaration of the format: the Off* constants, CQESize and Layout are
+// derived from it.
+type CQE struct {
+	ID       uint32   // the id the driver put in the descriptor (ring.Table id)
+	Queue    uint16   // 2k for QP k's send queue, 2k+1 for its receive queue
+	Opcode   Opcode   // what completed
+	Status   Status   // StatusOK or an error
+	ByteLen  uint32   // bytes sent or received
+	DevFlags uint32   // Dev* bits
+	Data     uint64   // remote CQ data (DevHasData)
+	Tag      uint64   // message tag (DevTagged)
+	Src      uint64   // source address (DevHasSrc)
+	Syndrome uint32   // vendor error detail
+	BufOff   uint32   // offset inside a multi-receive buffer
+	_        [12]byte // reserved, written as 0
+	Owner    uint32   // OwnerBit is the phase; written last
+}
+
+// CQE geometry and field offsets, from CQE.
 const (
-	CQESize     = 64
-	OffID       = 0
-	OffQueue    = 4
-	OffOpcode   = 6
-	OffStatus   = 7
-	OffByteLen  = 8
-	OffDevFlags = 12
-	OffData     = 16
-	OffTag      = 24
-	OffSrc      = 32
-	OffSyndrome = 40
-	OffBufOff   = 44
-	OffOwner    = 60
+	CQESize     = int(unsafe.Sizeof(CQE{}))
+	OffID       = int(unsafe.Offsetof(CQE{}.ID))
+	OffQueue    = int(unsafe.Offsetof(CQE{}.Queue))
+	OffOpcode   = int(unsafe.Offsetof(CQE{}.Opcode))
+	OffStatus   = int(unsafe.Offsetof(CQE{}.Status))
+	OffByteLen  = int(unsafe.Offsetof(CQE{}.ByteLen))
+	OffDevFlags = int(unsafe.Offsetof(CQE{}.DevFlags))
+	OffData     = int(unsafe.Offsetof(CQE{}.Data))
+	OffTag      = int(unsafe.Offsetof(CQE{}.Tag))
+	OffSrc      = int(unsafe.Offsetof(CQE{}.Src))
+	OffSyndrome = int(unsafe.Offsetof(CQE{}.Syndrome))
+	OffBufOff   = int(unsafe.Offsetof(CQE{}.BufOff))
+	OffOwner    = int(unsafe.Offsetof(CQE{}.Owner))
 	// OwnerBit is the phase bit in the owner word.
 	OwnerBit = 1 << 31
 )
+
+// The documented format is 64 bytes with the owner word last: a change to
+// CQE that breaks it does not compile.
+var (
+	_ [64 - CQESize]struct{}
+	_ [CQESize - 64]struct{}
+	_ [60 - OffOwner]struct{}
+	_ [OffOwner - 60]struct{}
+)
+
+// bits returns the width in bits of a CQE field of size bytes.
+func bitsOf(size uintptr) int { return int(8 * size) }
 
 // Opcode is the CQE opcode.
 type Opcode uint8
@@ -80,33 +114,34 @@ const (
 	MaxCQSize     = 65536
 )
 
-// Layout returns the ring layout of a CQ of size entries, for cq.Ring.
-func Layout(size int) cq.Layout {
-	return cq.Layout{
-		Name: "sim", EntrySize: CQESize, Entries: size, Convention: cq.PhaseBit,
+// Layout returns the ring layout of a CQ of size entries, for ring.Ring.
+func Layout(size int) ring.Layout {
+	var e CQE
+	return ring.Layout{
+		Name: "sim", EntrySize: CQESize, Entries: size, Convention: ring.PhaseBit,
 		OwnerOff: OffOwner, OwnerMask: OwnerBit, InitPhase: 1,
-		DetectHoles: true, Doorbell: cq.DoorbellCount,
-		Fields: cq.Fields{
-			ID:       cq.Field{Off: OffID, Bits: 32},
-			Queue:    cq.Field{Off: OffQueue, Bits: 16},
-			Opcode:   cq.Field{Off: OffOpcode, Bits: 8},
-			Status:   cq.Field{Off: OffStatus, Bits: 8},
-			Len:      cq.Field{Off: OffByteLen, Bits: 32},
-			Flags:    cq.Field{Off: OffDevFlags, Bits: 8},
-			Data:     cq.Field{Off: OffData, Bits: 64},
-			Tag:      cq.Field{Off: OffTag, Bits: 64},
-			Src:      cq.Field{Off: OffSrc, Bits: 64},
-			SrcValid: cq.Field{Off: OffDevFlags, Shift: 4, Bits: 1},
-			Syndrome: cq.Field{Off: OffSyndrome, Bits: 32},
-			BufOff:   cq.Field{Off: OffBufOff, Bits: 32},
+		DetectHoles: true, Doorbell: ring.DoorbellCount,
+		Fields: ring.Fields{
+			ID:       ring.Field{Off: OffID, Bits: bitsOf(unsafe.Sizeof(e.ID))},
+			Queue:    ring.Field{Off: OffQueue, Bits: bitsOf(unsafe.Sizeof(e.Queue))},
+			Opcode:   ring.Field{Off: OffOpcode, Bits: bitsOf(unsafe.Sizeof(e.Opcode))},
+			Status:   ring.Field{Off: OffStatus, Bits: bitsOf(unsafe.Sizeof(e.Status))},
+			Len:      ring.Field{Off: OffByteLen, Bits: bitsOf(unsafe.Sizeof(e.ByteLen))},
+			Flags:    ring.Field{Off: OffDevFlags, Bits: 8}, // the Dev* bits
+			Data:     ring.Field{Off: OffData, Bits: bitsOf(unsafe.Sizeof(e.Data))},
+			Tag:      ring.Field{Off: OffTag, Bits: bitsOf(unsafe.Sizeof(e.Tag))},
+			Src:      ring.Field{Off: OffSrc, Bits: bitsOf(unsafe.Sizeof(e.Src))},
+			SrcValid: ring.Field{Off: OffDevFlags, Shift: bits.TrailingZeros(DevHasSrc), Bits: 1},
+			Syndrome: ring.Field{Off: OffSyndrome, Bits: bitsOf(unsafe.Sizeof(e.Syndrome))},
+			BufOff:   ring.Field{Off: OffBufOff, Bits: bitsOf(unsafe.Sizeof(e.BufOff))},
 		},
 	}
 }
 
 // Codes returns the meaning of the CQE's status, opcode and flag values.
-func Codes() cq.Codes {
-	return cq.Codes{
-		Statuses: []cq.Status{
+func Codes() ring.Codes {
+	return ring.Codes{
+		Statuses: []ring.Status{
 			{Value: uint32(StatusOK), Name: "OK"},
 			{Value: uint32(StatusLocalLenErr), Err: cq.ETRUNC, Name: "LOCAL_LEN_ERR"},
 			{Value: uint32(StatusLocalProtErr), Err: cq.EFAULT, Name: "LOCAL_PROT_ERR"},
@@ -114,7 +149,7 @@ func Codes() cq.Codes {
 			{Value: uint32(StatusRemoteAccessErr), Err: cq.EACCES, Name: "REMOTE_ACCESS_ERR"},
 			{Value: uint32(StatusGeneralErr), Err: cq.EIO, Name: "GENERAL_ERR"},
 		},
-		Opcodes: []cq.Opcode{
+		Opcodes: []ring.Opcode{
 			{Value: uint32(OpSend), Flags: cq.FlagSend, Name: "SEND"},
 			{Value: uint32(OpRecv), Flags: cq.FlagRecv, Name: "RECV"},
 			{Value: uint32(OpWrite), Flags: cq.FlagRMA | cq.FlagWrite, Name: "WRITE"},
@@ -133,23 +168,14 @@ func Limits() cq.Limits {
 
 // cqe is a completion before the device writes it.
 type cqe struct {
-	id        uint32
-	queue     uint16
-	opcode    uint8
-	status    uint8
-	byteLen   uint32
-	flags     uint32
-	data, tag uint64
-	src       uint64
-	syndrome  uint32
-	bufOff    uint32
+	CQE
 	solicited bool // device-internal: counts for solicited-only arms
 }
 
 // devCQ is the device side of a CQ.
 type devCQ struct {
 	c      *cq.CQ
-	src    *cq.RingSource
+	src    *ring.RingSource
 	region *dma.Region
 	ring   []byte
 	win    doorbell.Window
@@ -172,22 +198,27 @@ type devCQ struct {
 	solSeen  bool
 	lose     int
 	faults   []Fault
+	rng      uint64 // FaultGarbage's generator
 	last     cqe
 	hasLast  bool
 	closed   bool
 
 	// Counters, under d.mu.
-	written, dropped, interrupts, overruns uint64
-	lastWrite                              time.Duration
+	written, dropped, interrupts, overruns, driverErrors uint64
+	lastWrite                                            time.Duration
 }
 
 // CQStats are a CQ's device-side counters.
 type CQStats struct {
-	Written    uint64        // entries written (including injected ones)
-	Dropped    uint64        // completions dropped after an overrun
-	Interrupts uint64        // interrupts raised (lost ones not counted)
-	Overruns   uint64        // 1 once the CQ overran
-	LastWrite  time.Duration // device clock (Device.Now) of the last entry written
+	Written    uint64 // entries written (including injected ones)
+	Dropped    uint64 // completions dropped after an overrun
+	Interrupts uint64 // interrupts raised (lost ones not counted)
+	Overruns   uint64 // 1 once the CQ overran
+	// DriverErrors is 1 once the driver's consumer count was found ahead of
+	// the producer (entries consumed that the device never wrote); the CQ
+	// then writes nothing more.
+	DriverErrors uint64
+	LastWrite    time.Duration // device clock (Device.Now) of the last entry written
 }
 
 // notifier is the driver side of the arm doorbell.
@@ -197,7 +228,7 @@ type notifier struct {
 	seq uint8
 }
 
-// Arm writes the arm doorbell (cq.Notifier).
+// Arm writes the arm doorbell (ring.Notifier).
 func (n *notifier) Arm(consumed uint32, solicitedOnly bool, threshold int) error {
 	n.seq++
 	thr := uint64(min(max(threshold, 1), 0xffff))
@@ -233,7 +264,7 @@ func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
 	}
 	dc, src, err := d.newDevCQ(c, r, size)
 	if err == nil {
-		err = c.AddSource(src)
+		err = ring.AddSource(c, src)
 	}
 	if err != nil {
 		_ = c.Close()
@@ -254,8 +285,8 @@ func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
 	return c, nil
 }
 
-func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSource, error) {
-	ring, err := r.Carve(size*CQESize, 4096)
+func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *ring.RingSource, error) {
+	entries, err := r.Carve(size*CQESize, 4096)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -264,8 +295,8 @@ func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSo
 		return nil, nil, err
 	}
 	pw := doorbell.NewWindow(page.Bytes)
-	dc := &devCQ{c: c, region: r, ring: ring.Bytes, win: doorbell.NewWindow(ring.Bytes),
-		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: c.Interrupt()}
+	dc := &devCQ{c: c, region: r, ring: entries.Bytes, win: doorbell.NewWindow(entries.Bytes),
+		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: ring.Interrupt(c)}
 	var errs [4]error
 	dc.cons, errs[0] = pw.Reg32(OffCQConsumer)
 	dc.arm, errs[1] = pw.Reg64(OffCQArm)
@@ -276,9 +307,9 @@ func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *cq.RingSo
 			return nil, nil, e
 		}
 	}
-	src, err := cq.NewRingSource(cq.RingConfig{
-		Mem: ring.Bytes, Layout: Layout(size), Codes: Codes(),
-		Regs:     cq.RingRegs{Doorbell: doorbell.NewDoorbell(dc.cons), Overrun: dc.over, OverrunMask: 1},
+	src, err := ring.NewRingSource(ring.RingConfig{
+		Mem: entries.Bytes, Layout: Layout(size), Codes: Codes(),
+		Regs:     ring.RingRegs{Doorbell: doorbell.NewDoorbell(dc.cons), Overrun: dc.over, OverrunMask: 1},
 		Notifier: &notifier{d: d, arm: dc.arm},
 		Closer:   closerFunc(func() error { return d.releaseCQ(dc) }),
 	})
@@ -329,7 +360,7 @@ func (d *Device) CQStats(c *cq.CQ) (CQStats, error) {
 		return CQStats{}, err
 	}
 	return CQStats{Written: dc.written, Dropped: dc.dropped, Interrupts: dc.interrupts,
-		Overruns: dc.overruns, LastWrite: dc.lastWrite}, nil
+		Overruns: dc.overruns, DriverErrors: dc.driverErrors, LastWrite: dc.lastWrite}, nil
 }
 
 // stepCQ takes a new arm request and fires if it is already satisfied.
@@ -388,20 +419,20 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 		dc.faults = dc.faults[1:]
 		switch f.Kind {
 		case FaultErrorStatus:
-			e.status = uint8(f.Status)
+			e.Status = f.Status
 			if f.Status == StatusOK {
-				e.status = uint8(StatusGeneralErr)
+				e.Status = StatusGeneralErr
 			}
-			e.syndrome = f.Syndrome
+			e.Syndrome = f.Syndrome
 		case FaultBadLen:
-			e.byteLen += 4096
+			e.ByteLen += 4096
 		case FaultBadStatus:
-			e.status = 0xee
+			e.Status = 0xee
 		case FaultBadOpcode:
-			e.opcode = 0xee
+			e.Opcode = 0xee
 		case FaultBadID:
 			bad := e
-			bad.id ^= 0x80000000 // same slot, another generation: never outstanding
+			bad.ID ^= 0x80000000 // same slot, another generation: never outstanding
 			if !d.write(dc, bad, false) {
 				return
 			}
@@ -410,7 +441,7 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 			if dc.hasLast {
 				dup = dc.last
 			} else {
-				dup.id ^= 0x80000000
+				dup.ID ^= 0x80000000
 			}
 			if !d.write(dc, dup, false) {
 				return
@@ -421,6 +452,24 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 			if !d.write(dc, e, true) {
 				return
 			}
+		case FaultGarbage:
+			if !d.write(dc, dc.garbage(), false) {
+				return
+			}
+		case FaultRewriteID:
+			if d.write(dc, e, false) {
+				// After the hand-over (the owner word is written), a stale
+				// id for about a microsecond, then the real one again: a
+				// reader sees one or the other, and must act on the one it
+				// read, never look up one and release the other.
+				at := int((dc.prod-1)&(dc.size-1)) * CQESize
+				binary.LittleEndian.PutUint32(dc.ring[at+OffID:], e.ID^0x80000000)
+				for t := time.Now(); time.Since(t) < time.Microsecond; {
+				}
+				binary.LittleEndian.PutUint32(dc.ring[at+OffID:], e.ID)
+				dc.last, dc.hasLast = e, true
+			}
+			return
 		}
 	}
 	if d.write(dc, e, false) {
@@ -428,12 +477,36 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 	}
 }
 
+// garbage returns an entry of pseudo-random fields (xorshift64, seeded by
+// the CQ), for FaultGarbage.
+func (dc *devCQ) garbage() cqe {
+	next := func() uint64 {
+		if dc.rng == 0 {
+			dc.rng = 0x9e3779b97f4a7c15 ^ uint64(dc.size)
+		}
+		dc.rng ^= dc.rng << 13
+		dc.rng ^= dc.rng >> 7
+		dc.rng ^= dc.rng << 17
+		return dc.rng
+	}
+	a, b, c := next(), next(), next()
+	return cqe{CQE: CQE{ID: uint32(a), Queue: uint16(a >> 32), Opcode: Opcode(a >> 48), Status: Status(a >> 56),
+		ByteLen: uint32(b), DevFlags: uint32(b >> 32), Data: c, Tag: c * 31, Src: b ^ c,
+		Syndrome: uint32(c >> 32), BufOff: uint32(c)}}
+}
+
 // write puts one entry in the ring, or enters the overrun state when the
 // ring is full. It reports whether the entry was written.
 func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	if dc.prod-dc.consSeen >= dc.size {
 		dc.consSeen = dc.cons.Read()
-		if dc.prod-dc.consSeen >= dc.size {
+		// Signed: a consumer count ahead of the producer is not a full
+		// ring but a driver that consumed entries never written.
+		switch used := int32(dc.prod - dc.consSeen); {
+		case used < 0:
+			d.driverError(dc)
+			return false
+		case used >= int32(dc.size):
 			d.overrun(dc)
 			return false
 		}
@@ -443,28 +516,30 @@ func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	// line is in the reader's cache, and a few wide stores waiting for it
 	// fill the store buffer less than a dozen narrow ones.
 	var t [CQESize]byte
-	binary.LittleEndian.PutUint32(t[OffID:], e.id)
-	binary.LittleEndian.PutUint16(t[OffQueue:], e.queue)
-	t[OffOpcode] = e.opcode
-	t[OffStatus] = e.status
-	binary.LittleEndian.PutUint32(t[OffByteLen:], e.byteLen)
-	binary.LittleEndian.PutUint32(t[OffDevFlags:], e.flags)
-	binary.LittleEndian.PutUint64(t[OffData:], e.data)
-	binary.LittleEndian.PutUint64(t[OffTag:], e.tag)
-	binary.LittleEndian.PutUint64(t[OffSrc:], e.src)
-	binary.LittleEndian.PutUint32(t[OffSyndrome:], e.syndrome)
-	binary.LittleEndian.PutUint32(t[OffBufOff:], e.bufOff)
-	copy(dc.ring[pos*CQESize:pos*CQESize+OffOwner], t[:OffOwner])
+	le := binary.LittleEndian
+	le.PutUint32(t[OffID:], e.ID)
+	le.PutUint16(t[OffQueue:], e.Queue)
+	t[OffOpcode] = byte(e.Opcode)
+	t[OffStatus] = byte(e.Status)
+	le.PutUint32(t[OffByteLen:], e.ByteLen)
+	le.PutUint32(t[OffDevFlags:], e.DevFlags)
+	le.PutUint64(t[OffData:], e.Data)
+	le.PutUint64(t[OffTag:], e.Tag)
+	le.PutUint64(t[OffSrc:], e.Src)
+	le.PutUint32(t[OffSyndrome:], e.Syndrome)
+	le.PutUint32(t[OffBufOff:], e.BufOff)
+	at := int(pos) * CQESize
+	copy(dc.ring[at:at+OffOwner], t[:OffOwner])
 	phase := uint32(1) ^ (dc.prod>>dc.shift)&1
 	if wrongPhase {
 		phase ^= 1
 	}
-	owner, _ := dc.win.Reg32(uintptr(pos*CQESize + OffOwner)) // in range: pos < size
-	owner.Write(phase << 31)                                  // last, a release store
+	owner, _ := dc.win.Reg32(uintptr(at + OffOwner)) // in range: pos < size
+	owner.Write(phase << 31)                         // last, a release store
 	dc.prod++
 	dc.written++
 	dc.lastWrite = d.stamp()
-	if dc.armed && dc.armSol && (e.solicited || e.status != 0) {
+	if dc.armed && dc.armSol && (e.solicited || e.Status != 0) {
 		dc.solSeen = true
 	}
 	d.maybeFire(dc)
@@ -487,6 +562,16 @@ func (d *Device) overrun(dc *devCQ) {
 			d.fired = true
 		}
 	}
+}
+
+// driverError stops the CQ when the driver's consumer count is ahead of
+// the producer: the ring's state is no longer known, so the device writes
+// nothing more (every later completion is dropped), does not report an
+// overrun, and counts the error (CQStats.DriverErrors).
+func (d *Device) driverError(dc *devCQ) {
+	dc.dead = true
+	dc.driverErrors++
+	dc.dropped++
 }
 
 // FaultKind selects an injected fault.
@@ -520,12 +605,21 @@ const (
 	FaultLostIRQ
 	// FaultSpuriousIRQ: an interrupt is raised now with nothing new.
 	FaultSpuriousIRQ
+	// FaultGarbage: an extra entry of random fields, with the right
+	// phase, precedes the next completion.
+	FaultGarbage
+	// FaultRewriteID: right after handing the next completion over (owner
+	// word written) the device rewrites its id to a stale one for about a
+	// microsecond, then back: a reader sees either id. The operation
+	// completes, or its completion is refused (ProvBadID) and it stays
+	// outstanding: lost by the device, never completed twice.
+	FaultRewriteID
 )
 
 // String names the fault.
 func (k FaultKind) String() string {
 	names := [...]string{"", "error-status", "bad-id", "duplicate-id", "bad-len", "bad-status",
-		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq"}
+		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq", "garbage", "rewrite-id"}
 	if k > 0 && int(k) < len(names) {
 		return names[k]
 	}
@@ -548,7 +642,8 @@ func (d *Device) Inject(c *cq.CQ, f Fault) error {
 		return err
 	}
 	switch f.Kind {
-	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase:
+	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase,
+		FaultGarbage, FaultRewriteID:
 		dc.faults = append(dc.faults, f)
 	case FaultOverrun:
 		d.overrun(dc)

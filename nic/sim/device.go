@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"sync"
@@ -19,8 +20,9 @@ import (
 
 // Errors returned by the software device.
 var (
-	// ErrClosed means the device, queue pair or memory is closed.
-	ErrClosed = errors.New("sim: closed")
+	// ErrClosed means the device, queue pair or memory is closed. It is
+	// os.ErrClosed.
+	ErrClosed = os.ErrClosed
 	// ErrQueueFull means a send or receive queue (or its table of posted
 	// operations) has no room; it matches cq.ErrAgain, like fi_send's
 	// -FI_EAGAIN.
@@ -312,6 +314,9 @@ func (d *Device) stamp() time.Duration {
 // Sync waits until the device has made two full passes over its queues,
 // so everything posted before the call has been processed.
 func (d *Device) Sync(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", cq.ErrInvalid)
+	}
 	start := d.steps.Load()
 	for d.steps.Load() < start+2 {
 		if d.stop.Load() {

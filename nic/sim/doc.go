@@ -15,7 +15,7 @@
 // # Completion entry (CQE), 64 bytes, little-endian
 //
 //	off size field
-//	  0  u32  id        the id the driver put in the descriptor (cq.Table id)
+//	  0  u32  id        the id the driver put in the descriptor (ring.Table id)
 //	  4  u16  queue     device queue: 2k for QP k's send queue, 2k+1 for its receive queue
 //	  6  u8   opcode    0 SEND, 1 RECV, 2 WRITE, 3 READ, 4 RECV_RDMA_WITH_IMM
 //	  7  u8   status    0 OK, 1 LOCAL_LEN_ERR, 2 LOCAL_PROT_ERR, 3 WR_FLUSH_ERR,

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 )
@@ -95,8 +96,8 @@ type QP struct {
 	region  *dma.Region
 	sendCQ  *cq.CQ
 	recvCQ  *cq.CQ
-	sendTab *cq.Table
-	recvTab *cq.Table
+	sendTab *ring.Table
+	recvTab *ring.Table
 	source  bool
 	sqSize  uint32
 	rqSize  uint32
@@ -154,10 +155,10 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 		return nil, err
 	}
 	q := &QP{d: d, sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, source: cfg.Source, sqSize: sqs, rqSize: rqs}
-	if q.sendTab, err = cq.NewTable(int(sqs), 32); err != nil {
+	if q.sendTab, err = ring.NewTable(int(sqs), 32); err != nil {
 		return nil, err
 	}
-	if q.recvTab, err = cq.NewTable(int(rqs), 32); err != nil {
+	if q.recvTab, err = ring.NewTable(int(rqs), 32); err != nil {
 		return nil, err
 	}
 
@@ -166,7 +167,7 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 		q.recvDev, err = d.devCQOf(cfg.RecvCQ)
 	}
 	if err == nil && d.nextQP >= maxQPs {
-		err = fmt.Errorf("sim: %d queue pairs created: %w", maxQPs, cq.ErrFull)
+		err = fmt.Errorf("sim: %d queue pairs created: %w", maxQPs, ring.ErrFull)
 	}
 	if err == nil {
 		q.num = d.nextQP
@@ -187,18 +188,18 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 	if err := q.setup(); err != nil {
 		return fail(err)
 	}
-	if err := cfg.SendCQ.Bind(); err != nil {
+	if err := ring.Bind(cfg.SendCQ); err != nil {
 		return fail(err)
 	}
-	if err := cfg.RecvCQ.Bind(); err != nil {
-		cfg.SendCQ.Unbind()
+	if err := ring.Bind(cfg.RecvCQ); err != nil {
+		ring.Unbind(cfg.SendCQ)
 		return fail(err)
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		cfg.SendCQ.Unbind()
-		cfg.RecvCQ.Unbind()
+		ring.Unbind(cfg.SendCQ)
+		ring.Unbind(cfg.RecvCQ)
 		return nil, ErrClosed
 	}
 	d.qps = append(d.qps, q)
@@ -315,9 +316,9 @@ func (q *QP) post(dest cq.Addr, ctx any, payload []byte, o SendOpts) error {
 	if o.Tagged {
 		fl = cq.FlagSend | cq.FlagTagged
 	}
-	id, err := q.sendTab.Post(cq.Op{Context: ctx, Len: len(payload), Flags: fl})
+	id, err := q.sendTab.Post(ring.Op{Context: ctx, Len: len(payload), Flags: fl})
 	if err != nil {
-		if errors.Is(err, cq.ErrFull) {
+		if errors.Is(err, ring.ErrFull) {
 			return ErrQueueFull
 		}
 		return err
@@ -386,10 +387,10 @@ func (q *QP) PostRecv(ctx any, buf []byte, o RecvOpts) error {
 		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	id, err := q.recvTab.Post(cq.Op{Context: ctx, Buf: uintptr(iova), Len: len(buf), Flags: fl})
+	id, err := q.recvTab.Post(ring.Op{Context: ctx, Buf: uintptr(iova), Len: len(buf), Flags: fl})
 	if err != nil {
 		q.mu.Unlock()
-		if errors.Is(err, cq.ErrFull) {
+		if errors.Is(err, ring.ErrFull) {
 			return ErrQueueFull
 		}
 		return err
@@ -405,6 +406,9 @@ func (q *QP) PostRecv(ctx any, buf []byte, o RecvOpts) error {
 // Flush waits until the device has taken every send posted so far, so
 // their completions (and the receives they caused) are written.
 func (q *QP) Flush(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", cq.ErrInvalid)
+	}
 	q.mu.Lock()
 	tail := q.sqTail
 	q.mu.Unlock()
@@ -454,8 +458,8 @@ func (q *QP) Close() error {
 	}
 	err := d.free(q.region)
 	d.mu.Unlock()
-	q.sendCQ.Unbind()
-	q.recvCQ.Unbind()
+	ring.Unbind(q.sendCQ)
+	ring.Unbind(q.recvCQ)
 	return err
 }
 
@@ -471,17 +475,17 @@ func (d *Device) stepQP(q *QP) bool {
 		b := q.sq[slot*DescSize : slot*DescSize+DescSize]
 		addr := binary.LittleEndian.Uint64(b[OffDescAddr:])
 		ln := binary.LittleEndian.Uint32(b[OffDescLen:])
-		e := cqe{id: binary.LittleEndian.Uint32(b[OffDescID:]), queue: uint16(2 * q.num),
-			opcode: uint8(OpSend), byteLen: ln}
+		e := cqe{CQE: CQE{ID: binary.LittleEndian.Uint32(b[OffDescID:]), Queue: uint16(2 * q.num),
+			Opcode: OpSend, ByteLen: ln}}
 		var frame []byte
 		if ln > 0 {
 			frame = d.translate(addr, ln)
 		}
 		switch {
 		case ln > MaxFrame:
-			e.status = uint8(StatusLocalLenErr)
+			e.Status = StatusLocalLenErr
 		case ln > 0 && frame == nil:
-			e.status = uint8(StatusLocalProtErr)
+			e.Status = StatusLocalProtErr
 		default:
 			d.stats.Frames++
 			d.deliver(q, frame, b)
@@ -509,19 +513,19 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		return
 	}
 	dfl := binary.LittleEndian.Uint32(desc[OffDescFlags:])
-	e := cqe{queue: uint16(2*r.num + 1), opcode: uint8(OpRecv), byteLen: uint32(len(frame)),
+	e := cqe{CQE: CQE{Queue: uint16(2*r.num + 1), Opcode: OpRecv, ByteLen: uint32(len(frame))},
 		solicited: dfl&DescSolicited != 0}
 	if dfl&DescHasData != 0 {
-		e.flags |= DevHasData
-		e.data = binary.LittleEndian.Uint64(desc[OffDescData:])
+		e.DevFlags |= DevHasData
+		e.Data = binary.LittleEndian.Uint64(desc[OffDescData:])
 	}
 	if dfl&DescTagged != 0 {
-		e.flags |= DevTagged
-		e.tag = binary.LittleEndian.Uint64(desc[OffDescTag:])
+		e.DevFlags |= DevTagged
+		e.Tag = binary.LittleEndian.Uint64(desc[OffDescTag:])
 	}
 	if r.source {
-		e.flags |= DevHasSrc
-		e.src = uint64(from.addr)
+		e.DevFlags |= DevHasSrc
+		e.Src = uint64(from.addr)
 	}
 	m := &r.multi
 	if !m.active {
@@ -534,17 +538,17 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		r.drqHead++ // published once per pass by stepQP
 		addr := binary.LittleEndian.Uint64(b[OffDescAddr:])
 		blen := binary.LittleEndian.Uint32(b[OffDescLen:])
-		e.id = binary.LittleEndian.Uint32(b[OffDescID:])
+		e.ID = binary.LittleEndian.Uint32(b[OffDescID:])
 		buf := d.translate(addr, blen)
 		if buf == nil {
-			e.status, e.byteLen = uint8(StatusLocalProtErr), 0
+			e.Status, e.ByteLen = StatusLocalProtErr, 0
 			d.complete(r.recvDev, e)
 			return
 		}
 		if binary.LittleEndian.Uint32(b[OffDescFlags:])&DescMultiRecv == 0 {
 			copy(buf, frame)
 			if len(frame) > len(buf) {
-				e.status = uint8(StatusLocalLenErr)
+				e.Status = StatusLocalLenErr
 			}
 			d.stats.Delivered++
 			d.complete(r.recvDev, e)
@@ -554,19 +558,19 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 		if minFree == 0 {
 			minFree = MaxFrame
 		}
-		*m = multiBuf{active: true, buf: buf, id: e.id, minFree: minFree}
+		*m = multiBuf{active: true, buf: buf, id: e.ID, minFree: minFree}
 	}
-	e.id = m.id
-	e.bufOff = uint32(m.off)
+	e.ID = m.id
+	e.BufOff = uint32(m.off)
 	space := len(m.buf) - m.off
 	copy(m.buf[m.off:], frame)
 	if len(frame) > space {
-		e.status = uint8(StatusLocalLenErr) // the error releases the buffer
+		e.Status = StatusLocalLenErr // the error releases the buffer
 		*m = multiBuf{}
 	} else {
 		m.off += (len(frame) + 63) &^ 63
 		if len(m.buf)-m.off < m.minFree {
-			e.flags |= DevMultiRecv
+			e.DevFlags |= DevMultiRecv
 			*m = multiBuf{}
 		}
 	}

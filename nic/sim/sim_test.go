@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"os"
 	"runtime"
 	"strings"
@@ -223,7 +224,7 @@ func TestSourceAddressAndUnknownDestination(t *testing.T) {
 
 func TestSolicitedArm(t *testing.T) {
 	// The verbs layer's req_notify(solicited_only) reaches the device
-	// through cq.Source.Arm: only a solicited or error completion fires.
+	// through ring.Source.Arm: only a solicited or error completion fires.
 	d := newDev(t)
 	c, err := d.OpenCQ(cq.Attr{WaitObj: cq.WaitFD})
 	require.NoError(t, err)
@@ -351,4 +352,80 @@ func TestReceiveBuffersFromPool(t *testing.T) {
 		got++
 	}
 	require.Equal(t, 4, got)
+}
+
+// A wrong-phase entry (a hole) is consumed by writing the lap's not-ready
+// value back: left as it was, its phase is the next lap's "ready" value and
+// the reader, one lap later, would take the stale slot and run ahead of
+// the device.
+func TestWrongPhaseHoleIsConsumed(t *testing.T) {
+	d := newDev(t)
+	c, err := d.OpenCQ(cq.Attr{Size: 16, Format: cq.FormatContext})
+	require.NoError(t, err)
+	q, err := d.NewQP(QPConfig{SendCQ: c, RecvCQ: c, SendSize: 16})
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, d.Inject(c, Fault{Kind: FaultWrongPhase}))
+	const sends, window = 48, 15
+	got, errs := 0, 0
+	ents := make([]cq.Entry, 16)
+	var ee cq.ErrEntry
+	for i := 0; i < sends; {
+		// Each window leaves the reader exactly where the device will
+		// write next, with every entry of the ring read: the slot it then
+		// looks at holds the previous lap's entry, the hole among them.
+		for ; i < sends && i-got < window; i++ {
+			require.NoError(t, q.Send(99, i, nil, SendOpts{}))
+		}
+		require.NoError(t, q.Flush(context.Background()))
+		for {
+			n, err := c.Read(ents)
+			if errors.Is(err, cq.ErrAvail) {
+				require.NoError(t, c.ReadErr(&ee))
+				require.Equal(t, cq.ProvBadPhase, ee.ProvErrno, "error %d after %d completions", errs, got)
+				errs++
+				continue
+			}
+			if errors.Is(err, cq.ErrAgain) {
+				break
+			}
+			require.NoError(t, err)
+			for _, e := range ents[:n] {
+				require.Equal(t, got, e.Context, "every completion once, in order")
+				got++
+			}
+		}
+		require.Equal(t, i, got, "the reader neither stalls nor runs ahead of the device")
+	}
+	require.Equal(t, 1, errs, "the hole is reported once, not again a lap later")
+	st, err := d.CQStats(c)
+	require.NoError(t, err)
+	require.Zero(t, st.Overruns)
+	require.Zero(t, st.Dropped)
+}
+
+// A consumer count ahead of the producer is the driver's error, which the
+// device reports as such, not as an overrun.
+func TestConsumerAheadIsADriverError(t *testing.T) {
+	d := newDev(t)
+	c, err := d.OpenCQ(cq.Attr{Size: 4, Format: cq.FormatContext})
+	require.NoError(t, err)
+	q, err := d.NewQP(QPConfig{SendCQ: c, RecvCQ: c, SendSize: 16})
+	require.NoError(t, err)
+	defer q.Close()
+	for i := 0; i < 4; i++ {
+		require.NoError(t, q.Send(99, i, nil, SendOpts{}))
+	}
+	require.NoError(t, q.Flush(context.Background()))
+	d.mu.Lock()
+	d.cqs[c].cons.Write(9) // a driver that consumed 9 of the 4 entries written
+	d.mu.Unlock()
+	require.NoError(t, q.Send(99, 4, nil, SendOpts{}))
+	require.NoError(t, q.Flush(context.Background()))
+	st, err := d.CQStats(c)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.DriverErrors)
+	require.Zero(t, st.Overruns, "not reported as an overrun")
+	require.EqualValues(t, 4, st.Written)
+	require.EqualValues(t, 1, st.Dropped)
 }

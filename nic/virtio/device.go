@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/doorbell"
@@ -105,6 +106,9 @@ func Match(d pci.Device) bool {
 // per queue (vector 0 for configuration changes) and starts the device.
 // The receive queues start empty: post buffers, then Flush.
 func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", nic.ErrInvalid)
+	}
 	if !littleEndian() {
 		return nil, fmt.Errorf("%w: virtio rings are little-endian and this driver stores natively", nic.ErrNotSupported)
 	}
@@ -374,7 +378,7 @@ func (d *Device) readDeviceConfig() error {
 		}
 		mac[0] = mac[0]&^1 | 2
 	}
-	if d.maxPairs < 1 {
+	if d.maxPairs < 1 || d.maxPairs > maxQueuePairs {
 		return fmt.Errorf("%w: %s reports %d queue pairs", nic.ErrDeviceFailed, d.name, d.maxPairs)
 	}
 	d.mtu = min(max(d.mtu, 68), 1500) // buffers hold standard frames
@@ -423,25 +427,44 @@ type queueSpec struct {
 	vector uint16
 }
 
+// planQueues lists the virtqueues to set up: rx and tx of each pair, and
+// the control queue, numbered 2*maxPairs, when ctrl. Each index must be
+// one of the device's nq queues; the control queue of a device with the
+// spec's maximum of 0x8000 pairs is number 0x10000, which the 16-bit
+// queue_select cannot name (truncated, it would configure rx0 again).
+func planQueues(name string, size, pairs, maxPairs int, ctrl bool, nq int) ([]queueSpec, error) {
+	type plan struct {
+		name         string
+		qidx, vector int
+		size         int
+	}
+	var ps []plan
+	for p := range pairs {
+		ps = append(ps, plan{fmt.Sprintf("rx%d", p), 2 * p, 1 + 2*p, size}, plan{fmt.Sprintf("tx%d", p), 2*p + 1, 2 + 2*p, size})
+	}
+	if ctrl {
+		ps = append(ps, plan{"ctrl", 2 * maxPairs, noVector, maxCtrlQueueSize})
+	}
+	specs := make([]queueSpec, 0, len(ps))
+	for _, p := range ps {
+		if p.qidx >= nq || p.qidx > 0xffff {
+			return nil, fmt.Errorf("%w: %s has %d virtqueues, %s is number %d", nic.ErrNotSupported, name, nq, p.name, p.qidx)
+		}
+		specs = append(specs, queueSpec{p.name, uint16(p.qidx), p.size, uint16(p.vector)})
+	}
+	return specs, nil
+}
+
 // setupQueues sizes the rings, allocates all DMA memory in one region and
 // programs every queue.
 func (d *Device) setupQueues(cfg Config, pairs int) error {
 	t := d.t
-	var specs []queueSpec
-	for p := range pairs {
-		specs = append(specs,
-			queueSpec{fmt.Sprintf("rx%d", p), uint16(2 * p), cfg.QueueSize, uint16(1 + 2*p)},
-			queueSpec{fmt.Sprintf("tx%d", p), uint16(2*p + 1), cfg.QueueSize, uint16(2 + 2*p)})
+	specs, err := planQueues(d.name, cfg.QueueSize, pairs, d.maxPairs, d.features.Has(FeatureCtrlVQ), int(t.r16(regNumQueues)))
+	if err != nil {
+		return err
 	}
-	if d.features.Has(FeatureCtrlVQ) {
-		specs = append(specs, queueSpec{"ctrl", uint16(2 * d.maxPairs), maxCtrlQueueSize, noVector})
-	}
-	nq := int(t.r16(regNumQueues))
 	for i := range specs {
 		s := &specs[i]
-		if int(s.qidx) >= nq {
-			return fmt.Errorf("%w: %s has %d virtqueues, %s is number %d", nic.ErrNotSupported, d.name, nq, s.name, s.qidx)
-		}
 		t.w16(regQueueSelect, s.qidx)
 		maxSize := int(t.r16(regQueueSize))
 		if maxSize == 0 {
@@ -466,7 +489,6 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			total += ctrlBufLen + 64
 		}
 	}
-	var err error
 	if d.space, err = dma.NewVFIOSpace(d.container, cfg.IOVAFloor); err != nil {
 		return fmt.Errorf("virtio: DMA space of %s: %w", d.name, err)
 	}
@@ -790,7 +812,7 @@ func (d *Device) teardown(why error) error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		c.Unbind() // the CQ may close now; its sources read nothing more
+		ring.Unbind(c) // the CQ may close now; its sources read nothing more
 	}
 	d.bound = nil
 	return errors.Join(errs...)

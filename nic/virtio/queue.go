@@ -107,6 +107,27 @@ func (q *queue) Arm(threshold int) error {
 	return nil
 }
 
+// isBound reports whether the queue feeds a CQ (BindCQ).
+func (q *queue) isBound() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.src != nil
+}
+
+// errBound is nic.ErrBound with the queue's name.
+func (q *queue) errBound() error { return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.vq.name) }
+
+// boundError is Poll on a queue that feeds a CQ: one error completion
+// saying so, instead of an empty read that looks like an idle queue.
+// Called locked.
+func (q *queue) boundError(out []nic.Completion) int {
+	if len(out) == 0 {
+		return 0
+	}
+	out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+	return 1
+}
+
 // Interrupt implements nic.Queue.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
@@ -115,11 +136,8 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
 		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.vq.name)
 	}
-	q.mu.Lock()
-	bound := q.src != nil
-	q.mu.Unlock()
-	if bound {
-		return fmt.Errorf("%w: queue %s feeds a completion queue: read it there", nic.ErrInvalid, q.vq.name)
+	if q.isBound() {
+		return q.errBound()
 	}
 	n, err := q.efd.Wait(ctx, deadline)
 	q.interrupts.Add(n)
@@ -363,11 +381,11 @@ func (q *RxQueue) recycle(b uint32) {
 func (q *RxQueue) Poll(out []nic.Completion) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
+	switch {
+	case q.closed:
 		return q.takeCanceled(out)
-	}
-	if q.src != nil {
-		return 0
+	case q.src != nil:
+		return q.boundError(out)
 	}
 	return q.poll(out)
 }
@@ -429,6 +447,9 @@ func (q *RxQueue) check(s slot, length uint32) error {
 
 // SRead implements nic.Queue.
 func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	if q.isBound() {
+		return 0, q.errBound()
+	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
 
@@ -478,11 +499,11 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 func (q *TxQueue) Poll(out []nic.Completion) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
+	switch {
+	case q.closed:
 		return q.takeCanceled(out)
-	}
-	if q.src != nil {
-		return 0
+	case q.src != nil:
+		return q.boundError(out)
 	}
 	return q.poll(out)
 }
@@ -514,5 +535,8 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 
 // SRead implements nic.Queue.
 func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	if q.isBound() {
+		return 0, q.errBound()
+	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }

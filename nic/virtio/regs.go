@@ -40,6 +40,9 @@ const (
 // noVector tells the device not to use MSI-X for a queue or config changes.
 const noVector = 0xffff
 
+// maxQueuePairs is the spec's bound on max_virtqueue_pairs.
+const maxQueuePairs = 0x8000
+
 // virtio_net_config offsets (5.1.4).
 const (
 	netCfgMAC       = 0

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -29,7 +30,7 @@ type pollQueue interface {
 // cqSource feeds a cq.CQ from one virtio queue: the queue's used ring is
 // the completion ring, read by the same validating reader as Poll, and
 // its entries are converted to cq.Entry in batches. It implements
-// cq.Source; the CQ serialises the calls.
+// ring.Source; the CQ serialises the calls.
 type cqSource struct {
 	dev   *Device
 	pq    pollQueue
@@ -50,9 +51,9 @@ type cqSource struct {
 	closed  bool
 }
 
-var _ cq.Source = (*cqSource)(nil)
+var _ ring.Source = (*cqSource)(nil)
 
-// Attach implements cq.Source.
+// Attach implements ring.Source.
 func (s *cqSource) Attach(f cq.Format) error {
 	if s.attached {
 		return fmt.Errorf("%w: virtio queue %s already feeds a CQ", cq.ErrInvalid, s.q.vq.name)
@@ -71,11 +72,14 @@ func (s *cqSource) convert(e *cq.Entry, c *nic.Completion) {
 	*e = cq.Entry{Context: c.Context, Flags: s.flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.qnum}
 }
 
-// Poll implements cq.Source: successful completions up to the first error
+// Poll implements ring.Source: successful completions up to the first error
 // entry, which is staged for ReadErr.
-func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.State) {
+func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, ring.State) {
+	if len(ents) == 0 && !s.held {
+		s.peek() // a probe: stage an error entry at the head
+	}
 	if s.staged {
-		return 0, cq.StateError
+		return 0, ring.StateError
 	}
 	n := 0
 	if s.held && len(ents) > 0 {
@@ -105,9 +109,9 @@ func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.State) {
 		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
 	}
 	if s.staged {
-		return n, cq.StateError
+		return n, ring.StateError
 	}
-	return n, cq.StateOK
+	return n, ring.StateOK
 }
 
 // stage turns an error completion into the pending cq.ErrEntry. Cold path.
@@ -128,7 +132,7 @@ func (s *cqSource) stage(c *nic.Completion) {
 	s.staged = true
 }
 
-// Pending implements cq.Source.
+// Pending implements ring.Source.
 func (s *cqSource) Pending(max int) int {
 	n := 0
 	if s.staged || s.held {
@@ -142,23 +146,11 @@ func (s *cqSource) Pending(max int) int {
 	return min(n, max)
 }
 
-// ReadErr implements cq.Source. When nothing is staged it reads one entry:
+// ReadErr implements ring.Source. When nothing is staged it reads one entry:
 // an error is returned, a success is kept for the next Poll.
 func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
-	if !s.staged && !s.held {
-		s.q.mu.Lock()
-		k := 0
-		if !s.q.closed {
-			k = s.pq.poll(s.scratch[:1])
-		}
-		s.q.mu.Unlock()
-		if k == 1 {
-			if s.scratch[0].Err != nil {
-				s.stage(&s.scratch[0])
-			} else {
-				s.held = true
-			}
-		}
+	if !s.held {
+		s.peek()
 	}
 	if !s.staged {
 		return nil, false
@@ -170,7 +162,28 @@ func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	return s.errData, true
 }
 
-// Arm implements cq.Source with the ring's event suppression: the packed
+// peek reads one entry when nothing is staged or held: an error is staged,
+// a success is held for the next Poll.
+func (s *cqSource) peek() {
+	if s.staged || s.held {
+		return
+	}
+	s.q.mu.Lock()
+	k := 0
+	if !s.q.closed {
+		k = s.pq.poll(s.scratch[:1])
+	}
+	s.q.mu.Unlock()
+	if k == 1 {
+		if s.scratch[0].Err != nil {
+			s.stage(&s.scratch[0])
+		} else {
+			s.held = true
+		}
+	}
+}
+
+// Arm implements ring.Source with the ring's event suppression: the packed
 // ring's descriptor event (or the split ring's used_event) aimed at the
 // threshold, else used-buffer notifications on. solicitedOnly has no
 // virtio equivalent: every completion is solicited.
@@ -184,7 +197,7 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements cq.Source for ProvBadIndex and ProvMultiBuffer.
+// StrError implements ring.Source for ProvBadIndex and ProvMultiBuffer.
 func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
 	var what string
 	switch provErrno {
@@ -201,7 +214,7 @@ func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
 	return "virtio: " + what, true
 }
 
-// Close implements cq.Source: the queue reads its own completions again,
+// Close implements ring.Source: the queue reads its own completions again,
 // with its own interrupt, if the device is still open.
 func (s *cqSource) Close() error {
 	if s.closed {
@@ -243,11 +256,11 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		}
 	}
 	for _, s := range srcs {
-		if err := c.Bind(); err != nil {
+		if err := ring.Bind(c); err != nil {
 			return err
 		}
-		if err := c.AddSource(s); err != nil {
-			c.Unbind()
+		if err := ring.AddSource(c, s); err != nil {
+			ring.Unbind(c)
 			return err
 		}
 		d.bound = append(d.bound, c)
@@ -255,7 +268,7 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		s.q.src = s
 		s.q.vq.disarm()
 		s.q.mu.Unlock()
-		if efd := c.Interrupt(); efd != nil && s.q.vector >= 0 {
+		if efd := ring.Interrupt(c); efd != nil && s.q.vector >= 0 {
 			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
 				return err
 			}

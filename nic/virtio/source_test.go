@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -17,7 +18,7 @@ func bindTest(t *testing.T, q *queue, pq pollQueue, flags cq.Flags, f cq.Format)
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
 	s := &cqSource{dev: &Device{name: "test", closed: true}, pq: pq, q: q, qnum: uint32(q.vq.qidx), flags: flags}
-	require.NoError(t, c.AddSource(s))
+	require.NoError(t, ring.AddSource(c, s))
 	q.src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
@@ -30,10 +31,14 @@ func TestCQReceive(t *testing.T) {
 		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
 		ctx := postN(t, rx, 8)
 		var comps [4]nic.Completion
-		require.Zero(t, rx.Poll(comps[:]), "a bound queue's own Poll reads nothing")
-		require.ErrorIs(t, rx.WaitInterrupt(context.Background(), time.Now()), nic.ErrInvalid)
+		require.Equal(t, 1, rx.Poll(comps[:]), "a bound queue's own Poll says it is bound")
+		require.ErrorIs(t, comps[0].Err, nic.ErrBound)
+		require.ErrorIs(t, comps[0].Err, nic.ErrInvalid)
+		_, err := rx.SRead(context.Background(), comps[:], 1, time.Second)
+		require.ErrorIs(t, err, nic.ErrBound)
+		require.ErrorIs(t, rx.WaitInterrupt(context.Background(), time.Now()), nic.ErrBound)
 		ents := make([]cq.Entry, 8)
-		_, err := c.Read(ents)
+		_, err = c.Read(ents)
 		require.ErrorIs(t, err, cq.ErrAgain)
 		for i := range 5 {
 			deliver(t, r.dev, frameFor(i, 64+i*100), 1)
@@ -98,7 +103,9 @@ func TestCQErrorsInOrder(t *testing.T) {
 
 		// A device that completes an id it was never given.
 		d.complete(7, 100, 1)
-		require.NoError(t, c.ReadErr(&ee), "ReadErr reads an error at the head itself")
+		_, err = c.Read(nil)
+		require.ErrorIs(t, err, cq.ErrAvail, "a zero-count read sees an error at the head")
+		require.NoError(t, c.ReadErr(&ee), "ReadErr takes it")
 		require.Equal(t, cq.ProvBadID, ee.ProvErrno)
 		t.Logf("%s", c.StrError(ee.ProvErrno, ee.ErrData))
 	})
@@ -156,7 +163,7 @@ func TestCQSRead(t *testing.T) {
 			if x, ok := r.dev.take(); ok {
 				r.dev.complete(x.id, writeFrame(x, frameFor(5, 64), 1), 1)
 			}
-			_ = c.Interrupt().Add(1) // what the MSI-X vector does once rewired
+			_ = ring.Interrupt(c).Add(1) // what the MSI-X vector does once rewired
 		}()
 		n, err := c.SRead(context.Background(), ents, 0, 5*time.Second)
 		require.NoError(t, err)

@@ -5,9 +5,9 @@ package conformance
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic/sim"
 )
 
 // Caps say what a provider's device can produce; tests of a missing
@@ -130,34 +130,9 @@ type Oversizer interface {
 	RecvOversize(ctx context.Context) (int, error)
 }
 
-// Fault is a device misbehaviour a provider may inject.
-type Fault int
-
-// Faults, as in nic/sim.
-const (
-	FaultBadID Fault = iota + 1
-	FaultDuplicateID
-	FaultBadLen
-	FaultBadStatus
-	FaultBadOpcode
-	FaultWrongPhase
-	FaultOverrun
-	FaultLostIRQ
-	FaultSpuriousIRQ
-)
-
-// String names the fault.
-func (f Fault) String() string {
-	names := [...]string{"", "BadID", "DuplicateID", "BadLen", "BadStatus", "BadOpcode",
-		"WrongPhase", "Overrun", "LostIRQ", "SpuriousIRQ"}
-	if f > 0 && int(f) < len(names) {
-		return names[f]
-	}
-	return fmt.Sprintf("Fault(%d)", int(f))
-}
-
 // Injector is implemented by providers that can inject faults (the
-// software device); the fault tests are skipped for the others.
+// software device); the fault tests are skipped for the others. The fault
+// kinds are the software device's (sim.FaultKind), one list for both.
 type Injector interface {
-	Inject(c *cq.CQ, f Fault) error
+	Inject(c *cq.CQ, f sim.FaultKind) error
 }

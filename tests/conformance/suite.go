@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic/sim"
 )
 
 // Run runs every conformance test against p, each as a subtest.
@@ -1191,16 +1192,16 @@ func (s *suite) testFaults(t *testing.T) {
 	inj, ok := s.p.(Injector)
 	s.skipUnless(t, ok, "Faults", "provider cannot inject faults")
 	entryFaults := []struct {
-		f       Fault
+		f       sim.FaultKind
 		context bool // the error entry carries the operation's context
 		prov    int
 	}{
-		{FaultBadID, false, cq.ProvBadID},
-		{FaultDuplicateID, false, cq.ProvBadID},
-		{FaultBadLen, true, cq.ProvBadLen},
-		{FaultBadStatus, true, cq.ProvBadStatus},
-		{FaultBadOpcode, true, cq.ProvBadOpcode},
-		{FaultWrongPhase, false, cq.ProvBadPhase},
+		{sim.FaultBadID, false, cq.ProvBadID},
+		{sim.FaultDuplicateID, false, cq.ProvBadID},
+		{sim.FaultBadLen, true, cq.ProvBadLen},
+		{sim.FaultBadStatus, true, cq.ProvBadStatus},
+		{sim.FaultBadOpcode, true, cq.ProvBadOpcode},
+		{sim.FaultWrongPhase, false, cq.ProvBadPhase},
 	}
 	for _, tc := range entryFaults {
 		t.Run(tc.f.String(), func(t *testing.T) {
@@ -1256,7 +1257,7 @@ func (s *suite) testFaults(t *testing.T) {
 		ep := s.endpoint(t, c, EndpointAttr{})
 		send(t, ep, "kept", []byte("x"), SendOpts{})
 		flush(t, ep)
-		require.NoError(t, inj.Inject(c, FaultOverrun))
+		require.NoError(t, inj.Inject(c, sim.FaultOverrun))
 		send(t, ep, "dropped", []byte("x"), SendOpts{})
 		flush(t, ep)
 		require.Equal(t, "kept", readN(t, c, 1)[0].Context)
@@ -1271,7 +1272,7 @@ func (s *suite) testFaults(t *testing.T) {
 		s.endpoint(t, c, EndpointAttr{})
 		go func() {
 			time.Sleep(50 * time.Millisecond)
-			_ = inj.Inject(c, FaultOverrun)
+			_ = inj.Inject(c, sim.FaultOverrun)
 		}()
 		_, err := c.SRead(context.Background(), make([]cq.Entry, 1), 0, waitLong)
 		require.ErrorIs(t, err, cq.ErrOverrun)
@@ -1280,7 +1281,7 @@ func (s *suite) testFaults(t *testing.T) {
 	t.Run("LostIRQ", func(t *testing.T) {
 		c := s.open(t, cq.Attr{Format: cq.FormatContext, WaitObj: cq.WaitFD})
 		ep := s.endpoint(t, c, EndpointAttr{})
-		require.NoError(t, inj.Inject(c, FaultLostIRQ))
+		require.NoError(t, inj.Inject(c, sim.FaultLostIRQ))
 		go func() {
 			time.Sleep(30 * time.Millisecond)
 			_ = ep.Send("late", []byte("x"), SendOpts{})
@@ -1301,7 +1302,7 @@ func (s *suite) testFaults(t *testing.T) {
 		for attempt := 0; attempt < 3; attempt++ {
 			go func() {
 				time.Sleep(100 * time.Millisecond)
-				_ = inj.Inject(c, FaultSpuriousIRQ)
+				_ = inj.Inject(c, sim.FaultSpuriousIRQ)
 			}()
 			start := time.Now()
 			_, err := c.SRead(context.Background(), make([]cq.Entry, 1), 0, timeout)

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/tests/conformance"
 )
@@ -46,22 +47,9 @@ func (p *Provider) NewEndpoint(c *cq.CQ, attr conformance.EndpointAttr) (conform
 	return &endpoint{p: p, c: c, qp: qp, mem: mem}, nil
 }
 
-// faultKinds maps the suite's faults to the software device's.
-var faultKinds = map[conformance.Fault]sim.FaultKind{
-	conformance.FaultBadID: sim.FaultBadID, conformance.FaultDuplicateID: sim.FaultDuplicateID,
-	conformance.FaultBadLen: sim.FaultBadLen, conformance.FaultBadStatus: sim.FaultBadStatus,
-	conformance.FaultBadOpcode: sim.FaultBadOpcode, conformance.FaultWrongPhase: sim.FaultWrongPhase,
-	conformance.FaultOverrun: sim.FaultOverrun, conformance.FaultLostIRQ: sim.FaultLostIRQ,
-	conformance.FaultSpuriousIRQ: sim.FaultSpuriousIRQ,
-}
-
 // Inject implements conformance.Injector.
-func (p *Provider) Inject(c *cq.CQ, f conformance.Fault) error {
-	k, ok := faultKinds[f]
-	if !ok {
-		return fmt.Errorf("simcq: fault %v", f)
-	}
-	return p.Dev.Inject(c, sim.Fault{Kind: k})
+func (p *Provider) Inject(c *cq.CQ, f sim.FaultKind) error {
+	return p.Dev.Inject(c, sim.Fault{Kind: f})
 }
 
 type endpoint struct {
@@ -87,7 +75,7 @@ func (e *endpoint) PostRecv(ctx any, size int, o conformance.RecvOpts) ([]byte, 
 	b := e.mem.Bytes()
 	if size <= 0 || e.off+size > len(b) {
 		e.mu.Unlock()
-		return nil, fmt.Errorf("simcq: %d bytes of receive buffer: %w", size, cq.ErrFull)
+		return nil, fmt.Errorf("simcq: %d bytes of receive buffer: %w", size, ring.ErrFull)
 	}
 	buf := b[e.off : e.off+size : e.off+size]
 	e.off = (e.off + size + 63) &^ 63

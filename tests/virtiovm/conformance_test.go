@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
 	"github.com/vfnic/vfnic/tests/conformance"
@@ -473,7 +474,7 @@ func (e *virtioEndpoint) PostRecv(ctx any, size int, o conformance.RecvOpts) ([]
 	}
 	buf, err := e.brx.PostRecvBuf(ctx)
 	if errors.Is(err, nic.ErrFull) {
-		return nil, fmt.Errorf("virtio provider: %w", errors.Join(cq.ErrFull, err))
+		return nil, fmt.Errorf("virtio provider: %w", errors.Join(ring.ErrFull, err))
 	}
 	if err != nil {
 		return nil, err

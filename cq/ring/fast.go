@@ -1,6 +1,7 @@
-package cq
+package ring
 
 import (
+	"github.com/vfnic/vfnic/cq"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
@@ -154,8 +155,8 @@ func (p *fastPlan) rebase(own int) {
 // that uses it, which costs less than the spills and reloads of as many
 // locals.
 type fastPath struct {
-	format  Format // the CQ's (Attach); 0 before, which reads like FormatContext
-	natural bool   // the id, length, buffer offset and data have natural widths
+	format  cq.Format // the CQ's (Attach); 0 before, which reads like FormatContext
+	natural bool      // the id, length, buffer offset and data have natural widths
 
 	// The ring, as Ring has it. The loop steps from ownership word to
 	// ownership word: base+own, then esz apart.
@@ -173,15 +174,15 @@ type fastPath struct {
 	// opcode's flags and the device flag bits as the generic loop has
 	// them, with refuse set for an unknown opcode and for a status that
 	// is not a known success, so that one test covers both.
-	status [256]Flags // 0 or refuse
-	op     [256]Flags
-	bits   [256]Flags
+	status [256]cq.Flags // 0 or refuse
+	op     [256]cq.Flags
+	bits   [256]cq.Flags
 }
 
 // refuse marks an unknown opcode or a failed status in fastPath's tables.
 // No libfabric completion flag uses bit 63; a source whose codes do keeps
 // the generic loop.
-const refuse Flags = 1 << 63
+const refuse cq.Flags = 1 << 63
 
 // newFastPath returns the fast path of source q over ring r, or nil when
 // the layout or the codes need the generic loop. q's code tables must be
@@ -214,7 +215,7 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 }
 
 // setFormat records the CQ's format (Attach), which picks the loop.
-func (fp *fastPath) setFormat(f Format) { fp.format = f }
+func (fp *fastPath) setFormat(f cq.Format) { fp.format = f }
 
 // The CQ formats as types, for fastRun's first type parameter. Their sizes
 // differ, so each is compiled separately, and unsafe.Sizeof of the
@@ -247,23 +248,23 @@ type wordsShape interface {
 // the count entries from first, and returns how many it moved and why it
 // stopped. The switch is cheaper than a call through a function value,
 // which for a generic function goes through a wrapper.
-func (fp *fastPath) run(first *Entry, count int, eoff uintptr) (int, int) {
-	var at *Entry
+func (fp *fastPath) run(first *cq.Entry, count int, eoff uintptr) (int, int) {
+	var at *cq.Entry
 	var why int
 	switch {
-	case fp.natural && fp.format == FormatData:
+	case fp.natural && fp.format == cq.FormatData:
 		at, why = fastRun[shapeData, wordsNatural](fp, first, count, eoff)
-	case fp.natural && fp.format == FormatMsg:
+	case fp.natural && fp.format == cq.FormatMsg:
 		at, why = fastRun[shapeMsg, wordsNatural](fp, first, count, eoff)
-	case fp.natural && fp.format == FormatTagged:
+	case fp.natural && fp.format == cq.FormatTagged:
 		at, why = fastRun[shapeTagged, wordsNatural](fp, first, count, eoff)
 	case fp.natural:
 		at, why = fastRun[shapeContext, wordsNatural](fp, first, count, eoff)
-	case fp.format == FormatData:
+	case fp.format == cq.FormatData:
 		at, why = fastRun[shapeData, wordsMasked](fp, first, count, eoff)
-	case fp.format == FormatMsg:
+	case fp.format == cq.FormatMsg:
 		at, why = fastRun[shapeMsg, wordsMasked](fp, first, count, eoff)
-	case fp.format == FormatTagged:
+	case fp.format == cq.FormatTagged:
 		at, why = fastRun[shapeTagged, wordsMasked](fp, first, count, eoff)
 	default:
 		at, why = fastRun[shapeContext, wordsMasked](fp, first, count, eoff)
@@ -274,7 +275,7 @@ func (fp *fastPath) run(first *Entry, count int, eoff uintptr) (int, int) {
 	// The loop stopped at the entry at, which it did not consume. (It
 	// returns a pointer rather than the count, so that first and count need
 	// not stay live through it.)
-	return int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(Entry{})), why
+	return int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(cq.Entry{})), why
 }
 
 // pollFast is RingSource.Poll for a Read on a source with a fast path, when
@@ -286,7 +287,7 @@ func (fp *fastPath) run(first *Entry, count int, eoff uintptr) (int, int) {
 //
 // The per-entry loop (fastRun) runs over segments of ents that end at the
 // end of the ring, so that it has no wrap test; this loop wraps the ring.
-func (q *RingSource) pollFast(ents []Entry) (int, State) {
+func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 	fp := q.fast
 	tabs := *q.tables.Load()
 	fp.tabs = tabs
@@ -382,7 +383,7 @@ func (c *tableCursor) leave(q *RingSource) {
 // itself.
 //
 //go:noinline
-func fastRun[F formatShape, W wordsShape](fp *fastPath, first *Entry, count int, eoff uintptr) (*Entry, int) {
+func fastRun[F formatShape, W wordsShape](fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	var format F
 	var words W
 	fsize := unsafe.Sizeof(format)   // 1, 2, 4, 8: context, msg, data, tagged
@@ -395,7 +396,7 @@ func fastRun[F formatShape, W wordsShape](fp *fastPath, first *Entry, count int,
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
-	last := (*Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(Entry{})))
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -431,7 +432,7 @@ run:
 			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
-			var eFlags Flags
+			var eFlags cq.Flags
 			var eLen int
 			var eBuf uintptr
 			var eData, eTag uint64
@@ -439,20 +440,20 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&FlagRecv != 0 {
+				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(FlagTagged|FlagRecv) == FlagTagged|FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			ent.Queue = c.queue
-			if !s.multi || fl&FlagMultiRecv != 0 {
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				// Table.release with the table's state in the cursor.
 				// The free queue holds qmask+1 ids, so the index is in
 				// range.
@@ -466,7 +467,7 @@ run:
 				return last, runFull
 			}
 			ow = unsafe.Add(ow, fp.esz)
-			ent = (*Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(Entry{})))
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.

@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -20,7 +21,7 @@ type Op struct {
 	// Flags are the operation's completion flags, e.g. FlagSend|FlagMsg or
 	// FlagRecv|FlagMsg. FlagMultiRecv marks a multi-receive buffer: it
 	// stays posted until a completion carries FlagMultiRecv.
-	Flags Flags
+	Flags cq.Flags
 }
 
 const (
@@ -33,7 +34,7 @@ type slot struct {
 	id    uint32 // full id of the current posting (index | generation)
 	len   uint32
 	multi bool
-	flags Flags
+	flags cq.Flags
 	buf   uintptr
 	ctx   any
 }
@@ -78,11 +79,11 @@ type Table struct {
 // whose id is the descriptor position, posted and completed in order).
 func NewTable(n, idBits int) (*Table, error) {
 	if n < 1 || n > maxEntries {
-		return nil, fmt.Errorf("%w: table of %d operations", ErrInvalid, n)
+		return nil, fmt.Errorf("%w: table of %d operations", cq.ErrInvalid, n)
 	}
 	sb := uint(bits.Len(uint(n - 1)))
 	if idBits < int(sb) || idBits > 32 {
-		return nil, fmt.Errorf("%w: %d-bit ids for %d operations", ErrInvalid, idBits, n)
+		return nil, fmt.Errorf("%w: %d-bit ids for %d operations", cq.ErrInvalid, idBits, n)
 	}
 	qn := 1 << bits.Len(uint(n-1))
 	t := &Table{
@@ -117,7 +118,7 @@ func (t *Table) Outstanding() int {
 // with ErrFull when every slot is outstanding.
 func (t *Table) Post(op Op) (uint32, error) {
 	if op.Len < 0 || uint64(op.Len) > 1<<32-1 {
-		return 0, fmt.Errorf("%w: post of %d bytes", ErrInvalid, op.Len)
+		return 0, fmt.Errorf("%w: post of %d bytes", cq.ErrInvalid, op.Len)
 	}
 	t.mu.Lock()
 	if t.fhead == atomic.LoadUint32(&t.ftail) {
@@ -130,8 +131,8 @@ func (t *Table) Post(op Op) (uint32, error) {
 	gen := (s.id >> t.slotBits) + 1
 	s.id = (gen<<t.slotBits | i) & t.idMask
 	s.len = uint32(op.Len)
-	s.multi = op.Flags&FlagMultiRecv != 0
-	s.flags = op.Flags &^ FlagMultiRecv
+	s.multi = op.Flags&cq.FlagMultiRecv != 0
+	s.flags = op.Flags &^ cq.FlagMultiRecv
 	s.buf = op.Buf
 	s.ctx = op.Context
 	// The atomic store publishes the slot to the completer; the device's

@@ -1,6 +1,7 @@
-package cq
+package ring
 
 import (
+	"github.com/vfnic/vfnic/cq"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,20 +14,20 @@ func TestDescriptorDoneRingThroughCQ(t *testing.T) {
 	l := conventionLayouts(8)[4]
 	mem := mmap(t, 8*16)
 	src, err := NewRingSource(RingConfig{Mem: mem, Layout: l,
-		Codes: Codes{Statuses: []Status{{Value: 0, Name: "OK"}, {Value: 1 << 1, Err: ECRC, Name: "CE"}}}})
+		Codes: Codes{Statuses: []Status{{Value: 0, Name: "OK"}, {Value: 1 << 1, Err: cq.ECRC, Name: "CE"}}}})
 	require.NoError(t, err)
 	src.Ring().Reset()
-	c, err := New(Attr{Size: 8, Format: FormatMsg}, Limits{})
+	c, err := cq.New(cq.Attr{Size: 8, Format: cq.FormatMsg}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, c.AddSource(src))
+	require.NoError(t, AddSource(c, src))
 	tab, err := NewTable(8, 3) // id bits == slot bits: ids are positions
 	require.NoError(t, err)
 	require.NoError(t, src.BindTable(0, tab))
 	dev := &fakeDev{mem: mem, l: l}
-	ents := make([]Entry, 8)
+	ents := make([]cq.Entry, 8)
 	for i := 0; i < 40; i++ {
-		id, err := tab.Post(Op{Context: i, Len: 2048, Flags: FlagRecv | FlagMsg})
+		id, err := tab.Post(Op{Context: i, Len: 2048, Flags: cq.FlagRecv | cq.FlagMsg})
 		require.NoError(t, err)
 		require.EqualValues(t, i%8, id, "posted in ring order, the id is the descriptor position")
 		st := uint32(0)
@@ -36,11 +37,11 @@ func TestDescriptorDoneRingThroughCQ(t *testing.T) {
 		dev.write(rawEntry{ln: uint32(60 + i), status: st}, false)
 		n, err := c.Read(ents)
 		if st != 0 {
-			require.ErrorIs(t, err, ErrAvail)
-			var ee ErrEntry
+			require.ErrorIs(t, err, cq.ErrAvail)
+			var ee cq.ErrEntry
 			require.NoError(t, c.ReadErr(&ee))
 			require.Equal(t, i, ee.Context)
-			require.Equal(t, ECRC, ee.Err)
+			require.Equal(t, cq.ECRC, ee.Err)
 			continue
 		}
 		require.NoError(t, err)
@@ -58,20 +59,20 @@ func TestPackedRingThroughCQ(t *testing.T) {
 	mem := mmap(t, 16*16)
 	src, err := NewRingSource(RingConfig{Mem: mem, Layout: l})
 	require.NoError(t, err)
-	c, err := New(Attr{Size: 16, Format: FormatMsg}, Limits{})
+	c, err := cq.New(cq.Attr{Size: 16, Format: cq.FormatMsg}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, c.AddSource(src))
+	require.NoError(t, AddSource(c, src))
 	tab, err := NewTable(16, 16)
 	require.NoError(t, err)
 	require.NoError(t, src.BindTable(0, tab))
 	dev := &fakeDev{mem: mem, l: l}
-	ents := make([]Entry, 16)
+	ents := make([]cq.Entry, 16)
 	ids := map[int]uint32{}
 	next := 0
 	for round := 0; round < 10; round++ {
 		for len(ids) < 6 {
-			id, err := tab.Post(Op{Context: next, Len: 1500, Flags: FlagSend | FlagMsg})
+			id, err := tab.Post(Op{Context: next, Len: 1500, Flags: cq.FlagSend | cq.FlagMsg})
 			require.NoError(t, err)
 			require.Less(t, id, uint32(1<<16))
 			ids[next] = id

@@ -1,7 +1,9 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/internal/provider"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -9,39 +11,42 @@ import (
 )
 
 // State is what a source reports after a poll.
-type State uint8
+type State = provider.State
 
 // Source states.
 const (
 	// StateOK: the batch ended because the caller's buffer is full or no
 	// further entry is available.
-	StateOK State = iota
+	StateOK = provider.StateOK
 	// StateError: an error completion waits at the head; ReadErr takes it.
-	StateError
+	StateError = provider.StateError
 	// StateOverrun: the device overran the ring and every valid entry has
 	// been read.
-	StateOverrun
+	StateOverrun = provider.StateOverrun
 )
 
 // Source is one device completion ring feeding a CQ. The CQ calls it once
 // per batch, never per entry, and serialises the calls (one goroutine at a
 // time, under the CQ's lock). A driver normally uses RingSource; the
-// interface lets a layer with its own ring bookkeeping plug in.
+// interface lets a layer with its own ring bookkeeping plug in. AddSource
+// attaches one to a CQ.
 type Source interface {
 	// Attach tells the source the format of the CQ it joins. It is called
 	// once, by CQ.AddSource.
-	Attach(f Format) error
+	Attach(f cq.Format) error
 	// Poll moves up to len(ents) successful completions into ents (and
 	// their source addresses into addrs when addrs is not nil), stopping
 	// before an error entry, and publishes the consumer index once.
-	Poll(ents []Entry, addrs []Addr) (int, State)
+	// With no ents it consumes nothing but reports an error entry at the
+	// head (StateError) or an overrun (StateOverrun).
+	Poll(ents []cq.Entry, addrs []cq.Addr) (int, State)
 	// Pending counts the entries ready to be polled, up to max, without
 	// consuming them. An error entry counts; an overrun counts as max.
 	Pending(max int) int
 	// ReadErr takes the error completion at the head into e (all fields
 	// but ErrData) and returns its error data, which stays valid until the
 	// next Poll or ReadErr. ok is false when the head is not an error.
-	ReadErr(e *ErrEntry) (data []byte, ok bool)
+	ReadErr(e *cq.ErrEntry) (data []byte, ok bool)
 	// Arm asks the device to interrupt when threshold entries are queued
 	// (solicitedOnly: only for solicited or error completions). One
 	// interrupt per Arm; arming again before it fires has no more effect.
@@ -67,7 +72,7 @@ type Status struct {
 	// Value is the status field's value (below 256).
 	Value uint32
 	// Err is the completion error for this status; 0 means success.
-	Err Errno
+	Err cq.Errno
 	// Name is shown by StrError.
 	Name string
 }
@@ -77,7 +82,7 @@ type Opcode struct {
 	// Value is the opcode field's value (below 256).
 	Value uint32
 	// Flags are added to the posted operation's flags.
-	Flags Flags
+	Flags cq.Flags
 	// Name is shown in errors.
 	Name string
 }
@@ -95,16 +100,16 @@ type Codes struct {
 	// FlagBits maps bit i of the device flags field to completion flags:
 	// FlagRemoteCQData makes Data valid, FlagTagged makes Tag valid (and
 	// replaces FlagMsg), FlagMultiRecv releases a multi-receive buffer.
-	FlagBits [8]Flags
+	FlagBits [8]cq.Flags
 }
 
 type statusCode struct {
-	err   Errno
+	err   cq.Errno
 	known bool
 }
 
 type opCode struct {
-	flags Flags
+	flags cq.Flags
 	known bool
 }
 
@@ -133,7 +138,7 @@ type RingSource struct {
 	stat  [256]statusCode
 	op    [256]opCode
 	hasOp bool
-	bits  [256]Flags
+	bits  [256]cq.Flags
 	names map[uint32]string
 
 	tables atomic.Pointer[[]*Table] // by queue number; copied on write
@@ -144,7 +149,7 @@ type RingSource struct {
 
 	// Format masks: all ones for the fields the CQ's format has.
 	attached bool
-	mFlags   Flags
+	mFlags   cq.Flags
 	mLen     int
 	mBuf     uintptr
 	mData    uint64
@@ -158,16 +163,16 @@ type RingSource struct {
 	staged  bool
 	overrun bool
 	closed  bool
-	errEnt  ErrEntry
+	errEnt  cq.ErrEntry
 	errData []byte
 	errLen  int
 	dirty   []*Table
-	scratch [1]Entry
+	scratch [1]cq.Entry
 }
 
 // NewRingSource makes a source over cfg.Mem.
 func NewRingSource(cfg RingConfig) (*RingSource, error) {
-	r, err := NewRing(cfg.Mem, cfg.Layout, cfg.Regs)
+	r, err := newRing(cfg.Mem, cfg.Layout, cfg.Regs)
 	if err != nil {
 		return nil, err
 	}
@@ -179,14 +184,14 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 	}
 	for _, s := range cfg.Codes.Statuses {
 		if s.Value >= 256 {
-			return nil, fmt.Errorf("%w: layout %q: status value %d above 255", ErrInvalid, cfg.Layout.Name, s.Value)
+			return nil, fmt.Errorf("%w: layout %q: status value %d above 255", cq.ErrInvalid, cfg.Layout.Name, s.Value)
 		}
 		q.stat[s.Value] = statusCode{err: s.Err, known: true}
 		q.names[s.Value] = s.Name
 	}
 	for _, o := range cfg.Codes.Opcodes {
 		if o.Value >= 256 {
-			return nil, fmt.Errorf("%w: layout %q: opcode %d above 255", ErrInvalid, cfg.Layout.Name, o.Value)
+			return nil, fmt.Errorf("%w: layout %q: opcode %d above 255", cq.ErrInvalid, cfg.Layout.Name, o.Value)
 		}
 		q.op[o.Value] = opCode{flags: o.Flags, known: true}
 		q.hasOp = true
@@ -197,7 +202,7 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 		}
 	}
 	for v := range q.bits {
-		var f Flags
+		var f cq.Flags
 		for b := 0; b < 8; b++ {
 			if v&(1<<b) != 0 {
 				f |= cfg.Codes.FlagBits[b]
@@ -221,16 +226,16 @@ const maxQueue = 1 << 16
 // belongs to one source.
 func (q *RingSource) BindTable(queue uint32, t *Table) error {
 	if queue >= maxQueue {
-		return fmt.Errorf("%w: queue %d", ErrInvalid, queue)
+		return fmt.Errorf("%w: queue %d", cq.ErrInvalid, queue)
 	}
 	if !t.owner.CompareAndSwap(nil, q) && t.owner.Load() != q {
-		return fmt.Errorf("%w: table already bound to another ring", ErrInvalid)
+		return fmt.Errorf("%w: table already bound to another ring", cq.ErrInvalid)
 	}
 	q.bindMu.Lock()
 	defer q.bindMu.Unlock()
 	old := *q.tables.Load()
 	if int(queue) < len(old) && old[queue] != nil && old[queue] != t {
-		return fmt.Errorf("%w: queue %d already bound", ErrInvalid, queue)
+		return fmt.Errorf("%w: queue %d already bound", cq.ErrInvalid, queue)
 	}
 	n := len(old)
 	if int(queue) >= n {
@@ -259,18 +264,21 @@ func (q *RingSource) UnbindTable(queue uint32) {
 }
 
 // Attach implements Source.
-func (q *RingSource) Attach(f Format) error {
+func (q *RingSource) Attach(f cq.Format) error {
+	if q == nil {
+		return fmt.Errorf("%w: nil ring source", cq.ErrInvalid)
+	}
 	if q.attached {
-		return fmt.Errorf("%w: ring %q already attached to a CQ", ErrInvalid, q.ring.l.Name)
+		return fmt.Errorf("%w: ring %q already attached to a CQ", cq.ErrInvalid, q.ring.l.Name)
 	}
 	q.attached = true
-	if f >= FormatMsg {
-		q.mFlags, q.mLen = ^Flags(0), -1
+	if f >= cq.FormatMsg {
+		q.mFlags, q.mLen = ^cq.Flags(0), -1
 	}
-	if f >= FormatData {
+	if f >= cq.FormatData {
 		q.mBuf, q.mData = ^uintptr(0), ^uint64(0)
 	}
-	if f >= FormatTagged {
+	if f >= cq.FormatTagged {
 		q.mTag = ^uint64(0)
 	}
 	if q.fast != nil {
@@ -281,7 +289,13 @@ func (q *RingSource) Attach(f Format) error {
 
 // Poll implements Source. A Read (no addrs) takes the fast path when the
 // source has one (pollFast).
-func (q *RingSource) Poll(ents []Entry, addrs []Addr) (int, State) {
+func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
+	if len(ents) == 0 {
+		// A probe: stage an error entry at the head and notice an
+		// overrun, consuming nothing else (errOnly stores no entry, so
+		// scratch stays empty).
+		return q.poll(q.scratch[:], nil, true)
+	}
 	if q.fast == nil || addrs != nil || q.staged || q.overrun {
 		return q.poll(ents, addrs, false)
 	}
@@ -290,7 +304,7 @@ func (q *RingSource) Poll(ents []Entry, addrs []Addr) (int, State) {
 
 // poll reads one batch with the generic loop. With errOnly it consumes
 // nothing but an error entry at the head (for ReadErr).
-func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State) {
+func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, State) {
 	if q.staged {
 		return 0, StateError
 	}
@@ -307,7 +321,7 @@ func (q *RingSource) poll(ents []Entry, addrs []Addr, errOnly bool) (int, State)
 // stores to the Ring. It returns the entries moved, whether it stopped at
 // an entry that is not driver-owned, and whether it stopped at a refused
 // one.
-func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs []*Table) (n int, stopped, fail bool) {
+func (q *RingSource) pollGeneric(ents []cq.Entry, addrs []cq.Addr, errOnly bool, tabs []*Table) (n int, stopped, fail bool) {
 	r := q.ring
 	base, esz, own, mask, size := r.base, r.esz, r.own, r.mask, r.n
 	head, want, count := r.head, r.want, r.count
@@ -349,14 +363,14 @@ func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs 
 		}
 		fl := entryFlags(s.flags | oc.flags | q.bits[gFl.get(e)&0xff])
 		var buf uintptr
-		if fl&FlagRecv != 0 {
+		if fl&cq.FlagRecv != 0 {
 			buf = s.buf + uintptr(off)
 		}
 		var data, tag uint64
-		if fl&FlagRemoteCQData != 0 {
+		if fl&cq.FlagRemoteCQData != 0 {
 			data = r.f[fData].get(e)
 		}
-		if fl&(FlagTagged|FlagRecv) == FlagTagged|FlagRecv {
+		if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 			tag = r.f[fTag].get(e)
 		}
 		ent := &ents[n]
@@ -368,13 +382,13 @@ func (q *RingSource) pollGeneric(ents []Entry, addrs []Addr, errOnly bool, tabs 
 		ent.Tag = tag & mTag
 		ent.Queue = qn
 		if addrs != nil {
-			a := AddrNotAvail
-			if fl&FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
-				a = Addr(r.f[fSrc].get(e))
+			a := cq.AddrNotAvail
+			if fl&cq.FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
+				a = cq.Addr(r.f[fSrc].get(e))
 			}
 			addrs[n] = a
 		}
-		if !s.multi || fl&FlagMultiRecv != 0 {
+		if !s.multi || fl&cq.FlagMultiRecv != 0 {
 			t.release(s, id)
 			if !t.dirty {
 				q.markDirty(t)
@@ -408,13 +422,13 @@ func (q *RingSource) endBatch(n int, stopped, fail bool, tabs []*Table) (int, St
 		q.stageHead(tabs)
 	case stopped:
 		switch {
-		case r.Hole():
+		case r.hole():
 			q.stagePhase()
-		case r.Overrun():
+		case r.overrun():
 			q.overrun = true
 		}
 	}
-	r.Publish()
+	r.publish()
 	for _, t := range q.dirty {
 		t.flush()
 	}
@@ -437,27 +451,33 @@ func (q *RingSource) markDirty(t *Table) {
 	q.dirty = append(q.dirty, t)
 }
 
-// stageHead classifies the refused head entry again (cold path) and
-// stages it.
+// stageHead stages the refused head entry (cold path). It takes one copy
+// of the entry, the error data, and decides and releases from that copy
+// alone: a device that rewrites the entry meanwhile cannot make it free an
+// id other than the one it looked up.
 func (q *RingSource) stageHead(tabs []*Table) {
 	r := q.ring
-	e := r.entry(r.head)
-	id := uint32(r.f[fID].get(e))
-	if r.idx {
-		id = r.head
+	q.errLen = copy(q.errData, r.entryBytes(r.head))
+	if stageHook != nil {
+		stageHook()
 	}
-	qn := uint32(r.f[fQueue].get(e))
-	t := tableFor(tabs, qn)
+	var raw decoded
+	r.decodeAt(unsafe.Pointer(&q.errData[0]), r.head, &raw)
+	t := tableFor(tabs, raw.Queue)
 	if t == nil {
-		q.stage(qn, nil, nil, ProvBadQueue, EIO)
+		q.stage(&raw, nil, nil, cq.ProvBadQueue, cq.EIO)
 		return
 	}
-	if s := t.lookup(id); s != nil {
-		q.stage(qn, t, s, 0, 0)
+	if s := t.lookup(raw.ID); s != nil {
+		q.stage(&raw, t, s, 0, 0)
 	} else {
-		q.stage(qn, nil, nil, ProvBadID, EIO)
+		q.stage(&raw, nil, nil, cq.ProvBadID, cq.EIO)
 	}
 }
+
+// stageHook, when set by a test, runs between the copy of a refused entry
+// and its decoding, where a device may rewrite it.
+var stageHook func()
 
 // tableFor returns the table bound to queue qn, or nil.
 func tableFor(tabs []*Table, qn uint32) *Table {
@@ -481,9 +501,9 @@ func (q *RingSource) codes(st, op uint64) (sc statusCode, oc opCode) {
 
 // entryFlags completes a completion's flags: a tagged message is reported
 // as FlagTagged alone, not also FlagMsg.
-func entryFlags(fl Flags) Flags {
-	if fl&FlagTagged != 0 {
-		fl &^= FlagMsg
+func entryFlags(fl cq.Flags) cq.Flags {
+	if fl&cq.FlagTagged != 0 {
+		fl &^= cq.FlagMsg
 	}
 	return fl
 }
@@ -492,44 +512,42 @@ func entryFlags(fl Flags) Flags {
 // of size bytes (written so that it cannot overflow).
 func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 
-// stage turns the head entry into the pending error completion and
-// consumes it. With a nil slot the entry names no outstanding operation
-// (prov and errno given); with a slot, the device status, opcode and length
-// decide the error, and the slot is released. Cold path.
-func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) {
-	r := q.ring
-	var raw Raw
-	r.decode(r.head, &raw)
+// stage turns the head entry, decoded into raw from the copy in errData,
+// into the pending error completion and consumes it. With a nil slot the
+// entry names no outstanding operation (prov and errno given); with a
+// slot, the device status, opcode and length decide the error, and the
+// slot is released. Cold path.
+func (q *RingSource) stage(raw *decoded, t *Table, s *slot, prov int, errno cq.Errno) {
 	ee := &q.errEnt
-	*ee = ErrEntry{}
-	ee.Queue = qn
+	*ee = cq.ErrEntry{}
+	ee.Queue = raw.Queue
 	if s != nil {
 		sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
 		fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
 		ee.Context = s.ctx
 		ee.Flags = fl
 		ee.Len = int(min(raw.Len, s.len))
-		if fl&FlagRecv != 0 && raw.BufOff <= s.len {
+		if fl&cq.FlagRecv != 0 && raw.BufOff <= s.len {
 			ee.Buf = s.buf + uintptr(raw.BufOff)
 		}
-		if fl&FlagRemoteCQData != 0 {
+		if fl&cq.FlagRemoteCQData != 0 {
 			ee.Data = raw.Data
 		}
-		if fl&FlagTagged != 0 && fl&FlagRecv != 0 {
+		if fl&cq.FlagTagged != 0 && fl&cq.FlagRecv != 0 {
 			ee.Tag = raw.Tag
 		}
 		switch {
 		case !sc.known:
-			prov, errno = ProvBadStatus, EIO
+			prov, errno = cq.ProvBadStatus, cq.EIO
 		case sc.err != 0:
 			prov, errno = int(raw.Status), sc.err
 			if raw.Len > s.len {
 				ee.OLen = int(raw.Len - s.len)
 			}
 		case !oc.known:
-			prov, errno = ProvBadOpcode, EIO
+			prov, errno = cq.ProvBadOpcode, cq.EIO
 		default:
-			prov, errno = ProvBadLen, EIO
+			prov, errno = cq.ProvBadLen, cq.EIO
 		}
 		t.release(s, raw.ID)
 		if !t.dirty {
@@ -538,38 +556,37 @@ func (q *RingSource) stage(qn uint32, t *Table, s *slot, prov int, errno Errno) 
 	}
 	ee.Err = errno
 	ee.ProvErrno = prov
-	q.errLen = copy(q.errData, r.EntryBytes(r.head))
 	q.staged = true
-	r.Advance()
+	q.ring.advance()
 }
 
 // stagePhase reports the head entry, whose ownership bit is wrong while the
 // next entry's is right, as an error without interpreting its contents.
 func (q *RingSource) stagePhase() {
 	r := q.ring
-	q.errEnt = ErrEntry{Err: EIO, ProvErrno: ProvBadPhase}
-	q.errLen = copy(q.errData, r.EntryBytes(r.head))
+	q.errEnt = cq.ErrEntry{Err: cq.EIO, ProvErrno: cq.ProvBadPhase}
+	q.errLen = copy(q.errData, r.entryBytes(r.head))
 	q.staged = true
-	r.Advance()
+	r.consumeHole()
 }
 
 // Pending implements Source.
 func (q *RingSource) Pending(max int) int {
 	if q.staged {
-		return 1 + q.ring.Pending(max-1)
+		return 1 + q.ring.pending(max-1)
 	}
 	if q.overrun {
 		return max
 	}
-	n := q.ring.Pending(max)
-	if n == 0 && (q.ring.Hole() || q.ring.Overrun()) {
+	n := q.ring.pending(max)
+	if n == 0 && (q.ring.hole() || q.ring.overrun()) {
 		return max
 	}
 	return n
 }
 
 // ReadErr implements Source.
-func (q *RingSource) ReadErr(e *ErrEntry) ([]byte, bool) {
+func (q *RingSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	if !q.staged {
 		// errOnly stops before an entry is stored, so scratch stays
 		// empty: it only gives the loop room for one entry.

@@ -1,6 +1,6 @@
-//go:build !race
+//go:build race
 
-package cq
+package ring
 
 // raceEnabled shortens the longer tests under the race detector.
-const raceEnabled = false
+const raceEnabled = true

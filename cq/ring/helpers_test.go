@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"encoding/binary"
+	"github.com/vfnic/vfnic/cq"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -135,10 +136,10 @@ func simLayout(entries int) Layout {
 
 func simCodes() Codes {
 	return Codes{
-		Statuses: []Status{{0, 0, "OK"}, {1, ETRUNC, "LOCAL_LEN_ERR"}, {2, EFAULT, "LOCAL_PROT_ERR"},
-			{3, ECANCELED, "WR_FLUSH_ERR"}, {4, EACCES, "REMOTE_ACCESS_ERR"}, {5, EIO, "GENERAL_ERR"}},
-		Opcodes: []Opcode{{0, FlagSend, "SEND"}, {1, FlagRecv, "RECV"}, {2, FlagRMA | FlagWrite, "WRITE"},
-			{3, FlagRMA | FlagRead, "READ"}, {4, FlagRMA | FlagRemoteWrite | FlagRemoteCQData, "RECV_RDMA_WITH_IMM"}},
-		FlagBits: [8]Flags{FlagRemoteCQData, FlagTagged, FlagMultiRecv, FlagMore},
+		Statuses: []Status{{0, 0, "OK"}, {1, cq.ETRUNC, "LOCAL_LEN_ERR"}, {2, cq.EFAULT, "LOCAL_PROT_ERR"},
+			{3, cq.ECANCELED, "WR_FLUSH_ERR"}, {4, cq.EACCES, "REMOTE_ACCESS_ERR"}, {5, cq.EIO, "GENERAL_ERR"}},
+		Opcodes: []Opcode{{0, cq.FlagSend, "SEND"}, {1, cq.FlagRecv, "RECV"}, {2, cq.FlagRMA | cq.FlagWrite, "WRITE"},
+			{3, cq.FlagRMA | cq.FlagRead, "READ"}, {4, cq.FlagRMA | cq.FlagRemoteWrite | cq.FlagRemoteCQData, "RECV_RDMA_WITH_IMM"}},
+		FlagBits: [8]cq.Flags{cq.FlagRemoteCQData, cq.FlagTagged, cq.FlagMultiRecv, cq.FlagMore},
 	}
 }

@@ -1,6 +1,9 @@
-package cq
+package ring
 
-import "fmt"
+import (
+	"fmt"
+	"github.com/vfnic/vfnic/cq"
+)
 
 // Convention is how a device marks a ring entry as written (owned by the
 // driver). Every convention is reduced to one test per entry: the
@@ -170,7 +173,7 @@ const maxEntries = 1 << 24
 // Validate checks the layout.
 func (l *Layout) Validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: layout %q: %s", ErrInvalid, l.Name, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: layout %q: %s", cq.ErrInvalid, l.Name, fmt.Sprintf(format, args...))
 	}
 	if l.EntrySize < 8 || l.EntrySize%4 != 0 || l.EntrySize > 4096 {
 		return bad("entry size %d (need a multiple of 4 in [8, 4096])", l.EntrySize)

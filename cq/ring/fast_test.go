@@ -1,8 +1,9 @@
-package cq
+package ring
 
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -47,9 +48,9 @@ func TestFastPathSelection(t *testing.T) {
 			src, err := NewRingSource(RingConfig{Mem: mem, Layout: c.l, Codes: c.codes})
 			require.NoError(t, err)
 			require.Equal(t, c.fast, src.fast != nil)
-			require.NoError(t, src.Attach(FormatMsg))
+			require.NoError(t, src.Attach(cq.FormatMsg))
 			if c.fast {
-				require.Equal(t, FormatMsg, src.fast.format)
+				require.Equal(t, cq.FormatMsg, src.fast.format)
 			}
 		})
 	}
@@ -58,7 +59,7 @@ func TestFastPathSelection(t *testing.T) {
 // diffSide is one of the two CQs of a differential run; generic forces
 // its source onto the generic loop.
 type diffSide struct {
-	c    *CQ
+	c    *cq.CQ
 	src  *RingSource
 	dev  *fakeDev
 	tabs map[uint32]*Table
@@ -95,7 +96,7 @@ type diffOp struct {
 	used  uint32 // bytes of a multi-receive buffer completed so far
 }
 
-func newDiffSide(t *testing.T, l Layout, codes Codes, attr Attr, generic bool) *diffSide {
+func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool) *diffSide {
 	mem := mmap(t, 4096+l.Entries*l.EntrySize)
 	w := doorbell.NewWindow(mem[:4096])
 	cons, err := w.Reg32(0)
@@ -110,14 +111,14 @@ func newDiffSide(t *testing.T, l Layout, codes Codes, attr Attr, generic bool) *
 		src.fast = nil
 	}
 	attr.Size = l.Entries
-	c, err := New(attr, Limits{MaxSize: 1 << 16})
+	c, err := cq.New(attr, cq.Limits{MaxSize: 1 << 16})
 	require.NoError(t, err)
-	require.NoError(t, c.AddSource(src))
+	require.NoError(t, AddSource(c, src))
 	t.Cleanup(func() { _ = c.Close() })
 	return &diffSide{c: c, src: src, dev: &fakeDev{mem: mem[4096:], l: l}, tabs: map[uint32]*Table{}, cons: cons, over: over}
 }
 
-func newDiffRun(t *testing.T, seed uint64, l Layout, codes Codes, attr Attr) *diffRun {
+func newDiffRun(t *testing.T, seed uint64, l Layout, codes Codes, attr cq.Attr) *diffRun {
 	d := &diffRun{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), l: l, codes: codes}
 	d.sides[0] = newDiffSide(t, l, codes, attr, false)
 	d.sides[1] = newDiffSide(t, l, codes, attr, true)
@@ -157,16 +158,16 @@ func (d *diffRun) post() {
 	d.ctx++
 	switch d.rng.IntN(6) {
 	case 0:
-		op.Flags = FlagSend | FlagMsg
+		op.Flags = cq.FlagSend | cq.FlagMsg
 	case 1:
-		op.Flags = FlagRMA | FlagWrite
+		op.Flags = cq.FlagRMA | cq.FlagWrite
 	case 2:
-		op.Flags = FlagRecv | FlagMsg
-		if d.l.Fields.Flags.Bits > 0 && d.codes.FlagBits[2] == FlagMultiRecv {
-			op.Flags |= FlagMultiRecv // the device can release it
+		op.Flags = cq.FlagRecv | cq.FlagMsg
+		if d.l.Fields.Flags.Bits > 0 && d.codes.FlagBits[2] == cq.FlagMultiRecv {
+			op.Flags |= cq.FlagMultiRecv // the device can release it
 		}
 	default:
-		op.Flags = FlagRecv | FlagMsg
+		op.Flags = cq.FlagRecv | cq.FlagMsg
 	}
 	var ids [2]uint32
 	var errs [2]error
@@ -180,7 +181,7 @@ func (d *diffRun) post() {
 	}
 	require.Equal(d.t, ids[0], ids[1], "both tables give the same id")
 	d.pending = append(d.pending, diffOp{queue: qn, id: ids[0], len: uint32(op.Len),
-		multi: op.Flags&FlagMultiRecv != 0, recv: op.Flags&FlagRecv != 0})
+		multi: op.Flags&cq.FlagMultiRecv != 0, recv: op.Flags&cq.FlagRecv != 0})
 }
 
 // fits returns a random value that fits f.
@@ -346,22 +347,22 @@ func (d *diffRun) free() int {
 // read reads both CQs the same way and compares what they return.
 func (d *diffRun) read(step int) {
 	n := 1 + d.rng.IntN(40)
-	var ents [2][]Entry
-	var addrs [2][]Addr
+	var ents [2][]cq.Entry
+	var addrs [2][]cq.Addr
 	var ns [2]int
 	var errs [2]error
 	from := d.rng.IntN(8) == 0 // ReadFrom takes the generic loop on both
 	probe := d.rng.IntN(16) == 0
 	for i, s := range d.sides {
-		ents[i] = make([]Entry, n)
+		ents[i] = make([]cq.Entry, n)
 		for j := range ents[i] {
-			ents[i][j] = Entry{Context: "stale", Flags: 0xdead, Len: -1, Buf: 1, Data: 2, Tag: 3, Queue: 4}
+			ents[i][j] = cq.Entry{Context: "stale", Flags: 0xdead, Len: -1, Buf: 1, Data: 2, Tag: 3, Queue: 4}
 		}
 		switch {
 		case probe:
 			ns[i], errs[i] = s.c.Read(nil)
 		case from:
-			addrs[i] = make([]Addr, n)
+			addrs[i] = make([]cq.Addr, n)
 			ns[i], errs[i] = s.c.ReadFrom(ents[i], addrs[i])
 		default:
 			ns[i], errs[i] = s.c.Read(ents[i])
@@ -378,8 +379,8 @@ func (d *diffRun) read(step int) {
 			d.switches++
 		}
 	}
-	if errs[0] == ErrAvail || d.rng.IntN(8) == 0 {
-		var ee [2]ErrEntry
+	if errs[0] == cq.ErrAvail || d.rng.IntN(8) == 0 {
+		var ee [2]cq.ErrEntry
 		for i, s := range d.sides {
 			errs[i] = s.c.ReadErr(&ee[i])
 		}
@@ -425,11 +426,11 @@ func (d *diffRun) run(steps int) {
 	}
 	for step := steps; step < steps+100; step++ {
 		d.read(step)
-		n0, err0 := d.sides[0].c.Read(make([]Entry, 1))
-		n1, err1 := d.sides[1].c.Read(make([]Entry, 1))
+		n0, err0 := d.sides[0].c.Read(make([]cq.Entry, 1))
+		n1, err1 := d.sides[1].c.Read(make([]cq.Entry, 1))
 		require.Equal(d.t, n1, n0)
 		require.Equal(d.t, err1, err0)
-		if err0 == ErrOverrun {
+		if err0 == cq.ErrOverrun {
 			return
 		}
 	}
@@ -477,14 +478,14 @@ func diffSteps(n int) int {
 }
 
 func TestFastPathMatchesGeneric(t *testing.T) {
-	formats := []Format{FormatContext, FormatMsg, FormatData, FormatTagged}
+	formats := []cq.Format{cq.FormatContext, cq.FormatMsg, cq.FormatData, cq.FormatTagged}
 	steps := diffSteps(300)
 	for li, l := range fastLayouts(32) {
 		for _, codes := range []Codes{simCodes(), {}} {
 			for _, f := range formats {
 				name := fmt.Sprintf("%s/%s/codes=%v", l.Name, f, codes.Statuses != nil)
 				t.Run(name, func(t *testing.T) {
-					d := newDiffRun(t, uint64(li*100+int(f)), l, codes, Attr{Format: f})
+					d := newDiffRun(t, uint64(li*100+int(f)), l, codes, cq.Attr{Format: f})
 					require.Equal(t, l.Name == "test64" || l.Name == "owner-index" || l.Name == "wide",
 						d.sides[0].src.fast.natural, "natural widths")
 					d.run(steps)
@@ -504,14 +505,14 @@ func TestFastPathMatchesGenericRandomLayouts(t *testing.T) {
 	steps := diffSteps(150)
 	for i := 0; i < 30; i++ {
 		l := randomFastLayout(rng, 16)
-		f := Format(1 + rng.IntN(4))
+		f := cq.Format(1 + rng.IntN(4))
 		codes := simCodes()
 		if rng.IntN(3) == 0 {
 			codes = Codes{FlagBits: codes.FlagBits}
 		}
 		t.Run(fmt.Sprintf("%d/%s", i, f), func(t *testing.T) {
 			t.Logf("layout %+v", l)
-			d := newDiffRun(t, uint64(i), l, codes, Attr{Format: f})
+			d := newDiffRun(t, uint64(i), l, codes, cq.Attr{Format: f})
 			d.run(steps)
 			require.Greater(t, d.good, 2*steps, "successful completions")
 			require.Greater(t, d.bad, steps/10, "error completions")
@@ -590,27 +591,27 @@ func randomFastLayout(rng *rand.Rand, entries int) Layout {
 // TestFastPathTableChanges checks that the fast path notices a table
 // unbound or replaced between reads: it keeps the last table it used.
 func TestFastPathTableChanges(t *testing.T) {
-	h := newHarness(t, Attr{Format: FormatData}, 16, 4)
+	h := newHarness(t, cq.Attr{Format: cq.FormatData}, 16, 4)
 	require.NotNil(t, h.src.fast)
-	ents := make([]Entry, 4)
-	id := h.post("a", 64, FlagRecv|FlagMsg)
+	ents := make([]cq.Entry, 4)
+	id := h.post("a", 64, cq.FlagRecv|cq.FlagMsg)
 	h.complete(rawEntry{id: id, opcode: 1, ln: 10})
 	n, err := h.c.Read(ents)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
 	h.src.UnbindTable(h.queue)
-	h.complete(rawEntry{id: h.post("b", 64, FlagRecv|FlagMsg), opcode: 1, ln: 10})
+	h.complete(rawEntry{id: h.post("b", 64, cq.FlagRecv|cq.FlagMsg), opcode: 1, ln: 10})
 	_, err = h.c.Read(ents)
-	require.ErrorIs(t, err, ErrAvail)
-	var ee ErrEntry
+	require.ErrorIs(t, err, cq.ErrAvail)
+	var ee cq.ErrEntry
 	require.NoError(t, h.c.ReadErr(&ee))
-	require.Equal(t, ProvBadQueue, ee.ProvErrno, "the unbound queue is refused")
+	require.Equal(t, cq.ProvBadQueue, ee.ProvErrno, "the unbound queue is refused")
 
 	tab2, err := NewTable(4, 32)
 	require.NoError(t, err)
 	require.NoError(t, h.src.BindTable(h.queue, tab2))
-	id2, err := tab2.Post(Op{Context: "c", Len: 64, Flags: FlagRecv | FlagMsg})
+	id2, err := tab2.Post(Op{Context: "c", Len: 64, Flags: cq.FlagRecv | cq.FlagMsg})
 	require.NoError(t, err)
 	h.complete(rawEntry{id: id2, opcode: 1, ln: 20})
 	n, err = h.c.Read(ents)
@@ -626,9 +627,9 @@ func TestFastPathTableChanges(t *testing.T) {
 func TestFastPathAllocs(t *testing.T) {
 	ls := fastLayouts(1024)
 	for _, l := range []Layout{ls[0], ls[1]} { // natural, masked
-		for _, f := range []Format{FormatContext, FormatMsg, FormatData, FormatTagged} {
+		for _, f := range []cq.Format{cq.FormatContext, cq.FormatMsg, cq.FormatData, cq.FormatTagged} {
 			t.Run(fmt.Sprintf("%s/%s", l.Name, f), func(t *testing.T) {
-				s := newDiffSide(t, l, simCodes(), Attr{Format: f}, false)
+				s := newDiffSide(t, l, simCodes(), cq.Attr{Format: f}, false)
 				require.NotNil(t, s.src.fast)
 				var tabs [2]*Table
 				for qn := range tabs {
@@ -640,11 +641,11 @@ func TestFastPathAllocs(t *testing.T) {
 				ctx := any("ctx")
 				for i := 0; i < 1000; i++ {
 					qn := uint32(i/3) % 2 // a change of queue every third entry
-					id, err := tabs[qn].Post(Op{Context: ctx, Len: 100, Flags: FlagRecv | FlagMsg})
+					id, err := tabs[qn].Post(Op{Context: ctx, Len: 100, Flags: cq.FlagRecv | cq.FlagMsg})
 					require.NoError(t, err)
 					s.dev.write(rawEntry{id: id, queue: qn, opcode: 1, ln: 64, flags: 1, data: uint64(i)}, false)
 				}
-				ents := make([]Entry, 8)
+				ents := make([]cq.Entry, 8)
 				require.Zero(t, testing.AllocsPerRun(100, func() {
 					if n, err := s.c.Read(ents); err != nil || n != len(ents) {
 						t.Fatalf("read %d: %v", n, err)
@@ -666,12 +667,12 @@ func BenchmarkReadTwoQueues(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := New(Attr{Size: lap, Format: FormatData}, Limits{MaxSize: lap})
+	c, err := cq.New(cq.Attr{Size: lap, Format: cq.FormatData}, cq.Limits{MaxSize: lap})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.AddSource(src); err != nil {
+	if err := AddSource(c, src); err != nil {
 		b.Fatal(err)
 	}
 	var tabs [2]*Table
@@ -691,7 +692,7 @@ func BenchmarkReadTwoQueues(b *testing.B) {
 	benchLaps(b, c, lap, func() {
 		for i := 0; i < lap; i++ {
 			qn := uint32(i % 2)
-			id, err := tabs[qn].Post(Op{Context: ctxs[i], Len: 1500, Flags: FlagRecv | FlagMsg})
+			id, err := tabs[qn].Post(Op{Context: ctxs[i], Len: 1500, Flags: cq.FlagRecv | cq.FlagMsg})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,6 +1,6 @@
 //go:build 386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64 || wasm
 
-package cq
+package ring
 
 // bigEndian is false: ring fields are little-endian like the host.
 const bigEndian = false

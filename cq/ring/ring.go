@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
@@ -22,9 +23,9 @@ type RingRegs struct {
 	OverrunMask uint32
 }
 
-// Raw is one entry as the device wrote it, decoded by the layout but not
-// validated: the verbs layer and tests read it; the CQ path validates it.
-type Raw struct {
+// decoded is one entry as the device wrote it, decoded by the layout but not
+// validated (the error path stages from it).
+type decoded struct {
 	Index    uint32 // ring position of the entry
 	ID       uint32 // posted id (the position with IDIsIndex)
 	Queue    uint32 // device queue
@@ -63,25 +64,25 @@ type Ring struct {
 	srcOK bool // SrcValid absent: Src valid whenever present
 }
 
-// NewRing makes a reader over mem, which holds l.Entries entries of
+// newRing makes a reader over mem, which holds l.Entries entries of
 // l.EntrySize bytes and must stay mapped while the Ring is used. mem must
 // not be Go heap memory that the garbage collector may move (it never
 // does for make()d slices, but device memory belongs outside the heap).
 // The reader starts at position 0 expecting lap 0; it does not write mem
 // (see Reset).
-func NewRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
+func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
 	need := l.EntrySize * l.Entries
 	if len(mem) < need {
-		return nil, fmt.Errorf("%w: layout %q: ring memory of %d bytes for %d entries of %d", ErrInvalid, l.Name, len(mem), l.Entries, l.EntrySize)
+		return nil, fmt.Errorf("%w: layout %q: ring memory of %d bytes for %d entries of %d", cq.ErrInvalid, l.Name, len(mem), l.Entries, l.EntrySize)
 	}
 	if uintptr(unsafe.Pointer(&mem[0]))%4 != 0 {
-		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", ErrInvalid, l.Name)
+		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", cq.ErrInvalid, l.Name)
 	}
 	if regs.Overrun.Valid() && regs.OverrunMask == 0 {
-		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", ErrInvalid, l.Name)
+		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", cq.ErrInvalid, l.Name)
 	}
 	r := &Ring{
 		mem:   mem[:need:need],
@@ -158,8 +159,8 @@ func (r *Ring) ownerWord(i uint32) *uint32 {
 	return (*uint32)(unsafe.Add(r.base, uintptr(i)*r.esz+r.own))
 }
 
-// Ready reports whether the entry at the head is owned by the driver.
-func (r *Ring) Ready() bool {
+// ready reports whether the entry at the head is owned by the driver.
+func (r *Ring) ready() bool {
 	return atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want
 }
 
@@ -181,9 +182,9 @@ func (r *Ring) next(i, want uint32) (uint32, uint32) {
 	return i, want
 }
 
-// Pending counts the driver-owned entries from the head, up to max, without
+// pending counts the driver-owned entries from the head, up to max, without
 // consuming them.
-func (r *Ring) Pending(max int) int {
+func (r *Ring) pending(max int) int {
 	i, want := r.head, r.want
 	n := 0
 	for n < max && n < int(r.n) && r.readyAt(i, want) {
@@ -193,33 +194,33 @@ func (r *Ring) Pending(max int) int {
 	return n
 }
 
-// Hole reports, when the head entry is not driver-owned, whether the entry
+// hole reports, when the head entry is not driver-owned, whether the entry
 // after it is: a device that writes in order never leaves such a hole, so
 // the head entry carries a wrong ownership bit. The head is checked again
 // after the next entry, so an entry being written at that moment is not
 // mistaken for a hole. It is false unless the layout enables DetectHoles.
-func (r *Ring) Hole() bool {
-	if !r.holes || r.Ready() {
+func (r *Ring) hole() bool {
+	if !r.holes || r.ready() {
 		return false
 	}
 	i, want := r.next(r.head, r.want)
-	return r.readyAt(i, want) && !r.Ready()
+	return r.readyAt(i, want) && !r.ready()
 }
 
-// Overrun reports whether the device has flagged an overrun and no
+// overrun reports whether the device has flagged an overrun and no
 // driver-owned entry remains at the head.
-func (r *Ring) Overrun() bool {
+func (r *Ring) overrun() bool {
 	if !r.regs.Overrun.Valid() || r.regs.Overrun.Read()&r.regs.OverrunMask == 0 {
 		return false
 	}
 	// The device stops writing when it flags the overrun, so an entry
 	// that looked empty before the flag was read may since have appeared.
-	return !r.Ready()
+	return !r.ready()
 }
 
-// Advance consumes the head entry; for DescriptorDone it clears the DD bit.
-// It does not ring the doorbell (Publish does, once per batch).
-func (r *Ring) Advance() {
+// advance consumes the head entry; for DescriptorDone it clears the DD bit.
+// It does not ring the doorbell (publish does, once per batch).
+func (r *Ring) advance() {
 	if r.clear {
 		p := r.ownerWord(r.head)
 		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask)
@@ -234,9 +235,25 @@ func (r *Ring) Advance() {
 	}
 }
 
-// Publish tells the device how far the reader has consumed, through the
+// consumeHole consumes the head entry, whose ownership bits are wrong,
+// by first writing the value that reads as not ready on the lap when the
+// reader comes back to this position (this lap's ready value; 0 for DD).
+// The wrong value left in place is exactly the next lap's ready value: the
+// reader would take the stale entry as new one lap later and run ahead of
+// the device.
+func (r *Ring) consumeHole() {
+	nextNotReady := r.want
+	if !r.flip {
+		nextNotReady = 0
+	}
+	p := r.ownerWord(r.head)
+	atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask|nextNotReady)
+	r.advance()
+}
+
+// publish tells the device how far the reader has consumed, through the
 // doorbell (skipped when the value has not moved).
-func (r *Ring) Publish() {
+func (r *Ring) publish() {
 	switch {
 	case r.regs.Doorbell == nil:
 	case r.l.Doorbell == DoorbellHead:
@@ -256,9 +273,14 @@ func (f *cfield) get(e unsafe.Pointer) uint64 {
 	return v >> (f.shift & 63) & f.mask
 }
 
-func (r *Ring) decode(i uint32, raw *Raw) {
-	e := r.entry(i)
-	*raw = Raw{
+func (r *Ring) decode(i uint32, raw *decoded) {
+	r.decodeAt(r.entry(i), i, raw)
+}
+
+// decodeAt decodes the entry at e, which is ring position i or a copy of
+// it.
+func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *decoded) {
+	*raw = decoded{
 		Index:    i,
 		ID:       uint32(r.f[fID].get(e)),
 		Queue:    uint32(r.f[fQueue].get(e)),
@@ -278,30 +300,30 @@ func (r *Ring) decode(i uint32, raw *Raw) {
 	}
 }
 
-// Peek decodes the head entry into raw without consuming it; false when
+// peek decodes the head entry into raw without consuming it; false when
 // the head is not driver-owned. Fields are read only after the ownership
 // word was loaded (acquire).
-func (r *Ring) Peek(raw *Raw) bool {
-	if !r.Ready() {
+func (r *Ring) peek(raw *decoded) bool {
+	if !r.ready() {
 		return false
 	}
 	r.decode(r.head, raw)
 	return true
 }
 
-// Next decodes and consumes the head entry; false when it is not
+// take decodes and consumes the head entry; false when it is not
 // driver-owned. Call Publish after a batch.
-func (r *Ring) Next(raw *Raw) bool {
-	if !r.Peek(raw) {
+func (r *Ring) take(raw *decoded) bool {
+	if !r.peek(raw) {
 		return false
 	}
-	r.Advance()
+	r.advance()
 	return true
 }
 
-// EntryBytes returns the bytes of the entry at ring position i (for error
+// entryBytes returns the bytes of the entry at ring position i (for error
 // data and debugging); nil when i is outside the ring.
-func (r *Ring) EntryBytes(i uint32) []byte {
+func (r *Ring) entryBytes(i uint32) []byte {
 	if i >= r.n {
 		return nil
 	}

@@ -1,7 +1,8 @@
-package cq
+package ring
 
 import (
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,7 +45,7 @@ func conventionLayouts(entries int) []Layout {
 
 func newTestRing(t *testing.T, l Layout) (*Ring, *fakeDev) {
 	mem := mmap(t, l.EntrySize*l.Entries)
-	r, err := NewRing(mem, l, RingRegs{})
+	r, err := newRing(mem, l, RingRegs{})
 	require.NoError(t, err)
 	r.Reset()
 	return r, &fakeDev{mem: mem, l: l}
@@ -54,9 +55,9 @@ func TestRingConventionsAcrossWraps(t *testing.T) {
 	for _, l := range conventionLayouts(8) {
 		t.Run(l.Name, func(t *testing.T) {
 			r, d := newTestRing(t, l)
-			require.False(t, r.Ready(), "a fresh ring is empty")
-			var raw Raw
-			require.False(t, r.Next(&raw))
+			require.False(t, r.ready(), "a fresh ring is empty")
+			var raw decoded
+			require.False(t, r.take(&raw))
 			want := uint32(0)
 			// 7 laps of batches of varying size, never more than free.
 			for round := 0; round < 40; round++ {
@@ -64,9 +65,9 @@ func TestRingConventionsAcrossWraps(t *testing.T) {
 				for i := 0; i < k; i++ {
 					d.write(rawEntry{id: d.prod % 4096, ln: 100 + d.prod%50}, false)
 				}
-				require.Equal(t, k, r.Pending(64))
+				require.Equal(t, k, r.pending(64))
 				for i := 0; i < k; i++ {
-					require.True(t, r.Next(&raw), "round %d entry %d", round, i)
+					require.True(t, r.take(&raw), "round %d entry %d", round, i)
 					if !l.IDIsIndex {
 						require.EqualValues(t, want%4096, raw.ID)
 					} else {
@@ -75,8 +76,8 @@ func TestRingConventionsAcrossWraps(t *testing.T) {
 					require.EqualValues(t, 100+want%50, raw.Len)
 					want++
 				}
-				require.False(t, r.Ready(), "round %d: nothing beyond what was written", round)
-				require.Zero(t, r.Pending(64))
+				require.False(t, r.ready(), "round %d: nothing beyond what was written", round)
+				require.Zero(t, r.pending(64))
 			}
 			require.Greater(t, want/8, uint32(5), "several wraps")
 			require.EqualValues(t, want, r.Count())
@@ -89,29 +90,29 @@ func TestRingWrongPhaseNeverMisread(t *testing.T) {
 		for _, start := range []int{0, 5, 7} { // wrong entry mid-lap and at the wrap
 			t.Run(fmt.Sprintf("%s/at%d", l.Name, start), func(t *testing.T) {
 				r, d := newTestRing(t, l)
-				var raw Raw
+				var raw decoded
 				for i := 0; i < start; i++ { // move the wrong entry's position
 					d.write(rawEntry{id: 1, ln: 1}, false)
-					require.True(t, r.Next(&raw))
+					require.True(t, r.take(&raw))
 				}
 				d.write(rawEntry{id: 10, ln: 10}, false)
 				d.write(rawEntry{id: 11, ln: 11}, true) // wrong phase
 				d.write(rawEntry{id: 12, ln: 12}, false)
-				require.True(t, r.Next(&raw))
+				require.True(t, r.take(&raw))
 				require.EqualValues(t, 10, raw.Len)
-				require.False(t, r.Ready(), "the wrong-phase entry is not consumed")
-				require.False(t, r.Peek(&raw))
-				require.Zero(t, r.Pending(8))
+				require.False(t, r.ready(), "the wrong-phase entry is not consumed")
+				require.False(t, r.peek(&raw))
+				require.Zero(t, r.pending(8))
 				if !l.DetectHoles {
-					require.False(t, r.Hole(), "holes are not detected for %s", l.Name)
+					require.False(t, r.hole(), "holes are not detected for %s", l.Name)
 					return
 				}
-				require.True(t, r.Hole(), "a valid entry behind a wrong one is a hole")
-				r.Advance() // what RingSource does after reporting it
-				require.True(t, r.Next(&raw))
+				require.True(t, r.hole(), "a valid entry behind a wrong one is a hole")
+				r.advance() // what RingSource does after reporting it
+				require.True(t, r.take(&raw))
 				require.EqualValues(t, 12, raw.Len)
-				require.False(t, r.Ready())
-				require.False(t, r.Hole())
+				require.False(t, r.ready())
+				require.False(t, r.hole())
 			})
 		}
 	}
@@ -120,9 +121,9 @@ func TestRingWrongPhaseNeverMisread(t *testing.T) {
 func TestRingDDClearsOnConsume(t *testing.T) {
 	l := conventionLayouts(4)[4]
 	r, d := newTestRing(t, l)
-	var raw Raw
+	var raw decoded
 	d.write(rawEntry{ln: 5}, false)
-	require.True(t, r.Next(&raw))
+	require.True(t, r.take(&raw))
 	require.Zero(t, d.mem[12]&1, "DD cleared by the reader")
 }
 
@@ -132,17 +133,17 @@ func TestRingDoorbellOncePerBatch(t *testing.T) {
 	reg, err := doorbell.NewWindow(mem[:4096]).Reg32(0)
 	require.NoError(t, err)
 	db := doorbell.NewDoorbell(reg)
-	r, err := NewRing(mem[4096:], l, RingRegs{Doorbell: db})
+	r, err := newRing(mem[4096:], l, RingRegs{Doorbell: db})
 	require.NoError(t, err)
 	d := &fakeDev{mem: mem[4096:], l: l}
 	for i := 0; i < 10; i++ {
 		d.write(rawEntry{id: uint32(i)}, false)
 	}
-	var raw Raw
-	for r.Next(&raw) {
+	var raw decoded
+	for r.take(&raw) {
 	}
-	r.Publish()
-	r.Publish()
+	r.publish()
+	r.publish()
 	require.EqualValues(t, 1, db.Rings(), "one doorbell write for the batch, none for a repeat")
 	require.EqualValues(t, 10, reg.Read())
 }
@@ -152,15 +153,15 @@ func TestRingOverrunRegister(t *testing.T) {
 	mem := mmap(t, 4096+4*64)
 	reg, err := doorbell.NewWindow(mem[:4096]).Reg32(16)
 	require.NoError(t, err)
-	r, err := NewRing(mem[4096:], l, RingRegs{Overrun: reg, OverrunMask: 1})
+	r, err := newRing(mem[4096:], l, RingRegs{Overrun: reg, OverrunMask: 1})
 	require.NoError(t, err)
 	d := &fakeDev{mem: mem[4096:], l: l}
 	d.write(rawEntry{id: 1}, false)
 	reg.Write(1)
-	require.False(t, r.Overrun(), "an entry is still at the head")
-	var raw Raw
-	require.True(t, r.Next(&raw))
-	require.True(t, r.Overrun())
+	require.False(t, r.overrun(), "an entry is still at the head")
+	var raw decoded
+	require.True(t, r.take(&raw))
+	require.True(t, r.overrun())
 }
 
 func TestLayoutValidation(t *testing.T) {
@@ -187,10 +188,10 @@ func TestLayoutValidation(t *testing.T) {
 	for i, mod := range bad {
 		l := good
 		mod(&l)
-		require.ErrorIs(t, l.Validate(), ErrInvalid, "case %d", i)
+		require.ErrorIs(t, l.Validate(), cq.ErrInvalid, "case %d", i)
 	}
-	_, err := NewRing(make([]byte, 100), good, RingRegs{})
-	require.ErrorIs(t, err, ErrInvalid, "ring memory too small")
+	_, err := newRing(make([]byte, 100), good, RingRegs{})
+	require.ErrorIs(t, err, cq.ErrInvalid, "ring memory too small")
 }
 
 func TestFieldAtEndOfEntry(t *testing.T) {
@@ -203,14 +204,14 @@ func TestFieldAtEndOfEntry(t *testing.T) {
 	// Put the ring in the last 32 bytes of the mapping: an overlong load
 	// would fault.
 	ring := mem[4096-32:]
-	r, err := NewRing(ring, l, RingRegs{})
+	r, err := newRing(ring, l, RingRegs{})
 	require.NoError(t, err)
 	d := &fakeDev{mem: ring, l: l}
 	d.write(rawEntry{id: 0xbeef, ln: 77}, false)
 	d.write(rawEntry{id: 0xcafe, ln: 78}, false)
-	var raw Raw
-	require.True(t, r.Next(&raw))
-	require.True(t, r.Next(&raw))
+	var raw decoded
+	require.True(t, r.take(&raw))
+	require.True(t, r.take(&raw))
 	require.EqualValues(t, 0xcafe, raw.ID)
 	require.EqualValues(t, 78, raw.Len)
 }

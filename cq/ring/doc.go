@@ -1,0 +1,23 @@
+// Package ring is the driver kit behind package cq: it describes a
+// device's completion ring, reads it by its ownership bits and feeds the
+// entries to a cq.CQ.
+//
+// The layers, bottom up:
+//
+//   - Layout and Ring: a declarative description of a device's completion
+//     entry (size, ownership word and convention, field offsets) and a
+//     reader that decides ownership by the phase, owner, wrap, generation
+//     or DD bit, loading the ownership word atomically before the rest of
+//     the entry, and publishes the consumer index once per batch.
+//   - Table: the operations a driver posted, so that every id, length and
+//     status a device writes is checked before use; a bad entry becomes an
+//     error completion (cq.ProvBadID, cq.ProvBadLen, ...), never a panic.
+//   - RingSource: a Ring plus its Tables and the device's status and
+//     opcode codes, converting entries to the CQ's format in one pass with
+//     no call per entry. A layout whose fields are byte-aligned is read by
+//     a loop compiled for the CQ's format and the fields' widths, chosen
+//     once (fast.go); any other by a generic loop.
+//   - Source, AddSource, Bind, Unbind, Interrupt: how a driver attaches a
+//     ring to a CQ (once per batch, never per entry), records the device
+//     queues bound to it, and wires its interrupts to the CQ's eventfd.
+package ring
