@@ -40,7 +40,7 @@ test: vet
 
 # The main job: boot a guest with emulated NICs and run vfnic against them.
 demo: deps
-	$(GO) run ./cmd/vfnic demo
+	$(GO) run ./cmd/vfnic-demo
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -78,3 +78,29 @@ var (
 	// (and so resetting) the device recovers.
 	ErrBroken = errors.New("nic: queue broken by a misbehaving device")
 )
+
+// MultiBufferError is the Err of each receive completion of a frame that
+// spans several receive buffers, one completion per buffer: the frame was
+// longer than a buffer holds. errors.Is(err, ErrMultiBuffer) is true. The
+// fields let a caller count such frames and say how long they were (the
+// sum of Bytes over Buffers completions).
+type MultiBufferError struct {
+	// Queue is the driver's name for the queue ("rx0").
+	Queue string
+	// Buffer is this buffer's place in the frame, 0 for the first.
+	Buffer int
+	// Buffers is how many buffers the frame spans, as the device said in
+	// the first one.
+	Buffers int
+	// Bytes is how many bytes of the frame this buffer holds (without
+	// driver headers).
+	Bytes int
+}
+
+// Error implements error.
+func (e *MultiBufferError) Error() string {
+	return fmt.Sprintf("%v: %s: buffer %d of %d (%d bytes)", ErrMultiBuffer, e.Queue, e.Buffer+1, e.Buffers, e.Bytes)
+}
+
+// Is makes errors.Is(err, ErrMultiBuffer) true.
+func (e *MultiBufferError) Is(target error) bool { return target == ErrMultiBuffer }

@@ -16,8 +16,14 @@ import (
 const (
 	// MinFrame is the shortest frame a queue sends: an Ethernet header.
 	MinFrame = 14
-	// MaxFrame is the longest frame for the standard 1500-byte MTU.
+	// MaxFrame is the longest untagged frame for the standard 1500-byte
+	// MTU. A device's own limits are its queues' MaxFrame methods.
 	MaxFrame = 1514
+	// FrameOverhead is the most a frame adds to an MTU-sized payload: the
+	// Ethernet header and two VLAN tags (802.1Q, or 802.1ad QinQ), so
+	// that tagged full-size frames (1518 and 1522 bytes at MTU 1500) go
+	// out as they do through Linux's VLAN devices.
+	FrameOverhead = 14 + 2*4
 )
 
 // Completion is one finished operation, read in batches into records the
@@ -181,8 +187,10 @@ type Config struct {
 	// RxBuffers is the number of buffers per receive queue; 0 means twice
 	// QueueSize (so a full ring can be refilled while frames are held).
 	RxBuffers int
-	// BufferSize is the size of a buffer, driver headers included; 0 means
-	// 2048. It must hold a MaxFrame frame.
+	// BufferSize is the size of a receive buffer, driver headers included;
+	// 0 means 2048, or enough for a tagged MTU-sized frame when the device
+	// offers an MTU above 1500. It must hold a MaxFrame frame; longer frames
+	// than a buffer holds complete with ErrMultiBuffer.
 	BufferSize int
 	// Promiscuous asks for every frame on the wire rather than those for
 	// the device's MAC, broadcast and multicast (where the device lets the
@@ -221,7 +229,9 @@ type Info struct {
 	Model string
 	// MAC is the Ethernet address.
 	MAC net.HardwareAddr
-	// MTU is the largest payload the device carries (1500 unless it says).
+	// MTU is the largest payload the device carries (1500 unless it says,
+	// as virtio's MTU feature does). Transmit queues take frames of up to
+	// MTU+FrameOverhead bytes.
 	MTU int
 	// QueuePairs is the number of queue pairs in use; MaxQueuePairs what
 	// the device offers.

@@ -15,39 +15,59 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
-func runCapture(ctx context.Context, args []string, out io.Writer) error {
+// defaultSnaplen is tcpdump's default: whole frames, even jumbo ones.
+const defaultSnaplen = 262144
+
+func runCapture(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("capture", "-w FILE [flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	file := fs.String("w", "", "pcap file to write")
-	count := fs.Int("count", 0, "stop after this many frames (0: until -duration or interrupted)")
+	file := fs.String("w", "", `pcap file to write (nanosecond timestamps); "-" writes to stdout, human lines then go to stderr`)
+	count := fs.Int("count", 0, "stop after writing this many frames (0: until -duration or interrupted)")
+	snaplen := fs.Int("snaplen", defaultSnaplen, "bytes of each frame to write (longer frames are truncated, as tcpdump -s)")
+	var noPromisc bool
+	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode (as tcpdump -p): only frames for its MAC, broadcast and multicast")
+	fs.BoolVar(&noPromisc, "no-promisc", false, "same as -p")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *file == "" {
-		return fmt.Errorf("%w: -w FILE is required", errUsage)
+	switch {
+	case *file == "":
+		return fmt.Errorf("%w: -w FILE is required (- for stdout)", errUsage)
+	case *count < 0:
+		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
+	case *snaplen < nic.MinFrame || *snaplen > defaultSnaplen:
+		return fmt.Errorf("%w: -snaplen %d outside [%d, %d]", errUsage, *snaplen, nic.MinFrame, defaultSnaplen)
 	}
-	if *count < 0 {
-		return fmt.Errorf("%w: -count %d", errUsage, *count)
+	human := df.human(o)
+	if *file == "-" {
+		human = o.err // stdout carries the pcap
+		if df.json {
+			return fmt.Errorf("%w: -json and -w - both want stdout", errUsage)
+		}
 	}
-	dev, err := df.openOne(ctx, fs)
+	dev, err := df.openOne(ctx, fs, nic.Config{Promiscuous: !noPromisc})
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
-	f, err := os.Create(*file)
-	if err != nil {
-		return err
+	var dst io.Writer = o.out
+	var f *os.File
+	if *file != "-" {
+		if f, err = os.Create(*file); err != nil {
+			return err
+		}
+		defer f.Close()
+		dst = f
 	}
-	defer f.Close()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	w := pcapgo.NewWriter(bw)
-	if err := w.WriteFileHeader(65536, layers.LinkTypeEthernet); err != nil {
+	bw := bufio.NewWriterSize(dst, 1<<20)
+	w := pcapgo.NewWriterNanos(bw)
+	if err := w.WriteFileHeader(uint32(*snaplen), layers.LinkTypeEthernet); err != nil {
 		return err
 	}
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
-	describe(out, dev)
+	describe(human, dev)
 	rx, err := dev.Rx(0)
 	if err != nil {
 		return err
@@ -55,37 +75,57 @@ func runCapture(ctx context.Context, args []string, out io.Writer) error {
 	if err := fillRx(rx); err != nil {
 		return err
 	}
-	var written, errs uint64
-	p := newProgress(out, dev, df.interval, func() string {
-		return fmt.Sprintf("written %d, bad completions %d", written, errs)
-	})
-	fmt.Fprintf(out, "capture: writing frames to %s\n", *file)
+	c := captureCounts{bufFrame: rx.MaxFrame()}
+	p := newProgress(human, dev, df.interval, c.line)
+	p.promisc = !noPromisc
+	mode := "promiscuous"
+	if noPromisc {
+		mode = "not promiscuous"
+	}
+	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes)\n",
+		name(*file), mode, *snaplen, c.bufFrame)
 	comps := make([]nic.Completion, 64)
-	for (*count == 0 || written < uint64(*count)) && ctx.Err() == nil {
+	for (*count == 0 || c.written < uint64(*count)) && ctx.Err() == nil {
 		n, err := rx.SRead(ctx, comps, 1, 100*time.Millisecond)
 		if err != nil && !errors.Is(err, nic.ErrTimeout) && ctx.Err() == nil {
 			return err
 		}
-		now := time.Now()
+		refill := false
 		for i := range comps[:n] {
-			c := &comps[i]
-			if c.Err != nil {
-				errs++
+			cp := &comps[i]
+			if cp.Err != nil {
+				// The driver took the buffer back into its pool.
+				c.failed(cp.Err)
+				refill = true
 				continue
 			}
-			if *count == 0 || written < uint64(*count) {
-				ci := gopacket.CaptureInfo{Timestamp: now, CaptureLength: len(c.Data), Length: len(c.Data)}
-				if err := w.WritePacket(ci, c.Data); err != nil {
+			if *count == 0 || c.written < uint64(*count) {
+				l := min(len(cp.Data), *snaplen)
+				ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: l, Length: len(cp.Data)}
+				if err := w.WritePacket(ci, cp.Data[:l]); err != nil {
 					return err
 				}
-				written++
+				c.written++
+				if l < len(cp.Data) {
+					c.truncated++
+				}
 			}
-			if err := rx.Repost(c.Buf, nil); err != nil {
+			if err := rx.Repost(cp.Buf, nil); err != nil {
 				return err
 			}
 		}
-		if n > 0 {
+		if refill {
+			if err := fillRx(rx); err != nil {
+				return err
+			}
+		} else if n > 0 {
 			if err := rx.Flush(); err != nil {
+				return err
+			}
+		}
+		if *file == "-" || n == 0 {
+			// A reader on a pipe (tshark -r -) sees each batch at once.
+			if err := bw.Flush(); err != nil {
 				return err
 			}
 		}
@@ -94,6 +134,64 @@ func runCapture(ctx context.Context, args []string, out io.Writer) error {
 	if err := bw.Flush(); err != nil {
 		return err
 	}
-	p.summary("capture")
-	return f.Close()
+	if f != nil {
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return p.summary("capture", df.jsonOut(o), c.details())
+}
+
+func name(file string) string {
+	if file == "-" {
+		return "stdout"
+	}
+	return file
+}
+
+// captureCounts are capture's own counters. Frames longer than a receive
+// buffer arrive as several error completions (nic.MultiBufferError) and
+// are counted once each, with their length, never silently.
+type captureCounts struct {
+	written, truncated uint64
+	tooLong            uint64 // frames longer than a buffer
+	tooLongMax         int    // the longest of them, in bytes
+	spanBytes          int    // bytes of the frame being counted
+	bad                uint64 // other error completions
+	bufFrame           int    // the longest frame a buffer holds
+}
+
+func (c *captureCounts) failed(err error) {
+	var mb *nic.MultiBufferError
+	if !errors.As(err, &mb) {
+		c.bad++
+		return
+	}
+	if mb.Buffer == 0 {
+		c.tooLong++
+		c.spanBytes = 0
+	}
+	c.spanBytes += mb.Bytes
+	c.tooLongMax = max(c.tooLongMax, c.spanBytes)
+}
+
+func (c *captureCounts) line() string {
+	s := fmt.Sprintf("written %d", c.written)
+	if c.truncated > 0 {
+		s += fmt.Sprintf(" (%d truncated to the snap length)", c.truncated)
+	}
+	s += fmt.Sprintf(", too long for the %d-byte buffers %d", c.bufFrame, c.tooLong)
+	if c.tooLong > 0 {
+		s += fmt.Sprintf(" (up to %d bytes; raise -buffer-size)", c.tooLongMax)
+	}
+	return s + fmt.Sprintf(", bad completions %d", c.bad)
+}
+
+func (c *captureCounts) details() map[string]any {
+	return map[string]any{
+		"written": c.written, "truncated": c.truncated,
+		"too_long": map[string]any{"frames": c.tooLong, "largest_bytes": c.tooLongMax, "buffer_holds": c.bufFrame,
+			"reason": fmt.Sprintf("frame longer than the %d bytes a receive buffer holds", c.bufFrame)},
+		"bad_completions": c.bad,
+	}
 }

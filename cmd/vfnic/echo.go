@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -16,7 +15,7 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
-func runEcho(ctx context.Context, args []string, out io.Writer) error {
+func runEcho(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("echo", "-ip ADDR [flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
@@ -33,13 +32,14 @@ func runEcho(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dev, err := df.openOne(ctx, fs)
+	dev, err := df.openOne(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
+	out := df.human(o)
 	describe(out, dev)
 	e, err := newEchoer(dev, ip)
 	if err != nil {
@@ -49,7 +49,9 @@ func runEcho(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP on port(s) %s for %s at %s (ready)\n", *portsFlag, ip, dev.MAC())
 	p := newProgress(out, dev, df.interval, e.counters)
 	err = e.run(ctx, p)
-	p.summary("echo")
+	if serr := p.summary("echo", df.jsonOut(o), e.details()); serr != nil && err == nil {
+		err = serr
+	}
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return nil
@@ -142,6 +144,12 @@ func (e *echoer) counters() string {
 		e.arps, e.pings, e.udps, e.ignored, e.refused, e.txDrops, e.errs)
 }
 
+// details are the counters for the -json summary.
+func (e *echoer) details() map[string]any {
+	return map[string]any{"ip": e.ip.String(), "answered_arp": e.arps, "answered_icmp": e.pings, "answered_udp": e.udps,
+		"ignored": e.ignored, "refused": e.refused, "tx_drops": e.txDrops, "errors": e.errs}
+}
+
 func (e *echoer) run(ctx context.Context, p *progress) error {
 	comps := make([]nic.Completion, 64)
 	txc := make([]nic.Completion, 256)
@@ -150,22 +158,32 @@ func (e *echoer) run(ctx context.Context, p *progress) error {
 		if err != nil && !errors.Is(err, nic.ErrTimeout) {
 			return err
 		}
+		refill := false
 		for i := range comps[:n] {
 			c := &comps[i]
 			if c.Err != nil {
-				// The driver already recycled the buffer; a queue the
-				// device broke fails the next SRead or Flush instead. A
-				// buffer canceled because the kernel took the device back
-				// is no error of the device's.
+				// The driver already recycled the buffer into its pool
+				// (posted again below); a queue the device broke fails
+				// the next SRead or Flush instead. A buffer canceled
+				// because the kernel took the device back is no error of
+				// the device's.
 				if !errors.Is(c.Err, nic.ErrCanceled) {
 					e.errs++
 				}
+				refill = true
 				continue
 			}
 			if reply := e.answer(c.Data); reply != nil {
 				e.send(reply, txc)
 			}
 			if err := e.rx.Repost(c.Buf, nil); err != nil {
+				return err
+			}
+		}
+		if refill {
+			// Without this, each frame too long for the buffers would
+			// leave the ring one buffer shorter until echo went deaf.
+			if err := fillRx(e.rx); err != nil {
 				return err
 			}
 		}

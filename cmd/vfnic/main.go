@@ -4,15 +4,31 @@
 //	vfnic bind [-force] ADDR...     give NICs to vfio-pci
 //	vfnic unbind [-force] ADDR...   give vfio-pci NICs back to their kernel drivers
 //	vfnic doctor [-json] [ADDR...]  check that VFIO can work and say what stops it
-//	vfnic probe [ADDR...]           open vfio-bound NICs and exercise them
+//	vfnic probe [-json] [ADDR...]   open vfio-bound NICs and exercise them
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
-//	vfnic pktgen [flags] ADDR       send frames as fast as the NIC takes them
-//	vfnic capture -w FILE ADDR      write received frames to a pcap file
+//	vfnic pktgen [flags] ADDR       send frames at a rate or as fast as the NIC takes them
+//	vfnic capture -w FILE ADDR      write received frames to a pcap file ("-" for stdout)
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
-//	vfnic demo                      boot a QEMU guest and run vfnic in it
+//	vfnic help [COMMAND]            this list, or a command's flags
+//	vfnic version                   the module version and build settings
+//
+// Flags go before or after the address ("vfnic echo ADDR -ip X" works);
+// "--" ends the flags. The traffic commands (echo, pktgen, capture,
+// udpping) print live rates in packets/s and Mbit/s (frame bytes without
+// FCS) and a summary; with -json the summary is one JSON object on stdout
+// and every human line goes to stderr.
+//
+// Exit status: 0 on success (a traffic command stopped by Ctrl-C, SIGTERM
+// or -duration has succeeded); 1 when the command failed (a device that
+// cannot be opened, an I/O error, udpping datagrams not echoed intact);
+// 2 for a malformed command line.
+//
+// The guest demo ('make demo') is a separate command, cmd/vfnic-demo, so
+// that this binary carries no VM harness.
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -24,25 +40,50 @@ import (
 	"syscall"
 )
 
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
 // errUsage marks a malformed command line: exit status 2.
 var errUsage = errors.New("usage")
 
-type command struct {
-	summary string
-	run     func(ctx context.Context, args []string, out io.Writer) error
+// stdio is where a command writes: out for its results, err for
+// diagnostics and, when its results are machine-readable (-json, a pcap
+// on stdout), for every human line.
+type stdio struct {
+	out, err io.Writer
 }
 
-var commands = map[string]command{
-	"list":    {"list NICs with driver, IOMMU group and binding", runList},
-	"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", runBind},
-	"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", runUnbind},
-	"doctor":  {"check that VFIO can work here and say what stops it", runDoctor},
-	"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
-	"demo":    {"boot a QEMU guest with emulated NICs and run vfnic against them", runDemo},
-	"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
-	"pktgen":  {"send frames at the highest rate the NIC takes", runPktgen},
-	"capture": {"write received frames to a pcap file", runCapture},
-	"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, o stdio) error
+}
+
+// plain adapts a command that writes everything to stdout.
+func plain(f func(ctx context.Context, args []string, out io.Writer) error) func(context.Context, []string, stdio) error {
+	return func(ctx context.Context, args []string, o stdio) error { return f(ctx, args, o.out) }
+}
+
+var commands map[string]command
+
+func init() {
+	// Set in init: help and version refer back to the table.
+	commands = map[string]command{
+		"list":    {"list NICs with driver, IOMMU group and binding", plain(runList)},
+		"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", plain(runBind)},
+		"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", plain(runUnbind)},
+		"doctor":  {"check that VFIO can work here and say what stops it", plain(runDoctor)},
+		"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
+		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
+		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
+		"capture": {"write received frames to a pcap file (nanosecond timestamps)", runCapture},
+		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
+		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},
+		"version": {"print vfnic's module version and build settings", runVersion},
+	}
 }
 
 func usage(w io.Writer) {
@@ -56,7 +97,8 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun 'vfnic <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nFlags go before or after the arguments. Run 'vfnic help <command>' for a command's flags.")
+	fmt.Fprintln(w, "Exit status: 0 success (Ctrl-C ends a traffic command successfully), 1 failure, 2 bad command line.")
 }
 
 func main() {
@@ -64,52 +106,113 @@ func main() {
 }
 
 func run(args []string, out, errw io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(errw)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return exitUsage
 	}
-	c, ok := commands[args[0]]
+	name := args[0]
+	if name == "-h" || name == "-help" || name == "--help" {
+		name = "help"
+	}
+	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(errw, "vfnic: unknown command %q\n", args[0])
+		fmt.Fprintf(errw, "vfnic: unknown command %q\n", name)
 		usage(errw)
-		return 2
+		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := c.run(ctx, args[1:], out)
+	err := c.run(ctx, args[1:], stdio{out: out, err: errw})
+	var h *helpError
 	switch {
 	case err == nil:
-		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
+		return exitOK
+	case errors.As(err, &h):
+		fmt.Fprintf(out, "vfnic %s: %s\n\n%s", name, c.summary, h.usage)
+		return exitOK
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(errw, "vfnic %s: %v\n", args[0], err)
-		return 2
+		fmt.Fprintf(errw, "vfnic %s: %v\n", name, err)
+		fmt.Fprintf(errw, "Run 'vfnic help %s' for its flags.\n", name)
+		return exitUsage
 	default:
-		fmt.Fprintf(errw, "vfnic %s: %v\n", args[0], err)
-		return 1
+		fmt.Fprintf(errw, "vfnic %s: %v\n", name, err)
+		return exitFailure
 	}
 }
 
-// newFlags returns a flag set whose parse errors come back as errUsage.
+// runHelp prints the command list, or one command's flags.
+func runHelp(_ context.Context, args []string, o stdio) error {
+	switch len(args) {
+	case 0:
+		usage(o.out)
+		return nil
+	case 1:
+		c, ok := commands[args[0]]
+		if !ok || args[0] == "help" {
+			if ok {
+				usage(o.out)
+				return nil
+			}
+			return fmt.Errorf("%w: unknown command %q", errUsage, args[0])
+		}
+		err := c.run(context.Background(), []string{"-h"}, o)
+		var h *helpError
+		if errors.As(err, &h) {
+			fmt.Fprintf(o.out, "vfnic %s: %s\n\n%s", args[0], c.summary, h.usage)
+			return nil
+		}
+		return err
+	default:
+		return fmt.Errorf("%w: help takes at most one command", errUsage)
+	}
+}
+
+// helpError carries a command's usage text, printed to stdout by run.
+type helpError struct{ usage string }
+
+func (h *helpError) Error() string { return "help requested" }
+
+// Is makes errors.Is(err, flag.ErrHelp) true.
+func (h *helpError) Is(target error) bool { return target == flag.ErrHelp }
+
+// newFlags returns a flag set whose parse errors come back as errUsage
+// and whose -h comes back as a *helpError.
 func newFlags(name, args string) *flag.FlagSet {
 	fs := flag.NewFlagSet("vfnic "+name, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: vfnic %s %s\n", name, args)
+		fmt.Fprintf(fs.Output(), "usage: vfnic %s %s\n\nflags (before or after the arguments):\n", name, args)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
+// parse parses flags wherever they sit among the positional arguments,
+// as GNU tools do ("vfnic echo ADDR -ip X"); "--" ends the flags. The
+// positional arguments end up in fs.Args().
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	fs.SetOutput(io.Discard) // errors come back to run; help goes to stdout
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				var b bytes.Buffer
+				fs.SetOutput(&b)
+				fs.Usage()
+				return &helpError{usage: b.String()}
+			}
+			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	return nil
+	// Leave the positional arguments where the commands read them.
+	return fs.Parse(append([]string{"--"}, pos...))
 }

@@ -2,10 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic"
 )
 
 func runCLI(args ...string) (int, string, string) {
@@ -27,28 +38,110 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"list", "extra"}, "takes no arguments"},
 		{[]string{"list", "-nosuchflag"}, "flag provided but not defined"},
 		{[]string{"probe"}, "name at least one PCI address"},
-		{[]string{"demo", "x"}, "takes no arguments"},
+		{[]string{"demo"}, `unknown command "demo"`}, // cmd/vfnic-demo now
+		// Flags after the address are parsed, so their errors are theirs.
+		{[]string{"echo", "0000:00:04.0", "-ip", "x"}, `-ip needs an IPv4 address, got "x"`},
+		{[]string{"echo", "-ip", "10.0.0.1", "0000:00:04.0", "0000:00:05.0"}, "name one PCI address"},
+		{[]string{"echo", "-ip", "10.0.0.1", "--", "-x"}, "bad address"},
+		{[]string{"pktgen", "0000:00:04.0", "-size", "70000"}, "-size 70000 outside [60, 65535]"},
+		{[]string{"capture", "0000:00:04.0"}, "-w FILE is required"},
+		{[]string{"capture", "-w", "-", "-json", "0000:00:04.0"}, "both want stdout"},
+		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:00:04.0"}, "-snaplen 3 outside [14, 262144]"},
+		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
+		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
+		{[]string{"version", "x"}, "takes no arguments"},
 	} {
-		code, _, errw := runCLI(tc.args...)
-		require.Equal(t, 2, code, "%v: %s", tc.args, errw)
+		code, out, errw := runCLI(tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errw)
 		require.Contains(t, strings.ToLower(errw), strings.ToLower(tc.want), "%v", tc.args)
+		require.Empty(t, out, "%v: errors go to stderr", tc.args)
 	}
+}
+
+// TestFlagOrder: flags before, after or around the address mean the same.
+// The device does not exist on the host, so each line gets as far as
+// opening it: a failure (1) naming the address, never a usage error.
+func TestFlagOrder(t *testing.T) {
+	for _, args := range [][]string{
+		{"echo", "-ip", "10.0.0.1", "-duration", "1s", "0000:7f:1f.7"},
+		{"echo", "0000:7f:1f.7", "-ip", "10.0.0.1", "-duration", "1s"},
+		{"echo", "-ip", "10.0.0.1", "0000:7f:1f.7", "-duration=1s"},
+		{"pktgen", "0000:7f:1f.7", "-rate", "1000", "-duration", "1s"},
+		{"capture", "0000:7f:1f.7", "-w", "/dev/null", "-p"},
+	} {
+		code, _, errw := runCLI(args...)
+		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
+		require.Contains(t, errw, "0000:7f:1f.7", "%v", args)
+		require.Contains(t, errw, "not found", "%v", args)
+	}
+}
+
+func TestParseInterleaved(t *testing.T) {
+	fs := newFlags("t", "")
+	n := fs.Int("n", 0, "")
+	b := fs.Bool("b", false, "")
+	require.NoError(t, parse(fs, []string{"a", "-n", "3", "b", "-b", "--", "-n", "c"}))
+	require.Equal(t, 3, *n)
+	require.True(t, *b)
+	require.Equal(t, []string{"a", "b", "-n", "c"}, fs.Args())
+
+	fs = newFlags("t", "")
+	require.ErrorIs(t, parse(fs, []string{"x", "-nope"}), errUsage)
+	fs = newFlags("t", "ARGS")
+	fs.Int("n", 0, "the n")
+	err := parse(fs, []string{"x", "-h"})
+	require.ErrorIs(t, err, flag.ErrHelp)
+	var h *helpError
+	require.ErrorAs(t, err, &h)
+	require.Contains(t, h.usage, "usage: vfnic t ARGS")
+	require.Contains(t, h.usage, "the n")
 }
 
 func TestHelp(t *testing.T) {
-	code, _, errw := runCLI("help")
-	require.Zero(t, code)
-	for name := range commands {
-		require.Contains(t, errw, name)
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
+		code, out, errw := runCLI(args...)
+		require.Equal(t, exitOK, code)
+		require.Empty(t, errw, "help goes to stdout")
+		for name := range commands {
+			require.Contains(t, out, name)
+		}
+		require.Contains(t, out, "Exit status: 0 success")
 	}
-	code, _, _ = runCLI("list", "-h")
-	require.Zero(t, code)
+	for name := range commands {
+		if name == "help" {
+			continue
+		}
+		for _, args := range [][]string{{"help", name}, {name, "-h"}, {name, "-help"}} {
+			code, out, errw := runCLI(args...)
+			require.Equal(t, exitOK, code, "%v: %s", args, errw)
+			require.Empty(t, errw, "%v: help goes to stdout", args)
+			require.Contains(t, out, "usage: vfnic "+name, "%v", args)
+			require.Contains(t, out, commands[name].summary, "%v", args)
+		}
+	}
+	_, out, _ := runCLI("help", "capture")
+	for _, f := range []string{"-snaplen", "-buffer-size", "-json", "-no-promisc", "-w string"} {
+		require.Contains(t, out, f)
+	}
+	_, out, _ = runCLI("help", "pktgen")
+	require.Contains(t, out, "-rate")
+	require.Contains(t, out, "-duration")
 }
 
-func TestListOnHost(t *testing.T) {
-	code, out, errw := runCLI("list", "-all")
-	require.Zero(t, code, errw)
-	require.Contains(t, out, "ADDRESS")
+func TestVersion(t *testing.T) {
+	code, out, errw := runCLI("version")
+	require.Equal(t, exitOK, code, errw)
+	require.True(t, strings.HasPrefix(out, "vfnic github.com/vfnic/vfnic "), out)
+	require.Contains(t, out, runtime.Version())
+
+	code, out, errw = runCLI("version", "-json")
+	require.Equal(t, exitOK, code, errw)
+	var v versionInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+	require.Equal(t, "github.com/vfnic/vfnic", v.Module)
+	require.Equal(t, runtime.Version(), v.Go)
+	require.Equal(t, runtime.GOOS+"/"+runtime.GOARCH, v.Platform)
+	require.NotEmpty(t, v.Version)
 }
 
 func TestMissingDevice(t *testing.T) {
@@ -59,4 +152,185 @@ func TestMissingDevice(t *testing.T) {
 	code, _, errw = runCLI("probe", "0000:7f:1f.7")
 	require.Equal(t, 1, code)
 	require.Contains(t, errw, "not found")
+}
+
+// TestProbeJSON: even a failed probe prints its JSON object, which says
+// what went wrong.
+func TestProbeJSON(t *testing.T) {
+	code, out, errw := runCLI("probe", "0000:7f:1f.7", "-json")
+	require.Equal(t, exitFailure, code)
+	var r probeReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+	require.Equal(t, "0000:7f:1f.7", r.Address)
+	require.Contains(t, r.Error, "not found")
+	require.Contains(t, errw, "not found")
+}
+
+// fakeDevice is a nic.Device with fixed counters, for the summaries.
+type fakeDevice struct{ stats nic.Stats }
+
+func (f *fakeDevice) Close() error { return nil }
+func (f *fakeDevice) Info() nic.Info {
+	return nic.Info{Driver: "fake", Address: "0000:00:04.0", Model: "fake", MAC: f.MAC(), MTU: 9000,
+		QueuePairs: 1, QueueSize: 256, RxBuffers: 512, BufferSize: 9088, Vectors: 3, Features: []string{"MTU"}}
+}
+func (f *fakeDevice) MAC() net.HardwareAddr                   { return net.HardwareAddr{2, 0, 0, 0, 0, 1} }
+func (f *fakeDevice) Link() (nic.Link, error)                 { return nic.Link{Up: true}, nil }
+func (f *fakeDevice) Stats() nic.Stats                        { return f.stats }
+func (f *fakeDevice) QueuePairs() int                         { return 1 }
+func (f *fakeDevice) Rx(int) (nic.RxQueue, error)             { return nil, nic.ErrInvalid }
+func (f *fakeDevice) Tx(int) (nic.TxQueue, error)             { return nil, nic.ErrInvalid }
+func (f *fakeDevice) BindCQ(*cq.CQ, int, nic.Direction) error { return nic.ErrNotSupported }
+
+// TestTrafficSummaryJSON: the -json summary of a traffic command parses
+// back with the device's counters and rates in pps and Mbit/s.
+func TestTrafficSummaryJSON(t *testing.T) {
+	dev := &fakeDevice{stats: nic.Stats{
+		Rx: nic.QueueStats{Packets: 1000, Bytes: 1000 * 125, Errors: 2, Interrupts: 7, Notifies: 3},
+		Tx: nic.QueueStats{Packets: 10, Bytes: 640, Suppressed: 1}}}
+	var human, js bytes.Buffer
+	p := newProgress(&human, dev, 0, func() string { return "written 1000" })
+	p.start = time.Now().Add(-2 * time.Second)
+	p.promisc = true
+	c := captureCounts{written: 1000, tooLong: 3, tooLongMax: 9018, bufFrame: 4084}
+	require.NoError(t, p.summary("capture", &js, c.details()))
+	require.Contains(t, human.String(), "capture: ")
+	require.Contains(t, human.String(), "rx 1000 frames (125000 bytes, ")
+	require.Contains(t, human.String(), "pps")
+	require.Contains(t, human.String(), "Mbit/s")
+
+	var s trafficSummary
+	require.NoError(t, json.Unmarshal(js.Bytes(), &s), js.String())
+	require.Equal(t, "capture", s.Command)
+	require.Equal(t, 9000, s.Device.MTU)
+	require.True(t, s.Device.Promiscuous)
+	require.EqualValues(t, 1000, s.Rx.Frames)
+	require.EqualValues(t, 2, s.Rx.Errors)
+	require.EqualValues(t, 7, s.Rx.Interrupts)
+	require.InDelta(t, 500, s.Rx.PPS, 10, "about 1000 frames in 2 s")
+	require.InDelta(t, 0.5, s.Rx.Mbps, 0.01, "125000 bytes in 2 s")
+	require.EqualValues(t, 1000, s.Details["written"])
+	tl := s.Details["too_long"].(map[string]any)
+	require.EqualValues(t, 3, tl["frames"])
+	require.EqualValues(t, 9018, tl["largest_bytes"])
+	require.Contains(t, tl["reason"], "longer than the 4084 bytes")
+}
+
+// TestCaptureCounts: a frame spread over several buffers is one frame too
+// long, with its full length; other error completions are counted apart.
+func TestCaptureCounts(t *testing.T) {
+	c := captureCounts{bufFrame: 2036}
+	for _, e := range []error{
+		&nic.MultiBufferError{Buffer: 0, Buffers: 3, Bytes: 2036},
+		&nic.MultiBufferError{Buffer: 1, Buffers: 3, Bytes: 2036},
+		&nic.MultiBufferError{Buffer: 2, Buffers: 3, Bytes: 100},
+		nic.ErrBadID,
+		&nic.MultiBufferError{Buffer: 0, Buffers: 2, Bytes: 2036},
+		&nic.MultiBufferError{Buffer: 1, Buffers: 2, Bytes: 1},
+	} {
+		c.failed(e)
+	}
+	require.EqualValues(t, 2, c.tooLong)
+	require.Equal(t, 4172, c.tooLongMax)
+	require.EqualValues(t, 1, c.bad)
+	require.Contains(t, c.line(), "too long for the 2036-byte buffers 2 (up to 4172 bytes; raise -buffer-size)")
+}
+
+// echoServer echoes UDP datagrams on localhost until the test ends.
+func echoServer(t *testing.T, reply bool) string {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, a, err := conn.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			if reply {
+				_, _ = conn.WriteToUDP(buf[:n], a)
+			}
+		}
+	}()
+	return conn.LocalAddr().String()
+}
+
+func udppingJSON(t *testing.T, out string) udppingSummary {
+	var s udppingSummary
+	require.NoError(t, json.Unmarshal([]byte(out), &s), out)
+	return s
+}
+
+func TestUDPPing(t *testing.T) {
+	addr := echoServer(t, true)
+	code, out, errw := runCLI("udpping", addr, "-count", "5", "-interval", "1ms", "-size", "3000", "-json")
+	require.Equal(t, exitOK, code, errw)
+	s := udppingJSON(t, out)
+	require.Equal(t, udppingSummary{Server: addr, Size: 3000, Sent: 5, Echoed: 5}, udppingSummary{
+		Server: s.Server, Size: s.Size, Sent: s.Sent, Echoed: s.Echoed, Lost: s.Lost, Corrupted: s.Corrupted, Refused: s.Refused})
+	require.Contains(t, errw, "udpping: 5 sent, 5 echoed intact, 0 lost, 0 corrupted, 0 refused", "human lines on stderr")
+}
+
+// TestUDPPingRefused: a closed port answers with ICMP port unreachable;
+// udpping counts the refusals and still prints its summary.
+func TestUDPPingRefused(t *testing.T) {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	addr := conn.LocalAddr().String()
+	conn.Close() // nothing listens there now
+	code, out, errw := runCLI("udpping", addr, "-count", "4", "-interval", "1ms", "-timeout", "500ms", "-json")
+	require.Equal(t, exitFailure, code, errw)
+	s := udppingJSON(t, out)
+	require.Positive(t, s.Refused)
+	require.Zero(t, s.Echoed)
+	// A refusal seen by a write is for an earlier datagram, and the
+	// datagram of that write was not sent.
+	require.Positive(t, s.Sent)
+	require.LessOrEqual(t, s.Sent, 4)
+	require.LessOrEqual(t, s.Lost+s.Echoed+s.Corrupted, s.Sent)
+	require.Contains(t, errw, "port unreachable")
+	require.Contains(t, errw, "refused")
+	require.Contains(t, errw, "not echoed intact")
+}
+
+// TestUDPPingInterrupt: Ctrl-C while waiting for an echo ends the run with
+// its summary, and the datagram then in flight is not counted as lost.
+func TestUDPPingInterrupt(t *testing.T) {
+	addr := echoServer(t, false)
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var out, errw bytes.Buffer
+	err := runUDPPing(ctx, []string{"-count", "100", "-timeout", "10s", "-json", addr}, stdio{out: &out, err: &errw})
+	require.NoError(t, err, errw.String())
+	s := udppingJSON(t, out.String())
+	require.Equal(t, 1, s.Sent)
+	require.Zero(t, s.Lost)
+	require.True(t, s.Interrupted)
+	require.Equal(t, 1, s.Unanswered)
+	require.Less(t, s.Seconds, 5.0, "Ctrl-C ended the wait")
+	require.Contains(t, errw.String(), "interrupted (1 awaiting an echo, not counted as lost)")
+	require.False(t, errors.Is(err, context.Canceled))
+}
+
+// TestNoVMHarness: the operator's binary does not link the qemu package
+// (the demo is cmd/vfnic-demo).
+func TestNoVMHarness(t *testing.T) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goBin, "list", "-deps", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "github.com/vfnic/vfnic/nic/virtio\n")
+	for _, p := range strings.Split(string(out), "\n") {
+		require.NotContains(t, p, "github.com/vfnic/vfnic/qemu", "cmd/vfnic imports the VM harness")
+	}
+}
+
+// TestPktgenSays: pktgen's first line says which rate it runs at and what
+// ends the run.
+func TestPktgenSays(t *testing.T) {
+	require.Equal(t, "as fast as the NIC takes them", rateNote(0, 64))
+	require.Equal(t, "at 10000 pps (5.12 Mbit/s)", rateNote(10000, 64))
+	require.Equal(t, "until 5 frames are sent", stopNote(5, 0))
+	require.Equal(t, "for 10s", stopNote(0, 10*time.Second))
+	require.Equal(t, "until 5 frames are sent or 1s passes, whichever comes first", stopNote(5, time.Second))
 }

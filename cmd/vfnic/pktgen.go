@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"time"
@@ -15,12 +15,14 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
-func runPktgen(ctx context.Context, args []string, out io.Writer) error {
+func runPktgen(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("pktgen", "[flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	count := fs.Int("count", 100000, "frames to send (0: until -duration or interrupted)")
-	size := fs.Int("size", 64, "frame size in bytes without FCS (60 to 1514)")
+	count := fs.Int("count", 100000, "frames to send (0: until -duration or interrupted; default 0 when -duration is given)")
+	size := fs.Int("size", 64, "frame size in bytes without FCS (60 up to the device's largest frame, MTU+22)")
+	rate := fs.Float64("rate", 0, "frames per second (0: as fast as the NIC takes them)")
+	vlan := fs.Int("vlan", -1, "802.1Q VLAN ID to tag frames with (-1: untagged)")
 	dstMAC := fs.String("dst-mac", "ff:ff:ff:ff:ff:ff", "destination MAC")
 	srcIP := fs.String("src-ip", "10.0.0.1", "source IPv4 address")
 	dstIP := fs.String("dst-ip", "10.0.0.2", "destination IPv4 address")
@@ -28,11 +30,22 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *size < minFrame || *size > nic.MaxFrame {
-		return fmt.Errorf("%w: -size %d outside %d..%d", errUsage, *size, minFrame, nic.MaxFrame)
+	countSet := false
+	fs.Visit(func(f *flag.Flag) { countSet = countSet || f.Name == "count" })
+	if !countSet && df.duration > 0 {
+		*count = 0 // -duration alone bounds the run
+	}
+	if *size < minFrame || *size > 65535 {
+		return fmt.Errorf("%w: -size %d outside [%d, 65535]", errUsage, *size, minFrame)
 	}
 	if *count < 0 || (*count == 0 && df.duration == 0) {
 		return fmt.Errorf("%w: -count must be positive, or 0 with -duration", errUsage)
+	}
+	if *rate < 0 {
+		return fmt.Errorf("%w: -rate %g is negative", errUsage, *rate)
+	}
+	if *vlan < -1 || *vlan > 4094 {
+		return fmt.Errorf("%w: -vlan %d outside [0, 4094]", errUsage, *vlan)
 	}
 	dst, err := net.ParseMAC(*dstMAC)
 	if err != nil {
@@ -44,21 +57,24 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: -src-ip and -dst-ip need IPv4 addresses", errUsage)
 	}
 	if *port <= 0 || *port > 65535 {
-		return fmt.Errorf("%w: -port %d", errUsage, *port)
+		return fmt.Errorf("%w: -port %d outside [1, 65535]", errUsage, *port)
 	}
-	dev, err := df.openOne(ctx, fs)
+	dev, err := df.openOne(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
-	ctx, cancel := df.withDuration(ctx)
-	defer cancel()
+	out := df.human(o)
 	describe(out, dev)
 	tx, err := dev.Tx(0)
 	if err != nil {
 		return err
 	}
-	frame, seqOff, err := udpFrame(dev.MAC(), dst, sip, dip, uint16(*port), *size)
+	if *size > tx.MaxFrame() {
+		return fmt.Errorf("%w: -size %d: frame of %d bytes outside [%d, %d] for %s (MTU %d)",
+			errUsage, *size, *size, minFrame, tx.MaxFrame(), dev.Info().Address, dev.Info().MTU)
+	}
+	frame, seqOff, err := udpFrame(dev.MAC(), dst, sip, dip, uint16(*port), *size, *vlan)
 	if err != nil {
 		return err
 	}
@@ -66,9 +82,30 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 	p := newProgress(out, dev, df.interval, func() string {
 		return fmt.Sprintf("queued %d, send errors %d, ring-full waits %d", sent, failed, full)
 	})
-	fmt.Fprintf(out, "pktgen: sending %d frames of %d bytes to %s (%s -> %s:%d)\n", *count, *size, dst, sip, dip, *port)
+	fmt.Fprintf(out, "pktgen: sending %d-byte frames to %s (%s -> %s:%d%s) %s, %s\n", *size, dst, sip, dip, *port,
+		vlanNote(*vlan), rateNote(*rate, *size), stopNote(*count, df.duration))
+	ctx, cancel := df.withDuration(ctx)
+	defer cancel()
+	start := time.Now()
 	txc := make([]nic.Completion, 256)
 	for (*count == 0 || sent < uint64(*count)) && ctx.Err() == nil {
+		if *rate > 0 {
+			// Pace: send only what is due by now; sleep until the next
+			// frame is, having handed the device what was queued.
+			dueAt := start.Add(time.Duration(float64(sent) / *rate * float64(time.Second)))
+			if wait := time.Until(dueAt); wait > 0 {
+				if err := tx.Flush(); err != nil {
+					return err
+				}
+				failed += uint64(reapTx(tx, txc))
+				p.tick()
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+				continue
+			}
+		}
 		// Each frame carries its sequence number in the UDP payload.
 		binary.BigEndian.PutUint64(frame[seqOff:], sent)
 		err := tx.Send(frame, nil)
@@ -112,14 +149,45 @@ func runPktgen(ctx context.Context, args []string, out io.Writer) error {
 			break
 		}
 	}
-	p.summary("pktgen")
-	return nil
+	return p.summary("pktgen", df.jsonOut(o), map[string]any{
+		"frame_size": *size, "vlan": *vlan, "rate_pps": *rate, "count": *count, "duration_seconds": df.duration.Seconds(),
+		"queued": sent, "send_errors": failed, "ring_full_waits": full})
+}
+
+func vlanNote(vlan int) string {
+	if vlan < 0 {
+		return ""
+	}
+	return fmt.Sprintf(", VLAN %d", vlan)
+}
+
+// rateNote says which rate pktgen runs at.
+func rateNote(rate float64, size int) string {
+	if rate <= 0 {
+		return "as fast as the NIC takes them"
+	}
+	return fmt.Sprintf("at %.0f pps (%.2f Mbit/s)", rate, rate*float64(size)*8/1e6)
+}
+
+// stopNote says what ends the run.
+func stopNote(count int, d time.Duration) string {
+	switch {
+	case count > 0 && d > 0:
+		return fmt.Sprintf("until %d frames are sent or %v passes, whichever comes first", count, d)
+	case count > 0:
+		return fmt.Sprintf("until %d frames are sent", count)
+	default:
+		return fmt.Sprintf("for %v", d)
+	}
 }
 
 // udpFrame builds a UDP/IPv4 frame of size bytes and returns where its
 // 8-byte sequence number sits.
-func udpFrame(src, dst net.HardwareAddr, sip, dip netip.Addr, port uint16, size int) ([]byte, int, error) {
-	const headers = 14 + 20 + 8
+func udpFrame(src, dst net.HardwareAddr, sip, dip netip.Addr, port uint16, size, vlan int) ([]byte, int, error) {
+	headers := 14 + 20 + 8
+	if vlan >= 0 {
+		headers += 4
+	}
 	if size < headers+8 {
 		return nil, 0, fmt.Errorf("%w: frame of %d bytes cannot hold a sequence number", errUsage, size)
 	}
@@ -129,8 +197,13 @@ func udpFrame(src, dst net.HardwareAddr, sip, dip netip.Addr, port uint16, size 
 	udp := layers.UDP{SrcPort: 9000, DstPort: layers.UDPPort(port)}
 	_ = udp.SetNetworkLayerForChecksum(&ip)
 	buf := gopacket.NewSerializeBuffer()
-	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, &eth, &ip, &udp,
-		gopacket.Payload(make([]byte, size-headers)))
+	ls := []gopacket.SerializableLayer{&eth, &ip, &udp, gopacket.Payload(make([]byte, size-headers))}
+	if vlan >= 0 {
+		eth.EthernetType = layers.EthernetTypeDot1Q
+		tag := layers.Dot1Q{VLANIdentifier: uint16(vlan), Type: layers.EthernetTypeIPv4}
+		ls = append([]gopacket.SerializableLayer{&eth, &tag}, ls[1:]...)
+	}
+	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,9 +21,57 @@ import (
 // addresses, so a device using a physical address by mistake faults.
 const iovaFloor = 4 << 30
 
-func runProbe(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlags("probe", "[-all] [ADDR...]")
+// probeReport is what probe found on one device, printed as it is found
+// and, with -json, as one JSON object per device.
+type probeReport struct {
+	Address    string        `json:"address"`
+	VendorID   string        `json:"vendor_id"`
+	DeviceID   string        `json:"device_id"`
+	Name       string        `json:"name"`
+	IOMMUGroup int           `json:"iommu_group"`
+	Driver     string        `json:"driver"`
+	BARs       []probeBAR    `json:"bars,omitempty"`
+	Virtio     *probeVirtioR `json:"virtio,omitempty"`
+	IOVARanges []probeRange  `json:"iova_ranges,omitempty"`
+	DMA        *probeDMA     `json:"dma,omitempty"`
+	MSIX       *probeMSIX    `json:"msix,omitempty"`
+	Error      string        `json:"error,omitempty"`
+}
+
+type probeBAR struct {
+	Index    int    `json:"index"`
+	Size     uint64 `json:"size"`
+	Mappable bool   `json:"mappable"`
+	Areas    int    `json:"mmap_areas"`
+}
+
+type probeVirtioR struct {
+	Features       string `json:"device_features"`
+	Version1       bool   `json:"version_1"`
+	AccessPlatform bool   `json:"access_platform"`
+	RingPacked     bool   `json:"ring_packed"`
+}
+
+type probeRange struct {
+	Start uint64 `json:"start"`
+	End   uint64 `json:"end"`
+}
+
+type probeDMA struct {
+	Bytes    int    `json:"bytes"`
+	PageSize string `json:"page_size"`
+	IOVA     uint64 `json:"iova"`
+}
+
+type probeMSIX struct {
+	Vectors    int `json:"vectors"`
+	Interrupts int `json:"interrupts"`
+}
+
+func runProbe(ctx context.Context, args []string, o stdio) error {
+	fs := newFlags("probe", "[-all] [-json] [ADDR...]")
 	all := fs.Bool("all", false, "probe every NIC bound to vfio-pci")
+	asJSON := fs.Bool("json", false, "print one JSON object per device on stdout (human lines go to stderr)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -30,8 +79,12 @@ func runProbe(ctx context.Context, args []string, out io.Writer) error {
 	var err error
 	if *all {
 		devs, err := pci.List(pci.ListOptions{NetworkOnly: true, Driver: "vfio-pci"})
-		if err != nil {
+		if err != nil && !errors.Is(err, pci.ErrUnreadable) {
 			return err
+		}
+		if err != nil {
+			// Probe what could be read; name the rest.
+			fmt.Fprintf(o.err, "vfnic: probe: %v\n", err)
 		}
 		for _, d := range devs {
 			addrs = append(addrs, d.Address)
@@ -42,8 +95,22 @@ func runProbe(ctx context.Context, args []string, out io.Writer) error {
 	} else if addrs, err = parseAddrs(fs.Args()); err != nil {
 		return err
 	}
+	out := o.out
+	if *asJSON {
+		out = o.err
+	}
 	for _, a := range addrs {
-		if err := probe(ctx, a, out); err != nil {
+		r := probeReport{Address: a.String(), IOMMUGroup: -1}
+		err := probe(ctx, a, out, &r)
+		if err != nil {
+			r.Error = err.Error()
+		}
+		if *asJSON {
+			if jerr := json.NewEncoder(o.out).Encode(r); jerr != nil {
+				return jerr
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("%s: %w", a, err)
 		}
 	}
@@ -52,11 +119,13 @@ func runProbe(ctx context.Context, args []string, out io.Writer) error {
 
 // probe opens one device through VFIO and exercises what every driver
 // needs: BARs, the IOMMU's ranges, hugepage DMA memory, MSI-X eventfds.
-func probe(ctx context.Context, a pci.Address, out io.Writer) error {
+func probe(ctx context.Context, a pci.Address, out io.Writer, rep *probeReport) error {
 	d, err := pci.Lookup(a)
 	if err != nil {
 		return err
 	}
+	rep.VendorID, rep.DeviceID = fmt.Sprintf("%04x", d.VendorID), fmt.Sprintf("%04x", d.DeviceID)
+	rep.Name, rep.IOMMUGroup, rep.Driver = nicName(d), d.IOMMUGroup, d.Driver
 	fmt.Fprintf(out, "%s %04x:%04x %s, IOMMU group %d, driver %s\n", a, d.VendorID, d.DeviceID, nicName(d), d.IOMMUGroup, d.Driver)
 	if d.Driver != "vfio-pci" {
 		return fmt.Errorf("not bound to vfio-pci (run 'vfnic bind %s')", a)
@@ -83,14 +152,17 @@ func probe(ctx context.Context, a pci.Address, out io.Writer) error {
 			continue
 		}
 		how := "not mappable"
+		b := probeBAR{Index: i, Size: ri.Size}
 		if m, err := dev.MapRegion(i); err == nil {
-			how = fmt.Sprintf("mapped, %d areas", len(m.Areas()))
+			b.Mappable, b.Areas = true, len(m.Areas())
+			how = fmt.Sprintf("mapped, %d areas", b.Areas)
 			_ = m.Close()
 		}
+		rep.BARs = append(rep.BARs, b)
 		fmt.Fprintf(out, "  BAR%d: %s, %s\n", i, size(ri.Size), how)
 	}
 	if d.VendorID == pci.VirtioVendorID {
-		if err := probeVirtio(dev, out); err != nil {
+		if err := probeVirtio(dev, out, rep); err != nil {
 			return err
 		}
 	}
@@ -101,10 +173,14 @@ func probe(ctx context.Context, a pci.Address, out io.Writer) error {
 	}
 	defer space.Close()
 	fmt.Fprintf(out, "  IOMMU IOVA ranges: %v\n", space.Ranges())
+	for _, rg := range space.Ranges() {
+		rep.IOVARanges = append(rep.IOVARanges, probeRange{Start: rg.Start, End: rg.End})
+	}
 	r, err := space.Alloc(2<<20, hugepage.Options{})
 	if err != nil {
 		return err
 	}
+	rep.DMA = &probeDMA{Bytes: r.Len(), PageSize: r.PageSize().String(), IOVA: r.IOVA()}
 	fmt.Fprintf(out, "  DMA: %d KiB in %s pages mapped at IOVA %#x\n", r.Len()>>10, r.PageSize(), r.IOVA())
 
 	info, err := dev.IRQInfo(vfio.IRQMSIX)
@@ -136,6 +212,7 @@ func probe(ctx context.Context, a pci.Address, out io.Writer) error {
 		}
 		got += int(n)
 	}
+	rep.MSIX = &probeMSIX{Vectors: info.Count, Interrupts: got}
 	fmt.Fprintf(out, "  MSI-X: %d vectors wired to eventfds in one SET_IRQS, %d interrupts received\n", info.Count, got)
 	if err := dev.DisableMSIX(); err != nil {
 		return err
@@ -143,7 +220,7 @@ func probe(ctx context.Context, a pci.Address, out io.Writer) error {
 	return nil
 }
 
-func probeVirtio(dev *vfio.Device, out io.Writer) error {
+func probeVirtio(dev *vfio.Device, out io.Writer, rep *probeReport) error {
 	cfg, err := pci.ReadConfig(dev.ConfigReader())
 	if err != nil {
 		return err
@@ -173,6 +250,8 @@ func probeVirtio(dev *vfio.Device, out io.Writer) error {
 		}
 		feat |= virtio.Features(v) << (32 * sel)
 	}
+	rep.Virtio = &probeVirtioR{Features: fmt.Sprintf("%#x", uint64(feat)), Version1: feat.Has(virtio.FeatureVersion1),
+		AccessPlatform: feat.Has(virtio.FeatureAccessPlat), RingPacked: feat.Has(virtio.FeatureRingPacked)}
 	fmt.Fprintf(out, "  virtio: device features %#x (VERSION_1 %v, ACCESS_PLATFORM %v, RING_PACKED %v)\n", uint64(feat),
 		feat.Has(virtio.FeatureVersion1), feat.Has(virtio.FeatureAccessPlat), feat.Has(virtio.FeatureRingPacked))
 	return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,28 +15,42 @@ import (
 
 // deviceFlags are the flags every traffic command takes.
 type deviceFlags struct {
-	queueSize int
-	force     bool
-	interval  time.Duration
-	duration  time.Duration
+	queueSize  int
+	bufferSize int
+	force      bool
+	json       bool
+	interval   time.Duration
+	duration   time.Duration
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.queueSize, "queue-size", 0, "descriptors per ring (0: driver default)")
+	fs.IntVar(&d.bufferSize, "buffer-size", 0, "bytes per receive buffer, driver header included (0: enough for the device's MTU)")
 	fs.BoolVar(&d.force, "force", false, "take the NIC even if its kernel interface is up or has addresses")
+	fs.BoolVar(&d.json, "json", false, "print the summary as one JSON object on stdout; human lines go to stderr")
 	fs.DurationVar(&d.interval, "progress", time.Second, "interval between progress lines (0: none)")
 	fs.DurationVar(&d.duration, "duration", 0, "stop after this long (0: until done or interrupted)")
 }
 
+// human is where a command's human lines go: stderr when stdout carries
+// JSON.
+func (d *deviceFlags) human(o stdio) io.Writer {
+	if d.json {
+		return o.err
+	}
+	return o.out
+}
+
 // openOne parses the single PCI address argument and opens the NIC there.
-func (d *deviceFlags) openOne(ctx context.Context, fs *flag.FlagSet) (nic.Device, error) {
+func (d *deviceFlags) openOne(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (nic.Device, error) {
 	if fs.NArg() != 1 {
 		return nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
 	}
 	if _, err := parseAddrs(fs.Args()); err != nil {
 		return nil, err
 	}
-	return nic.Open(ctx, fs.Arg(0), nic.Config{QueueSize: d.queueSize, Force: d.force})
+	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
+	return nic.Open(ctx, fs.Arg(0), cfg)
 }
 
 // withDuration bounds ctx by -duration when it is set.
@@ -82,17 +97,34 @@ func failures(cs []nic.Completion) int {
 	return n
 }
 
+// mbps is a rate in Mbit/s from bytes over seconds (frame bytes without
+// FCS, as testpmd's byte counters).
+func mbps(bytes uint64, sec float64) float64 {
+	if sec <= 0 {
+		return 0
+	}
+	return float64(bytes) * 8 / sec / 1e6
+}
+
+func perSec(n uint64, sec float64) float64 {
+	if sec <= 0 {
+		return 0
+	}
+	return float64(n) / sec
+}
+
 // progress prints a line of rates and totals every interval, and the
 // summary at the end.
 type progress struct {
-	out      io.Writer
+	out      io.Writer // human lines
 	dev      nic.Device
 	start    time.Time
 	last     time.Time
-	lastRx   uint64
-	lastTx   uint64
+	lastRx   nic.QueueStats
+	lastTx   nic.QueueStats
 	extra    func() string
 	interval time.Duration
+	promisc  bool // for the summary's device description
 }
 
 func newProgress(out io.Writer, dev nic.Device, interval time.Duration, extra func() string) *progress {
@@ -108,21 +140,98 @@ func (p *progress) tick() {
 	now := time.Now()
 	s := p.dev.Stats()
 	dt := now.Sub(p.last).Seconds()
-	fmt.Fprintf(p.out, "%6.1fs  rx %8.0f fr/s  tx %8.0f fr/s  totals rx %d tx %d  %s\n",
-		now.Sub(p.start).Seconds(), float64(s.Rx.Packets-p.lastRx)/dt, float64(s.Tx.Packets-p.lastTx)/dt,
+	fmt.Fprintf(p.out, "%6.1fs  rx %8.0f pps %8.2f Mbit/s  tx %8.0f pps %8.2f Mbit/s  totals rx %d tx %d  %s\n",
+		now.Sub(p.start).Seconds(),
+		perSec(s.Rx.Packets-p.lastRx.Packets, dt), mbps(s.Rx.Bytes-p.lastRx.Bytes, dt),
+		perSec(s.Tx.Packets-p.lastTx.Packets, dt), mbps(s.Tx.Bytes-p.lastTx.Bytes, dt),
 		s.Rx.Packets, s.Tx.Packets, p.extra())
-	p.last, p.lastRx, p.lastTx = now, s.Rx.Packets, s.Tx.Packets
+	p.last, p.lastRx, p.lastTx = now, s.Rx, s.Tx
 }
 
-// summary prints totals, average rates and the driver's counters.
-func (p *progress) summary(what string) {
+// dirSummary is one direction of a traffic summary.
+type dirSummary struct {
+	Frames     uint64  `json:"frames"`
+	Bytes      uint64  `json:"bytes"`
+	Errors     uint64  `json:"errors"`
+	PPS        float64 `json:"pps"`
+	Mbps       float64 `json:"mbps"`
+	Interrupts uint64  `json:"interrupts"`
+	Doorbells  uint64  `json:"doorbells"`
+	Suppressed uint64  `json:"doorbells_suppressed"`
+}
+
+// deviceSummary describes the device a traffic command ran on.
+type deviceSummary struct {
+	Address     string   `json:"address"`
+	Driver      string   `json:"driver"`
+	Model       string   `json:"model"`
+	MAC         string   `json:"mac"`
+	MTU         int      `json:"mtu"`
+	MaxRxFrame  int      `json:"max_rx_frame"`
+	MaxTxFrame  int      `json:"max_tx_frame"`
+	QueuePairs  int      `json:"queue_pairs"`
+	QueueSize   int      `json:"queue_size"`
+	RxBuffers   int      `json:"rx_buffers"`
+	BufferSize  int      `json:"buffer_size"`
+	Vectors     int      `json:"msix_vectors"`
+	Features    []string `json:"features"`
+	Promiscuous bool     `json:"promiscuous"`
+}
+
+// trafficSummary is what -json prints when a traffic command ends.
+type trafficSummary struct {
+	Command string         `json:"command"`
+	Device  deviceSummary  `json:"device"`
+	Seconds float64        `json:"seconds"`
+	Rx      dirSummary     `json:"rx"`
+	Tx      dirSummary     `json:"tx"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+func dirOf(s nic.QueueStats, sec float64) dirSummary {
+	return dirSummary{Frames: s.Packets, Bytes: s.Bytes, Errors: s.Errors, PPS: perSec(s.Packets, sec),
+		Mbps: mbps(s.Bytes, sec), Interrupts: s.Interrupts, Doorbells: s.Notifies, Suppressed: s.Suppressed}
+}
+
+func describeDevice(dev nic.Device, promisc bool) deviceSummary {
+	in := dev.Info()
+	d := deviceSummary{Address: in.Address, Driver: in.Driver, Model: in.Model, MAC: in.MAC.String(), MTU: in.MTU,
+		QueuePairs: in.QueuePairs, QueueSize: in.QueueSize, RxBuffers: in.RxBuffers, BufferSize: in.BufferSize,
+		Vectors: in.Vectors, Features: in.Features, Promiscuous: promisc}
+	if rx, err := dev.Rx(0); err == nil {
+		d.MaxRxFrame = rx.MaxFrame()
+	}
+	if tx, err := dev.Tx(0); err == nil {
+		d.MaxTxFrame = tx.MaxFrame()
+	}
+	return d
+}
+
+// summary prints totals, average rates and the driver's counters to the
+// human writer, and as JSON to jsonOut when it is not nil. details are the
+// command's own counters for the JSON object.
+func (p *progress) summary(what string, jsonOut io.Writer, details map[string]any) error {
 	s := p.dev.Stats()
 	el := time.Since(p.start).Seconds()
-	fmt.Fprintf(p.out, "%s: %.2fs, rx %d frames (%d bytes, %.0f fr/s), tx %d frames (%d bytes, %.0f fr/s), %s\n",
-		what, el, s.Rx.Packets, s.Rx.Bytes, float64(s.Rx.Packets)/el, s.Tx.Packets, s.Tx.Bytes, float64(s.Tx.Packets)/el, p.extra())
+	fmt.Fprintf(p.out, "%s: %.2fs, rx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), tx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), %s\n",
+		what, el, s.Rx.Packets, s.Rx.Bytes, perSec(s.Rx.Packets, el), mbps(s.Rx.Bytes, el),
+		s.Tx.Packets, s.Tx.Bytes, perSec(s.Tx.Packets, el), mbps(s.Tx.Bytes, el), p.extra())
 	fmt.Fprintf(p.out, "%s: completions rx %d tx %d, errors rx %d tx %d, interrupts rx %d tx %d, doorbells rx %d tx %d (suppressed %d)\n",
 		what, s.Rx.Packets+s.Rx.Errors, s.Tx.Packets+s.Tx.Errors, s.Rx.Errors, s.Tx.Errors,
 		s.Rx.Interrupts, s.Tx.Interrupts, s.Rx.Notifies, s.Tx.Notifies, s.Rx.Suppressed+s.Tx.Suppressed)
+	if jsonOut == nil {
+		return nil
+	}
+	return json.NewEncoder(jsonOut).Encode(trafficSummary{Command: what, Device: describeDevice(p.dev, p.promisc),
+		Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Details: details})
+}
+
+// jsonOut is stdout under -json, else nil.
+func (d *deviceFlags) jsonOut(o stdio) io.Writer {
+	if d.json {
+		return o.out
+	}
+	return nil
 }
 
 // describe prints what was opened.
@@ -131,6 +240,10 @@ func describe(out io.Writer, dev nic.Device) {
 	if in.Rebound {
 		fmt.Fprintf(out, "bound %s to vfio-pci (was %s); it goes back on exit\n", in.Address, driverName(in.PreviousDriver))
 	}
-	fmt.Fprintf(out, "%s: %s (%s driver), MAC %s, %d queue pair(s) of %d descriptors, %d MSI-X vectors, features %v\n",
-		in.Address, in.Model, in.Driver, in.MAC, in.QueuePairs, in.QueueSize, in.Vectors, in.Features)
+	mtu := fmt.Sprintf(", MTU %d", in.MTU)
+	if tx, err := dev.Tx(0); err == nil {
+		mtu += fmt.Sprintf(" (frames up to %d bytes)", tx.MaxFrame())
+	}
+	fmt.Fprintf(out, "%s: %s (%s driver), MAC %s%s, %d queue pair(s) of %d descriptors, %d receive buffers of %d bytes, %d MSI-X vectors, features %v\n",
+		in.Address, in.Model, in.Driver, in.MAC, mtu, in.QueuePairs, in.QueueSize, in.RxBuffers, in.BufferSize, in.Vectors, in.Features)
 }

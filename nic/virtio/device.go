@@ -220,9 +220,6 @@ func normalize(cfg *Config) error {
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize
 	}
-	if c.BufferSize == 0 {
-		c.BufferSize = DefaultBufferSize
-	}
 	if c.RxBuffers == 0 {
 		c.RxBuffers = 2 * c.QueueSize
 	}
@@ -234,7 +231,7 @@ func normalize(cfg *Config) error {
 		return fmt.Errorf("%w: %d queue pairs", nic.ErrInvalid, c.QueuePairs)
 	case c.QueueSize < 2 || c.QueueSize > 1<<15:
 		return fmt.Errorf("%w: queue size %d (2 to 32768)", nic.ErrInvalid, c.QueueSize)
-	case c.BufferSize < netHdrLen+nic.MaxFrame || c.BufferSize > 1<<16:
+	case c.BufferSize != 0 && (c.BufferSize < netHdrLen+nic.MaxFrame || c.BufferSize > 1<<16):
 		return fmt.Errorf("%w: buffer size %d (%d to 65536)", nic.ErrInvalid, c.BufferSize, netHdrLen+nic.MaxFrame)
 	case c.RxBuffers < 1 || c.RxBuffers > 1<<20:
 		return fmt.Errorf("%w: %d receive buffers", nic.ErrInvalid, c.RxBuffers)
@@ -280,6 +277,12 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	}
 	if err := d.readDeviceConfig(); err != nil {
 		return err
+	}
+	if cfg.BufferSize == 0 {
+		// Buffers that hold a tagged MTU-sized frame, so that a jumbo MTU
+		// works without the caller sizing anything (within the limit a
+		// caller could ask for).
+		cfg.BufferSize = min(max(DefaultBufferSize, align(netHdrLen+d.mtu+nic.FrameOverhead, 64)), 1<<16)
 	}
 	pairs := cfg.QueuePairs
 	if pairs > d.maxPairs {
@@ -381,7 +384,7 @@ func (d *Device) readDeviceConfig() error {
 	if d.maxPairs < 1 || d.maxPairs > maxQueuePairs {
 		return fmt.Errorf("%w: %s reports %d queue pairs", nic.ErrDeviceFailed, d.name, d.maxPairs)
 	}
-	d.mtu = min(max(d.mtu, 68), 1500) // buffers hold standard frames
+	d.mtu = max(d.mtu, 68) // IPv4's minimum; the buffers are sized from it
 	d.mac = mac
 	return nil
 }
@@ -475,7 +478,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			s.size = 1 << (bits.Len(uint(s.size)) - 1) // split rings are powers of two
 		}
 	}
-	txBuf := align(netHdrLen+nic.MaxFrame, 64)
+	txBuf := align(netHdrLen+d.mtu+nic.FrameOverhead, 64)
 	total := 0
 	for _, s := range specs {
 		a, b, c, al := ringSizes(s.size, d.packed)

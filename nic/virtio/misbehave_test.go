@@ -148,9 +148,14 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		d.complete(tk[1].id, 2048, 1)
 		d.complete(tk[2].id, 500, 1)
 		d.complete(tk[3].id, writeFrame(tk[3], good, 1), 1)
-		for range 3 {
+		// Each buffer says where it sits in the frame and how much it
+		// holds, so that a caller can count the frame and its length.
+		for i, n := range []int{len(good), 2048, 500} { // one header, in the first
 			require.Equal(t, 1, rx.Poll(comps[:]))
 			require.ErrorIs(t, comps[0].Err, nic.ErrMultiBuffer)
+			var mb *nic.MultiBufferError
+			require.ErrorAs(t, comps[0].Err, &mb)
+			require.Equal(t, nic.MultiBufferError{Queue: mb.Queue, Buffer: i, Buffers: 3, Bytes: n}, *mb)
 		}
 		require.Equal(t, 1, rx.Poll(comps[:]))
 		require.NoError(t, comps[0].Err)

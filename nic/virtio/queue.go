@@ -19,7 +19,6 @@ import (
 var (
 	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
 	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
-	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 	errCanceled  = fmt.Errorf("%w (%w)", nic.ErrCanceled, nic.ErrRemoved)
 	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
 	errNotBuffer = fmt.Errorf("%w: address is not the start of a frame in this queue's buffers", nic.ErrBadBuffer)
@@ -245,6 +244,7 @@ type RxQueue struct {
 	state   []uint8 // per pool buffer: bufFree, bufPosted, bufLent
 	mrg     bool    // MRG_RXBUF: check num_buffers
 	skip    int     // buffers of a multi-buffer frame still to drop
+	span    int     // buffers of that frame in all
 }
 
 var _ nic.RxQueue = (*RxQueue)(nil)
@@ -428,7 +428,11 @@ func (q *RxQueue) poll(out []nic.Completion) int {
 func (q *RxQueue) check(s slot, length uint32) error {
 	if q.skip > 0 {
 		q.skip--
-		return fmt.Errorf("%w: %s: continuation buffer", nic.ErrMultiBuffer, q.vq.name)
+		n := int(length) // only the first buffer holds the virtio-net header
+		if length > s.len {
+			n = 0 // a length the device cannot have written: not counted
+		}
+		return &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: n}
 	}
 	if length > s.len || length < netHdrLen+nic.MinFrame {
 		return fmt.Errorf("%w: %s: device wrote %d bytes into a %d-byte buffer", nic.ErrBadLen, q.vq.name, length, s.len)
@@ -438,6 +442,8 @@ func (q *RxQueue) check(s slot, length uint32) error {
 		if nb := int(b[netHdrNumBuffers]) | int(b[netHdrNumBuffers+1])<<8; nb != 1 {
 			if nb > 1 {
 				q.skip = min(nb-1, q.vq.nbufs)
+				q.span = q.skip + 1
+				return &nic.MultiBufferError{Queue: q.vq.name, Buffers: q.span, Bytes: int(length) - netHdrLen}
 			}
 			return fmt.Errorf("%w: %s: num_buffers %d", nic.ErrMultiBuffer, q.vq.name, nb)
 		}
@@ -465,7 +471,7 @@ var _ nic.TxQueue = (*TxQueue)(nil)
 
 func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) *TxQueue {
 	return &TxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
-		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.MinFrame)}
+		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.FrameOverhead)}
 }
 
 // MaxFrame implements nic.TxQueue.
@@ -474,7 +480,8 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 // Send implements nic.TxQueue.
 func (q *TxQueue) Send(frame []byte, ctx any) error {
 	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
-		return errFrameSize
+		// Allocates, as a caller's mistake may: the numbers say what is wrong.
+		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -168,7 +168,13 @@ func TestTxBytesOnTheWire(t *testing.T) {
 		require.Equal(t, uint32(netHdrLen+1514), tk.segs[0].len)
 		require.True(t, bytes.Equal(f, tk.data(0)[netHdrLen:]))
 		require.ErrorIs(t, tx.Send(make([]byte, 13), nil), nic.ErrFrameSize)
-		require.ErrorIs(t, tx.Send(make([]byte, 1515), nil), nic.ErrFrameSize)
+		// Tagged full-size frames (802.1Q 1518, QinQ 1522) fit an MTU of
+		// 1500; one byte more does not, and the error says by how much.
+		require.Equal(t, 1522, tx.MaxFrame())
+		require.NoError(t, tx.Send(frameFor(8, 1522), nil))
+		err := tx.Send(make([]byte, 1523), nil)
+		require.ErrorIs(t, err, nic.ErrFrameSize)
+		require.ErrorContains(t, err, "frame of 1523 bytes outside [14, 1522]")
 	})
 }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
-// TestVMDemo runs 'vfnic demo' as a newcomer would, with vfnic on packed
+// TestVMDemo runs vfnic-demo as a newcomer would, with vfnic on packed
 // and then on split virtqueues: Linux's ping and a UDP client on one NIC
 // talk to vfnic echo on the other, through an emulated wire. Every ping
 // must be answered and every datagram echoed intact.
