@@ -273,7 +273,7 @@ func (c *Core) Run(ctx context.Context) error {
 // thread is pinned (or with the pinning error). The core runs until ctx
 // ends, Close is called or a Handler or Func fails; Wait returns the
 // result. The thread is never given back to the scheduler: it ends with
-// the core.
+// the core (or, if it is the process's main thread, Go parks it for good).
 func (c *Core) Start(ctx context.Context) error {
 	if err := c.begin(ctx); err != nil {
 		return err
@@ -289,14 +289,19 @@ func (c *Core) Start(ctx context.Context) error {
 			c.end(err)
 			return
 		}
-		c.end(c.loop(ctx, p))
+		err = c.loop(ctx, p)
+		// The thread usually ends with the goroutine, but Go parks the
+		// main thread instead of ending it, and that one's affinity is
+		// the process's: restore it either way.
+		err = errors.Join(err, p.restore(c.cfg.CPU))
+		c.end(err)
 	}()
 	return <-ready
 }
 
 // Wait waits until the core stops and returns why: nil when ctx ended or
 // Close stopped it, else the error of a Handler, a Func or a queue. It
-// returns ErrStarted's opposite, an error, when the core was never started.
+// returns an error at once when the core was never started.
 func (c *Core) Wait() error {
 	c.mu.Lock()
 	started := c.started

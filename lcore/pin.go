@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,11 +17,26 @@ const AnyCPU = -1
 // maxCPU bounds the CPU numbers unix.CPUSet holds.
 const maxCPU = len(unix.CPUSet{}) * 64
 
+// pinnedThreads holds the affinity from before pinning of every thread a
+// core has pinned. Go may run any goroutine, a core's included, on the
+// process's main thread, whose affinity is the process's as tools (and
+// AllowedCPUs) read it: while a core pins it, the saved one is the truth.
+var pinnedThreads struct {
+	sync.Mutex
+	old map[int]unix.CPUSet
+}
+
 // AllowedCPUs returns the CPUs this process may run on (its main thread's
-// affinity: taskset, cgroups cpusets), in increasing order.
+// affinity from before any core pinned it: taskset, cgroups cpusets), in
+// increasing order.
 func AllowedCPUs() ([]int, error) {
 	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(os.Getpid(), &set); err != nil {
+	pinnedThreads.Lock()
+	old, ok := pinnedThreads.old[os.Getpid()]
+	pinnedThreads.Unlock()
+	if ok {
+		set = old
+	} else if err := unix.SchedGetaffinity(os.Getpid(), &set); err != nil {
 		return nil, fmt.Errorf("lcore: sched_getaffinity: %w", err)
 	}
 	var cpus []int
@@ -90,10 +106,16 @@ func pin(cpu int) (pinned, error) {
 	}
 	var set unix.CPUSet
 	set.Set(cpu)
+	pinnedThreads.Lock()
+	defer pinnedThreads.Unlock()
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
 		// EINVAL: the CPU left the allowed set since New checked it.
 		return p, fmt.Errorf("%w: pin thread %d to CPU %d: %v", ErrCPU, p.tid, cpu, err)
 	}
+	if pinnedThreads.old == nil {
+		pinnedThreads.old = make(map[int]unix.CPUSet)
+	}
+	pinnedThreads.old[p.tid] = p.old
 	return p, nil
 }
 
@@ -102,8 +124,11 @@ func (p pinned) restore(cpu int) error {
 	if cpu == AnyCPU {
 		return nil
 	}
+	pinnedThreads.Lock()
+	defer pinnedThreads.Unlock()
 	if err := unix.SchedSetaffinity(0, &p.old); err != nil {
 		return fmt.Errorf("lcore: restore the affinity of thread %d: %w", p.tid, err)
 	}
+	delete(pinnedThreads.old, p.tid)
 	return nil
 }
