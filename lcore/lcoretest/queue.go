@@ -68,15 +68,20 @@ func New(index, size int) (*Queue, error) {
 // raised the interrupt.
 func (q *Queue) Inject(n int) bool {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.closed || n <= 0 {
+		q.mu.Unlock()
 		return false
 	}
 	q.pending += n
-	if !q.armed {
+	fire := q.armed
+	q.armed = false
+	q.mu.Unlock()
+	if !fire {
 		return false
 	}
-	q.armed = false
+	// Written after the unlock, as a device raises its interrupt after
+	// the entry: a reader woken on this CPU must not find the queue
+	// locked by the writer it preempted.
 	q.fired.Add(1)
 	_ = q.efd.Add(1)
 	return true
