@@ -25,11 +25,16 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 		return nil, fmt.Errorf("lcore: epoll_create1: %w", err)
 	}
 	ep := &epoller{fd: fd, wake: wake, events: make([]unix.EpollEvent, len(queues)+1)}
+	added := make(map[int]bool)
 	add := func(efd *eventfd.FD, tag int32) error {
 		n := efd.Fd()
 		if n < 0 {
 			return fmt.Errorf("lcore: interrupt eventfd: %w", closedErr(eventfd.ErrClosed))
 		}
+		if added[n] {
+			return nil // queues that share a vector share its eventfd
+		}
+		added[n] = true
 		// Level-triggered: a counter left non-zero wakes the next wait.
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tag}
 		if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, n, &ev); err != nil {
