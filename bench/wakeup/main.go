@@ -11,6 +11,9 @@
 //	              a polling core would if it slept on the runtime poller
 //	lcore:        an lcore.Core in Interrupt mode: epoll_wait on its own
 //	              pinned thread, then a round of polls into the Handler
+//	adaptive:     an lcore.Core in Adaptive mode (default idle interval):
+//	              the first completion after the core went to sleep; the
+//	              writer's pause is one idle interval longer
 //
 // It prints one line per mode: mode= samples= median_ns= p90_ns= p99_ns=
 // max_ns= (the same fields as wakeup.c).
@@ -39,7 +42,7 @@ func main() {
 	samples := flag.Int("n", 2000, "samples per mode")
 	readerCPU := flag.Int("r", -1, "CPU of the reader's thread (-1: not pinned)")
 	writerCPU := flag.Int("w", -1, "CPU of the writer's thread (-1: not pinned)")
-	modes := flag.String("modes", "sread,sread-locked,lcore", "modes to run, comma-separated")
+	modes := flag.String("modes", "sread,sread-locked,lcore,adaptive", "modes to run, comma-separated")
 	flag.Parse()
 	if *samples < 1 {
 		fmt.Fprintln(os.Stderr, "wakeup: -n must be positive")
@@ -82,6 +85,7 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	readerDone := make(chan error, 1)
+	var extraPause time.Duration // so that an adaptive core is asleep
 
 	switch mode {
 	case "sread", "sread-locked":
@@ -111,12 +115,17 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 		if err := <-ready; err != nil {
 			return nil, err
 		}
-	case "lcore":
+	case "lcore", "adaptive":
 		cpu := readerCPU
 		if cpu < 0 {
 			cpu = lcore.AnyCPU
 		}
-		core, err := lcore.New(lcore.Config{CPU: cpu, Mode: lcore.Interrupt})
+		m := lcore.Interrupt
+		if mode == "adaptive" {
+			m = lcore.Adaptive
+			extraPause = lcore.DefaultIdleInterval
+		}
+		core, err := lcore.New(lcore.Config{CPU: cpu, Mode: m})
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +166,7 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 		}
 		// nanosleep on the writer's own thread, as wakeup.c does: Go's
 		// timers would bring the runtime's poller into the measurement.
-		pause := unix.NsecToTimespec(int64(50+rand.IntN(100)) * 1000)
+		pause := unix.NsecToTimespec(int64(50+rand.IntN(100))*1000 + int64(extraPause))
 		_ = unix.Nanosleep(&pause, nil)
 		wokeAt.Store(0)
 		t0 := since()
