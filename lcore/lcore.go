@@ -299,18 +299,26 @@ func (c *Core) Start(ctx context.Context) error {
 	return <-ready
 }
 
-// Wait waits until the core stops and returns why: nil when ctx ended or
-// Close stopped it, else the error of a Handler, a Func or a queue. It
-// returns an error at once when the core was never started.
-func (c *Core) Wait() error {
+// Wait waits until the core stops and returns why: nil when its context
+// ended or Close stopped it, else the error of a Handler, a Func or a
+// queue. It returns ctx.Err() if ctx ends first (the core keeps running),
+// and an error at once when the core was never started.
+func (c *Core) Wait(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: lcore: nil context", os.ErrInvalid)
+	}
 	c.mu.Lock()
 	started := c.started
 	c.mu.Unlock()
 	if !started {
 		return errors.New("lcore: core not started")
 	}
-	<-c.done
-	return c.err
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Wake makes a sleeping core run a round of polls; a Wake sent while the

@@ -155,7 +155,8 @@ func TestConfigErrors(t *testing.T) {
 	require.ErrorIs(t, c.AddQueue(nil, nil), os.ErrInvalid)
 	require.ErrorIs(t, c.AddFunc(nil), os.ErrInvalid)
 	require.ErrorIs(t, c.Run(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
-	require.Error(t, c.Wait(), "never started")
+	require.Error(t, c.Wait(context.Background()), "never started")
+	require.ErrorIs(t, c.Wait(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
 
 	for _, s := range []string{"busy", "adaptive", "interrupt"} {
 		m, err := ParseMode(s)
@@ -196,6 +197,9 @@ func TestLifecycleErrors(t *testing.T) {
 	require.ErrorIs(t, c.AddQueue(q, nil), ErrStarted)
 	require.ErrorIs(t, c.AddFunc(func() (int, error) { return 0, nil }), ErrStarted)
 	require.NoError(t, c.Wake())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Wait(ctx), context.DeadlineExceeded, "the core runs on")
 	require.NoError(t, c.Close())
 	require.NoError(t, c.Close(), "twice")
 	require.ErrorIs(t, c.Wake(), os.ErrClosed)
@@ -215,7 +219,7 @@ func TestHandlerErrorStopsTheCore(t *testing.T) {
 		require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { return boom }))
 		require.NoError(t, c.Start(context.Background()))
 		q.Inject(1)
-		require.ErrorIs(t, c.Wait(), boom, mode)
+		require.ErrorIs(t, c.Wait(context.Background()), boom, mode)
 		require.ErrorIs(t, c.Close(), boom, mode)
 	}
 }
@@ -229,7 +233,7 @@ func TestClosedQueueStopsASleepingCore(t *testing.T) {
 	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }))
 	require.NoError(t, q.Close())
 	require.NoError(t, c.Wake())
-	require.ErrorIs(t, c.Wait(), os.ErrClosed)
+	require.ErrorIs(t, c.Wait(context.Background()), os.ErrClosed)
 	require.ErrorIs(t, c.Close(), os.ErrClosed, "Close reports the loop's error too")
 }
 
@@ -242,7 +246,7 @@ func TestContextStopsEveryMode(t *testing.T) {
 		require.NoError(t, c.Start(ctx))
 		time.Sleep(5 * time.Millisecond)
 		cancel()
-		require.NoError(t, c.Wait(), mode)
+		require.NoError(t, c.Wait(context.Background()), mode)
 		require.NoError(t, c.Close())
 	}
 }

@@ -140,7 +140,7 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 			_ = core.Close()
 			return nil, err
 		}
-		go func() { readerDone <- core.Wait() }()
+		go func() { readerDone <- core.Wait(context.Background()) }()
 		defer core.Close()
 	default:
 		return nil, fmt.Errorf("unknown mode %q", mode)
