@@ -178,8 +178,10 @@ func (c *Core) Config() Config { return c.cfg }
 // AddQueue makes the core poll q and give its completions to h (nil
 // discards them: a transmit queue whose completions need no action). In
 // Adaptive and Interrupt modes q must have an interrupt (q.Interrupt() not
-// nil). A queue belongs to one core: nothing else may read it while the
-// core runs.
+// nil). A queue belongs to one core: nothing else may read it, or wait on
+// its interrupt, while the core runs. The core reads the interrupt eventfd
+// itself, so the queue's Stats().Interrupts does not count the core's
+// wake-ups: the core's Stats do.
 func (c *Core) AddQueue(q nic.Queue, h Handler) error {
 	if q == nil {
 		return fmt.Errorf("%w: lcore: nil queue", os.ErrInvalid)
