@@ -286,6 +286,9 @@ func (c *Core) Start(ctx context.Context) error {
 		// exits, so the pinned thread does not outlive the core.
 		runtime.LockOSThread()
 		p, err := pin(c.cfg.CPU)
+		if err == nil {
+			c.tid.Store(int64(p.tid)) // ThreadID works once Start returns
+		}
 		ready <- err
 		if err != nil {
 			c.end(err)
