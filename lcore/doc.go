@@ -1,0 +1,45 @@
+// Package lcore runs polling cores: the Go counterpart of a DPDK lcore. A
+// Core owns one or more NIC queues (nic.RxQueue, nic.TxQueue), runs on one
+// goroutine locked to an OS thread, pins that thread to the CPU it is given
+// (sched_setaffinity), and polls its queues in batches: it reads up to
+// Batch completions from each queue, hands them to the queue's Handler,
+// runs its Funcs (work not driven by completions, such as generating frames
+// to send), then flushes the queues once, so that the posts of one
+// iteration reach the device with one doorbell. The loop allocates
+// nothing; the rest of the program keeps running on the other CPUs.
+//
+// Three modes say what the core does when its queues are empty:
+//
+//   - Busy polls without pause, as DPDK's testpmd does: the lowest
+//     latency, one CPU at 100% whatever the load.
+//   - Adaptive polls while work arrives; after IdleInterval without any
+//     (default 100 µs), it arms the interrupts of its queues, polls once
+//     more (a completion written before the arm raises no interrupt),
+//     then sleeps in epoll_wait on the queues' interrupt eventfds from its
+//     own thread, until an interrupt, Wake, Close or the context wakes it.
+//     This is Linux NAPI's and DPDK l3fwd-power's pattern: a loaded queue
+//     runs at the busy rate, an idle one costs almost no CPU.
+//   - Interrupt arms and sleeps as soon as one round of polls finds
+//     nothing: SRead's semantics, one batch per wake-up.
+//
+// Sleeping in epoll_wait on the locked thread, rather than parking the
+// goroutine on Go's runtime poller, makes a wake-up one thread wake-up
+// instead of a poller wake-up followed by a hand-off to the locked thread
+// (bench/wakeup measures both against C).
+//
+// A Core is stopped by its context, by Close, or by a Handler or Func that
+// returns an error. A core started with Start runs on a goroutine of its
+// own whose thread the runtime discards when the core stops, so that no
+// thread with a pinned affinity goes back to the scheduler's pool; Run
+// runs the loop on the calling goroutine and restores the thread's
+// affinity before it returns.
+//
+// GOMAXPROCS counts the core's thread: a busy core keeps one P for itself,
+// and the rest of the program shares the others.
+//
+// Measuring: bench/wakeup/run.sh times the wake-up against C;
+// `VFNIC_LCORE_BENCH=1 go test -run TestVM ./lcore` boots a guest and
+// compares the transmit rate of a core in each mode with a pktgen-style
+// loop on an ordinary goroutine. Package lcoretest is a software queue for
+// testing code that runs on a core.
+package lcore

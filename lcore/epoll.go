@@ -1,0 +1,81 @@
+package lcore
+
+import (
+	"fmt"
+
+	"github.com/vfnic/vfnic/eventfd"
+	"golang.org/x/sys/unix"
+)
+
+// epoller sleeps the core's locked thread in epoll_wait on its queues'
+// interrupt eventfds and its wake eventfd. The eventfds stay registered
+// with Go's runtime poller too (an fd may be in several epoll sets); only
+// this thread reads them while the core runs.
+type epoller struct {
+	fd     int
+	wake   *eventfd.FD
+	events []unix.EpollEvent
+}
+
+const wakeTag = -1 // the event data of the wake eventfd
+
+func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("lcore: epoll_create1: %w", err)
+	}
+	ep := &epoller{fd: fd, wake: wake, events: make([]unix.EpollEvent, len(queues)+1)}
+	added := make(map[int]bool)
+	add := func(efd *eventfd.FD, tag int32) error {
+		n := efd.Fd()
+		if n < 0 {
+			return fmt.Errorf("lcore: interrupt eventfd: %w", closedErr(eventfd.ErrClosed))
+		}
+		if added[n] {
+			return nil // queues that share a vector share its eventfd
+		}
+		added[n] = true
+		// Level-triggered: a counter left non-zero wakes the next wait.
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tag}
+		if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, n, &ev); err != nil {
+			return fmt.Errorf("lcore: epoll_ctl: %w", err)
+		}
+		return nil
+	}
+	if err := add(wake, wakeTag); err != nil {
+		ep.close()
+		return nil, err
+	}
+	for i, e := range queues {
+		if err := add(e.q.Interrupt(), int32(i)); err != nil {
+			ep.close()
+			return nil, fmt.Errorf("queue %d: %w", e.q.Index(), err)
+		}
+	}
+	return ep, nil
+}
+
+// wait blocks the thread until an interrupt or the wake eventfd fires,
+// and drains the wake eventfd if it did (the queues' eventfds are drained
+// before their next arm).
+func (ep *epoller) wait() error {
+	for {
+		n, err := unix.EpollWait(ep.fd, ep.events, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("lcore: epoll_wait: %w", err)
+		}
+		for _, ev := range ep.events[:n] {
+			if ev.Fd == wakeTag {
+				if _, err := ep.wake.Take(); err != nil {
+					return closedErr(err)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+func (ep *epoller) close() { _ = unix.Close(ep.fd) }

@@ -1,0 +1,510 @@
+package lcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/lcore/lcoretest"
+	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/tests/leakcheck"
+	"golang.org/x/sys/unix"
+)
+
+// lastCPU is the highest CPU the process may use: pinning there leaves CPU
+// 0, where most of the machine's work lands, alone.
+func lastCPU(t testing.TB) int {
+	t.Helper()
+	cpus, err := AllowedCPUs()
+	require.NoError(t, err)
+	require.NotEmpty(t, cpus)
+	return cpus[len(cpus)-1]
+}
+
+func newQueue(t testing.TB, index int) *lcoretest.Queue {
+	t.Helper()
+	q, err := lcoretest.New(index, 256)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	return q
+}
+
+// counter is a Handler that counts completions and reposts their buffers.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) handle(q nic.Queue, batch []nic.Completion) error {
+	rx := q.(nic.RxQueue)
+	for i := range batch {
+		if err := rx.Repost(batch[i].Buf, nil); err != nil {
+			return err
+		}
+	}
+	c.n.Add(int64(len(batch)))
+	return nil
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if cond() {
+			return true
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return cond()
+}
+
+func threadAffinity(t *testing.T, tid int) []int {
+	t.Helper()
+	var set unix.CPUSet
+	require.NoError(t, unix.SchedGetaffinity(tid, &set))
+	var cpus []int
+	for i := 0; i < maxCPU; i++ {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	return cpus
+}
+
+func TestPinnedThreadReadsBackAndEndsWithTheCore(t *testing.T) {
+	cpu := lastCPU(t)
+	c, err := New(Config{CPU: cpu, Mode: Adaptive})
+	require.NoError(t, err)
+	require.NoError(t, c.AddQueue(newQueue(t, 0), nil))
+	require.NoError(t, c.Start(context.Background()))
+	tid := c.ThreadID()
+	require.NotZero(t, tid)
+	require.NotEqual(t, unix.Gettid(), tid)
+	require.Equal(t, []int{cpu}, threadAffinity(t, tid), "the core's thread is pinned to the CPU named")
+	// The rest of the program is not pinned.
+	all, err := AllowedCPUs()
+	require.NoError(t, err)
+	runtime.LockOSThread()
+	require.Equal(t, all, threadAffinity(t, unix.Gettid()))
+	runtime.UnlockOSThread()
+
+	require.NoError(t, c.Close())
+	require.Zero(t, c.ThreadID())
+	if tid == unix.Getpid() {
+		// Go parks the main thread rather than end it: it must not stay
+		// pinned, since its affinity is the process's.
+		require.Equal(t, all, threadAffinity(t, tid))
+		return
+	}
+	gone := waitFor(5*time.Second, func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	require.True(t, gone, "the pinned thread %d ends with the core", tid)
+}
+
+func TestRunRestoresTheCallersAffinity(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	before := threadAffinity(t, tid)
+	c, err := New(Config{CPU: lastCPU(t), Mode: Busy})
+	require.NoError(t, err)
+	require.NoError(t, c.AddQueue(newQueue(t, 0), nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.NoError(t, c.Run(ctx))
+	require.Equal(t, before, threadAffinity(t, tid))
+	require.NoError(t, c.Close())
+	require.Greater(t, c.Stats().Polls, uint64(0))
+}
+
+func TestBadCPUs(t *testing.T) {
+	allowed, err := AllowedCPUs()
+	require.NoError(t, err)
+	notAllowed := allowed[len(allowed)-1] + 1 // exists or not, not in the set
+	for _, cpu := range []int{-2, maxCPU, 1 << 30, notAllowed} {
+		_, err := New(Config{CPU: cpu})
+		require.ErrorIs(t, err, ErrCPU, "CPU %d", cpu)
+		require.ErrorIs(t, err, os.ErrInvalid, "CPU %d", cpu)
+	}
+	_, err = New(Config{CPU: notAllowed})
+	require.ErrorContains(t, err, "allowed CPUs ("+cpuList(allowed)+")")
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{{CPU: AnyCPU, Mode: 7}, {CPU: AnyCPU, Batch: -1}, {CPU: AnyCPU, IdleInterval: -1}} {
+		_, err := New(cfg)
+		require.ErrorIs(t, err, os.ErrInvalid, "%+v", cfg)
+	}
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, DefaultBatch, c.Config().Batch)
+	require.Equal(t, DefaultIdleInterval, c.Config().IdleInterval)
+	require.ErrorIs(t, c.AddQueue(nil, nil), os.ErrInvalid)
+	require.ErrorIs(t, c.AddFunc(nil), os.ErrInvalid)
+	require.ErrorIs(t, c.Run(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
+	require.Error(t, c.Wait(context.Background()), "never started")
+	require.ErrorIs(t, c.Wait(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
+
+	for _, s := range []string{"busy", "adaptive", "interrupt"} {
+		m, err := ParseMode(s)
+		require.NoError(t, err)
+		require.Equal(t, s, m.String())
+	}
+	_, err = ParseMode("napi")
+	require.ErrorIs(t, err, os.ErrInvalid)
+}
+
+func TestQueueWithoutInterruptOnlyInBusyMode(t *testing.T) {
+	q := noIRQ{newQueue(t, 3)}
+	c, err := New(Config{CPU: AnyCPU, Mode: Adaptive})
+	require.NoError(t, err)
+	defer c.Close()
+	require.ErrorIs(t, c.AddQueue(q, nil), nic.ErrNotSupported)
+	b, err := New(Config{CPU: AnyCPU, Mode: Busy})
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.AddQueue(q, nil))
+}
+
+// noIRQ is a queue without an interrupt vector.
+type noIRQ struct{ *lcoretest.Queue }
+
+func (noIRQ) Interrupt() *eventfd.FD { return nil }
+
+func TestLifecycleErrors(t *testing.T) {
+	before, err := leakcheck.Snapshot()
+	require.NoError(t, err)
+	c, err := New(Config{CPU: AnyCPU, Mode: Interrupt})
+	require.NoError(t, err)
+	q := newQueue(t, 0)
+	require.NoError(t, c.AddQueue(q, nil))
+	require.NoError(t, c.Start(context.Background()))
+	require.ErrorIs(t, c.Start(context.Background()), ErrStarted)
+	require.ErrorIs(t, c.Run(context.Background()), ErrStarted)
+	require.ErrorIs(t, c.AddQueue(q, nil), ErrStarted)
+	require.ErrorIs(t, c.AddFunc(func() (int, error) { return 0, nil }), ErrStarted)
+	require.NoError(t, c.Wake())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Wait(ctx), context.DeadlineExceeded, "the core runs on")
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "twice")
+	require.ErrorIs(t, c.Wake(), os.ErrClosed)
+	require.ErrorIs(t, c.Start(context.Background()), os.ErrClosed)
+	require.NoError(t, q.Close())
+	after, err := leakcheck.Snapshot()
+	require.NoError(t, err)
+	require.Equal(t, before, after, "Close gives back the epoll and wake fds")
+}
+
+func TestHandlerErrorStopsTheCore(t *testing.T) {
+	boom := errors.New("boom")
+	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+		c, err := New(Config{CPU: AnyCPU, Mode: mode})
+		require.NoError(t, err)
+		q := newQueue(t, 0)
+		require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { return boom }))
+		require.NoError(t, c.Start(context.Background()))
+		q.Inject(1)
+		require.ErrorIs(t, c.Wait(context.Background()), boom, mode)
+		require.ErrorIs(t, c.Close(), boom, mode)
+	}
+}
+
+func TestClosedQueueStopsASleepingCore(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU, Mode: Interrupt})
+	require.NoError(t, err)
+	q := newQueue(t, 0)
+	require.NoError(t, c.AddQueue(q, nil))
+	require.NoError(t, c.Start(context.Background()))
+	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }))
+	require.NoError(t, q.Close())
+	require.NoError(t, c.Wake())
+	require.ErrorIs(t, c.Wait(context.Background()), os.ErrClosed)
+	require.ErrorIs(t, c.Close(), os.ErrClosed, "Close reports the loop's error too")
+}
+
+func TestContextStopsEveryMode(t *testing.T) {
+	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+		c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+		require.NoError(t, err)
+		require.NoError(t, c.AddQueue(newQueue(t, 0), nil))
+		ctx, cancel := context.WithCancel(context.Background())
+		require.NoError(t, c.Start(ctx))
+		time.Sleep(5 * time.Millisecond)
+		cancel()
+		require.NoError(t, c.Wait(context.Background()), mode)
+		require.NoError(t, c.Close())
+	}
+}
+
+// TestModes checks what each mode does with idle queues and with traffic:
+// Busy never sleeps; Adaptive and Interrupt sleep when idle, and every
+// injected completion reaches the handler through the wake-up.
+func TestModes(t *testing.T) {
+	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, err := New(Config{CPU: lastCPU(t), Mode: mode, IdleInterval: 200 * time.Microsecond})
+			require.NoError(t, err)
+			rx, tx := newQueue(t, 0), newQueue(t, 1)
+			var got, sent counter
+			require.NoError(t, c.AddQueue(rx, got.handle))
+			require.NoError(t, c.AddQueue(tx, func(_ nic.Queue, b []nic.Completion) error {
+				sent.n.Add(int64(len(b)))
+				return nil
+			}))
+			require.NoError(t, c.Start(context.Background()))
+			defer c.Close()
+
+			time.Sleep(20 * time.Millisecond) // idle
+			st := c.Stats()
+			if mode == Busy {
+				require.Zero(t, st.Sleeps)
+			} else {
+				require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }), "an idle %v core sleeps", mode)
+			}
+			const bursts = 50
+			for i := 1; i <= bursts; i++ {
+				rx.Inject(3)
+				tx.Inject(1)
+				require.True(t, waitFor(5*time.Second, func() bool { return got.n.Load() == int64(3*i) && sent.n.Load() == int64(i) }),
+					"burst %d: received %d of %d, sent %d of %d", i, got.n.Load(), 3*i, sent.n.Load(), i)
+				time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+			}
+			require.Equal(t, uint64(3*bursts), rx.Counters().Posts, "every buffer reposted")
+			require.GreaterOrEqual(t, rx.Counters().Flushes, uint64(1))
+			require.NoError(t, c.Close())
+			st = c.Stats()
+			require.Equal(t, uint64(4*bursts), st.Completions)
+			require.Greater(t, st.EmptyPolls, uint64(0))
+			if mode == Busy {
+				require.Zero(t, st.Sleeps)
+				require.Zero(t, rx.Counters().Arms, "a busy core never arms")
+			} else {
+				require.Greater(t, st.Sleeps, uint64(0))
+				require.Greater(t, st.Wakeups, uint64(0))
+				require.Greater(t, rx.Counters().Fired, uint64(0), "woken by interrupts")
+			}
+			t.Logf("%v: %+v, rx %+v", mode, st, rx.Counters())
+		})
+	}
+}
+
+// TestNoLostWakeup hammers the window between the last empty poll and the
+// arm: on about half the arms a completion lands just before the arm takes
+// effect (the queue then raises no interrupt, like hardware), and the
+// others land at random times around the core's sleep. A lost wake-up
+// leaves a completion unread while the core sleeps forever.
+func TestNoLostWakeup(t *testing.T) {
+	rounds := 1500
+	if testing.Short() {
+		rounds = 500
+	}
+	for _, mode := range []Mode{Interrupt, Adaptive} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, err := New(Config{CPU: AnyCPU, Mode: mode, IdleInterval: time.Microsecond})
+			require.NoError(t, err)
+			q := newQueue(t, 0)
+			var injected atomic.Int64
+			var hammer atomic.Bool
+			hammer.Store(true)
+			q.BeforeArm = func() {
+				if hammer.Load() && rand.IntN(2) == 0 {
+					injected.Add(1)
+					q.Inject(1) // before the arm: no interrupt
+				}
+			}
+			var got counter
+			require.NoError(t, c.AddQueue(q, got.handle))
+			require.NoError(t, c.Start(context.Background()))
+			defer c.Close()
+			for i := 0; i < rounds; i++ {
+				if d := rand.IntN(40); d > 0 {
+					time.Sleep(time.Duration(d) * time.Microsecond)
+				}
+				injected.Add(1)
+				q.Inject(1)
+				ok := waitFor(5*time.Second, func() bool { return got.n.Load() == injected.Load() })
+				require.True(t, ok, "round %d: %d completions injected, %d read: a wake-up was lost", i, injected.Load(), got.n.Load())
+			}
+			hammer.Store(false)
+			require.True(t, waitFor(5*time.Second, func() bool { return got.n.Load() == injected.Load() }))
+			require.NoError(t, c.Close())
+			st := c.Stats()
+			t.Logf("%v: %d completions, %+v, queue %+v", mode, injected.Load(), st, q.Counters())
+			require.Greater(t, st.Sleeps, uint64(rounds/10), "the core slept between rounds")
+		})
+	}
+}
+
+// TestIdleAdaptiveCoreCostsLittleCPU measures the CPU time of an idle
+// Adaptive core over a second, from its thread's own counters and from
+// the process's (getrusage), with a generous bound: a machine shared with
+// other builds makes tight timing assertions lie.
+func TestIdleAdaptiveCoreCostsLittleCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes a second")
+	}
+	c, err := New(Config{CPU: lastCPU(t), Mode: Adaptive})
+	require.NoError(t, err)
+	q := newQueue(t, 0)
+	var got counter
+	require.NoError(t, c.AddQueue(q, got.handle))
+	require.NoError(t, c.Start(context.Background()))
+	defer c.Close()
+	q.Inject(1) // some traffic first, then idleness
+	require.True(t, waitFor(5*time.Second, func() bool { return got.n.Load() == 1 && c.Stats().Sleeps > 0 }))
+
+	tid := c.ThreadID()
+	var ru0, ru1 unix.Rusage
+	require.NoError(t, unix.Getrusage(unix.RUSAGE_SELF, &ru0))
+	th0 := threadCPU(t, tid)
+	t0 := time.Now()
+	time.Sleep(time.Second)
+	wall := time.Since(t0)
+	th1 := threadCPU(t, tid)
+	require.NoError(t, unix.Getrusage(unix.RUSAGE_SELF, &ru1))
+	proc := rusageCPU(ru1) - rusageCPU(ru0)
+	thread := th1 - th0
+	t.Logf("idle for %v: core thread %v CPU (%.2f%%), whole process %v (%.2f%%); %+v",
+		wall, thread, 100*thread.Seconds()/wall.Seconds(), proc, 100*proc.Seconds()/wall.Seconds(), c.Stats())
+	require.Less(t, thread.Seconds()/wall.Seconds(), 0.20)
+	require.Less(t, proc.Seconds()/wall.Seconds(), 0.20)
+
+	q.Inject(5) // and it still wakes up
+	require.True(t, waitFor(5*time.Second, func() bool { return got.n.Load() == 6 }))
+}
+
+func rusageCPU(r unix.Rusage) time.Duration {
+	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
+}
+
+// threadCPU reads a thread's user+system time from /proc (clock ticks).
+func threadCPU(t *testing.T, tid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	require.NoError(t, err)
+	// Fields after the command name (which may hold spaces): state, then
+	// 10 more, then utime and stime (fields 14 and 15 of proc(5)).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	require.Greater(t, len(f), 12)
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	require.NoError(t, errors.Join(err1, err2))
+	const hz = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / hz
+}
+
+// TestRoundDoesNotAllocate checks the hot path: a round that reads a batch
+// from each queue, reposts every buffer, calls a Func and flushes.
+func TestRoundDoesNotAllocate(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU, Mode: Busy})
+	require.NoError(t, err)
+	defer c.Close()
+	rx, tx := newQueue(t, 0), newQueue(t, 1)
+	var got counter
+	require.NoError(t, c.AddQueue(rx, got.handle))
+	require.NoError(t, c.AddQueue(tx, nil))
+	frame := make([]byte, 64)
+	require.NoError(t, c.AddFunc(func() (int, error) { return 1, tx.Send(frame, nil) }))
+	allocs := testing.AllocsPerRun(1000, func() {
+		rx.Inject(DefaultBatch)
+		tx.Inject(4)
+		if _, err := c.round(); err != nil {
+			panic(err)
+		}
+	})
+	if !raceEnabled { // the race detector allocates by itself
+		require.Zero(t, allocs, "allocations per round")
+	}
+	require.Equal(t, int64(1001*DefaultBatch), got.n.Load())
+
+	empty := testing.AllocsPerRun(1000, func() { _, _ = c.round() })
+	if !raceEnabled {
+		require.Zero(t, empty, "allocations per empty round")
+	}
+}
+
+// TestSleepCycleDoesNotAllocate: arm, poll again, epoll_wait, wake.
+func TestSleepCycleDoesNotAllocate(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU, Mode: Interrupt})
+	require.NoError(t, err)
+	defer c.Close()
+	q := newQueue(t, 0)
+	require.NoError(t, c.AddQueue(q, nil))
+	ep, err := newEpoller(c.wake, c.queues)
+	require.NoError(t, err)
+	defer ep.close()
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := c.wake.Add(1); err != nil { // a Wake, so that the wait returns
+			panic(err)
+		}
+		if err := c.sleep(ep); err != nil {
+			panic(err)
+		}
+	})
+	if !raceEnabled {
+		require.Zero(t, allocs)
+	}
+	require.Equal(t, c.st.Sleeps, c.st.Wakeups)
+}
+
+// sharedIRQ is a queue that shares another queue's interrupt vector, as
+// a receive and a transmit queue do on a device with few MSI-X vectors.
+type sharedIRQ struct {
+	*lcoretest.Queue
+	irq *eventfd.FD
+}
+
+func (q sharedIRQ) Interrupt() *eventfd.FD { return q.irq }
+
+func TestQueuesSharingAnInterrupt(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU, Mode: Interrupt})
+	require.NoError(t, err)
+	defer c.Close()
+	a, b := newQueue(t, 0), newQueue(t, 1)
+	var got counter
+	require.NoError(t, c.AddQueue(a, got.handle))
+	require.NoError(t, c.AddQueue(sharedIRQ{b, a.Interrupt()}, got.handle))
+	require.NoError(t, c.Start(context.Background()))
+	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }))
+	// b raises its interrupt on its own eventfd, which nobody polls: the
+	// vector's eventfd (a's) is what the device writes for both.
+	b.Inject(2)
+	require.NoError(t, a.Interrupt().Add(1))
+	require.True(t, waitFor(5*time.Second, func() bool { return got.n.Load() == 2 }))
+}
+
+// BenchmarkRound is the cost of one round of a busy core over a receive
+// queue holding a full batch (read, repost each buffer, flush) and a
+// transmit queue with nothing to read.
+func BenchmarkRound(b *testing.B) {
+	c, err := New(Config{CPU: AnyCPU, Mode: Busy})
+	require.NoError(b, err)
+	defer c.Close()
+	rx, tx := newQueue(b, 0), newQueue(b, 1)
+	var got counter
+	require.NoError(b, c.AddQueue(rx, got.handle))
+	require.NoError(b, c.AddQueue(tx, nil))
+	b.ReportAllocs()
+	for b.Loop() {
+		rx.Inject(DefaultBatch)
+		if _, err := c.round(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package lcore
+
+const raceEnabled = true
