@@ -50,6 +50,9 @@ type Source interface {
 	// Arm asks the device to interrupt when threshold entries are queued
 	// (solicitedOnly: only for solicited or error completions). One
 	// interrupt per Arm; arming again before it fires has no more effect.
+	// Threshold 0 asks for the next entry beyond those the ring holds now
+	// (verbs' ibv_req_notify_cq: entries present at the arm raise no
+	// interrupt).
 	Arm(solicitedOnly bool, threshold int) error
 	// StrError describes a provider error number (and error data) that this
 	// source produced; ok is false when it does not know the number.
@@ -606,6 +609,12 @@ func (q *RingSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
 	if q.notifier == nil {
 		return nil
+	}
+	if threshold <= 0 {
+		// Counted from the entries visible now, not from the consumer
+		// index: one written after this count is beyond it and fires, so
+		// nothing is lost between the count and the arm.
+		return q.notifier.Arm(q.ring.count+uint32(q.ring.pending(int(q.ring.n))), solicitedOnly, 1)
 	}
 	return q.notifier.Arm(q.ring.count, solicitedOnly, threshold)
 }
