@@ -196,6 +196,8 @@ type devCQ struct {
 	armThr   uint32
 	armSol   bool
 	solSeen  bool
+	solProd  uint32 // producer count just past the last solicited or error entry
+	hasSol   bool   // solProd is set
 	lose     int
 	faults   []Fault
 	rng      uint64 // FaultGarbage's generator
@@ -379,7 +381,10 @@ func (d *Device) stepCQ(dc *devCQ) bool {
 	dc.armCI = uint32(v)
 	dc.armThr = max(uint32(v>>32)&0xffff, 1)
 	dc.armSol = v&(1<<48) != 0
-	dc.solSeen = false
+	// A solicited entry written beyond the arm's consumer count fires it,
+	// as for a "next" arm: one written after the driver's arm doorbell
+	// but before this pass read it must not be lost.
+	dc.solSeen = dc.hasSol && int32(dc.solProd-dc.armCI) > 0
 	d.maybeFire(dc)
 	return true
 }
@@ -539,8 +544,11 @@ func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	dc.prod++
 	dc.written++
 	dc.lastWrite = d.stamp()
-	if dc.armed && dc.armSol && (e.solicited || e.Status != 0) {
-		dc.solSeen = true
+	if e.solicited || e.Status != 0 {
+		dc.solProd, dc.hasSol = dc.prod, true
+		if dc.armed && dc.armSol {
+			dc.solSeen = true
+		}
 	}
 	d.maybeFire(dc)
 	return true
