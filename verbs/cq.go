@@ -53,6 +53,9 @@ type CQInitAttr struct {
 // batch is the number of entries the iterator takes from the ring at once.
 const batch = 32
 
+// errSlot is the slot of ents that holds an error completion.
+const errSlot = batch
+
 // CQ is a verbs completion queue (struct ibv_cq_ex). Unless created
 // SingleThreaded it is safe for concurrent use; a StartPoll..EndPoll
 // batch holds its lock.
@@ -69,15 +72,20 @@ type CQ struct {
 	cqe     int
 
 	// Iterator state, guarded by mu (or by the single thread).
-	mu     sync.Mutex
-	ents   [batch]cq.Entry
+	mu sync.Mutex
+	// ents[:batch] buffers completions read from the ring; ents[errSlot]
+	// holds the error completion being iterated over. The current one is
+	// ents[ci]: an index, not a pointer, so that moving to the next entry
+	// stores no pointer (no write barrier).
+	ents   [2 * batch]cq.Entry
 	addrs  [batch]cq.Addr
-	i, n   int       // ents[i:n] are completions not yet consumed
-	cur    *cq.Entry // the current completion (valid)
-	valid  bool      // StartPoll or NextPoll succeeded and EndPoll not yet called
-	curErr bool      // the current completion is errEnt
-	status WCStatus  // of errEnt
-	vendor uint32    // of errEnt
+	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
+	lim    int      // n while the current completion is buffered, else 0 (NextPoll's fast test)
+	ci     int      // the current completion's slot
+	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
+	curErr bool     // the current completion is errEnt
+	status WCStatus // of errEnt
+	vendor uint32   // of errEnt
 	errEnt cq.ErrEntry
 	errBuf [256]byte
 
@@ -127,7 +135,6 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	single := attr.Flags&SingleThreaded != 0
 	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
 		single: single, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
-	c.cur = &c.ents[0] // accessors called out of order read a zero entry
 	if c.ch != nil {
 		if err := c.ch.use(); err != nil {
 			return nil, err
@@ -202,6 +209,17 @@ func (c *CQ) StartPoll() error {
 // (ibv_next_poll); ErrEmpty (ENOENT) when there is none. EndPoll is still
 // required after an error. It does not allocate.
 func (c *CQ) NextPoll() error {
+	// The common case, small enough to inline: the next completion is in
+	// the buffer.
+	if i := c.ci + 1; i < c.lim {
+		c.ci = i
+		return nil
+	}
+	return c.nextSlow()
+}
+
+// nextSlow is NextPoll past the buffer or after an error completion.
+func (c *CQ) nextSlow() error {
 	c.consume()
 	return c.load()
 }
@@ -218,32 +236,32 @@ func (c *CQ) consume() {
 	if !c.valid {
 		return
 	}
-	c.valid = false
+	c.valid, c.lim = false, 0
 	if c.curErr {
 		c.curErr = false
 		return
 	}
-	c.i++
+	c.i = c.ci + 1
 }
 
 // load makes the next completion current, reading a batch from the ring
 // when the buffer is empty.
 func (c *CQ) load() error {
 	if c.i < c.n {
-		c.cur, c.valid = &c.ents[c.i], true
+		c.ci, c.valid, c.lim = c.i, true, c.n
 		return nil
 	}
 	c.i, c.n = 0, 0
 	var k int
 	var err error
 	if c.withSrc {
-		k, err = c.c.ReadFrom(c.ents[:], c.addrs[:])
+		k, err = c.c.ReadFrom(c.ents[:batch], c.addrs[:])
 	} else {
-		k, err = c.c.Read(c.ents[:])
+		k, err = c.c.Read(c.ents[:batch])
 	}
 	if k > 0 {
 		c.n = k
-		c.cur, c.valid = &c.ents[0], true
+		c.ci, c.valid, c.lim = 0, true, k
 		return nil
 	}
 	switch err {
@@ -254,7 +272,8 @@ func (c *CQ) load() error {
 		if err := c.c.ReadErr(&c.errEnt); err != nil {
 			return c.mapErr(err)
 		}
-		c.cur, c.valid, c.curErr = &c.errEnt.Entry, true, true
+		c.ents[errSlot] = c.errEnt.Entry
+		c.ci, c.valid, c.curErr = errSlot, true, true
 		c.status = StatusOf(&c.errEnt)
 		c.vendor = c.prov.VendorErr(&c.errEnt)
 		return nil
@@ -300,7 +319,7 @@ func StatusOf(e *cq.ErrEntry) WCStatus {
 // was posted with when that is a uint64 (or an int, uint32 or uintptr),
 // else 0 (see WRContext).
 func (c *CQ) WRID() uint64 {
-	switch v := c.cur.Context.(type) {
+	switch v := c.cur().Context.(type) {
 	case uint64:
 		return v
 	case int:
@@ -315,7 +334,7 @@ func (c *CQ) WRID() uint64 {
 
 // WRContext returns the context the current completion's operation was
 // posted with, whatever its type.
-func (c *CQ) WRContext() any { return c.cur.Context }
+func (c *CQ) WRContext() any { return c.cur().Context }
 
 // Status returns the current completion's status.
 func (c *CQ) Status() WCStatus {
@@ -326,7 +345,17 @@ func (c *CQ) Status() WCStatus {
 }
 
 // Opcode returns the current completion's operation (ibv_wc_read_opcode).
-func (c *CQ) Opcode() WCOpcode { return opcodeOf(c.cur.Flags) }
+func (c *CQ) Opcode() WCOpcode { return opcodes[c.cur().Flags>>8&63] }
+
+// opcodes maps bits 8 to 13 of the completion flags (READ, WRITE, RECV,
+// SEND, REMOTE_READ, REMOTE_WRITE) to the opcode: one load per entry
+// instead of a chain of tests.
+var opcodes = func() (t [64]WCOpcode) {
+	for i := range t {
+		t[i] = opcodeOf(cq.Flags(i) << 8)
+	}
+	return t
+}()
 
 func opcodeOf(f cq.Flags) WCOpcode {
 	switch {
@@ -352,15 +381,15 @@ func (c *CQ) VendorErr() uint32 {
 }
 
 // ByteLen returns the bytes transferred (FieldByteLen).
-func (c *CQ) ByteLen() uint32 { return uint32(c.cur.Len) }
+func (c *CQ) ByteLen() uint32 { return uint32(c.cur().Len) }
 
 // ImmData returns the immediate data, valid when WCFlags has
 // WCFlagWithImm (FieldImm). It is in host order.
-func (c *CQ) ImmData() uint32 { return uint32(c.cur.Data) }
+func (c *CQ) ImmData() uint32 { return uint32(c.cur().Data) }
 
 // QPNum returns the number of the QP the completion belongs to
 // (FieldQPNum).
-func (c *CQ) QPNum() uint32 { return c.cur.Queue >> c.qshift }
+func (c *CQ) QPNum() uint32 { return c.cur().Queue >> c.qshift }
 
 // SrcQP returns the sending QP of a receive (FieldSrcQP), 0 when the
 // device did not report one.
@@ -368,7 +397,7 @@ func (c *CQ) SrcQP() uint32 {
 	if c.curErr || !c.withSrc {
 		return 0
 	}
-	if a := c.addrs[c.i]; a != cq.AddrNotAvail {
+	if a := c.addrs[c.ci%batch]; a != cq.AddrNotAvail {
 		return uint32(a)
 	}
 	return 0
@@ -376,7 +405,7 @@ func (c *CQ) SrcQP() uint32 {
 
 // WCFlags returns the current completion's flags (ibv_wc_read_wc_flags).
 func (c *CQ) WCFlags() WCFlags {
-	if c.cur.Flags&cq.FlagRemoteCQData != 0 {
+	if c.cur().Flags&cq.FlagRemoteCQData != 0 {
 		return WCFlagWithImm
 	}
 	return 0
@@ -433,7 +462,7 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 		w := &wcs[n]
 		*w = WC{WRID: c.WRID(), Status: c.Status(), Opcode: c.Opcode(), VendorErr: c.VendorErr(),
 			ByteLen: c.ByteLen(), ImmData: c.ImmData(), QPNum: c.QPNum(), SrcQP: c.SrcQP(),
-			WCFlags: c.WCFlags(), Context: c.cur.Context}
+			WCFlags: c.WCFlags(), Context: c.cur().Context}
 		n++
 		if n == len(wcs) || c.NextPoll() != nil {
 			break
@@ -502,3 +531,7 @@ func (c *CQ) Destroy(ctx context.Context) error {
 
 // Close is Destroy without a deadline (io.Closer).
 func (c *CQ) Close() error { return c.Destroy(context.Background()) }
+
+// cur returns the current completion; the mask keeps an accessor called
+// out of order inside the array.
+func (c *CQ) cur() *cq.Entry { return &c.ents[c.ci&(2*batch-1)] }

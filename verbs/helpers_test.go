@@ -99,3 +99,5 @@ func drain(t testing.TB, c *verbs.CQ) []verbs.WC {
 		out = append(out, wcs[:n]...)
 	}
 }
+
+func newProvider(d *sim.Device) *simverbs.Provider { return simverbs.New(d) }
