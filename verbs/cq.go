@@ -535,3 +535,46 @@ func (c *CQ) Close() error { return c.Destroy(context.Background()) }
 // cur returns the current completion; the mask keeps an accessor called
 // out of order inside the array.
 func (c *CQ) cur() *cq.Entry { return &c.ents[c.ci&(2*batch-1)] }
+
+// Resizer is a Provider that can resize its CQs.
+type Resizer interface {
+	// ResizeCQ gives c at least entries entries and returns the new size.
+	// The entries c holds, plus held more that the caller keeps, must fit:
+	// otherwise an error matching os.ErrInvalid, and nothing changes.
+	// Entries not yet read stay in order, including those the device
+	// writes during the call. No reader uses c meanwhile.
+	ResizeCQ(c *cq.CQ, entries, held int) (int, error)
+}
+
+// Resize changes the CQ's size to at least cqe entries (ibv_resize_cq).
+// A size below the number of completions the CQ holds fails with an error
+// matching os.ErrInvalid and loses nothing; completions present before
+// the resize are read after it, in order. Devices that cannot resize
+// return errors.ErrUnsupported. It must not be called between StartPoll
+// and EndPoll.
+func (c *CQ) Resize(cqe int) error {
+	rz, ok := c.prov.(Resizer)
+	if !ok || !c.prov.QueryDevice().Resize {
+		return unsupported("resizing a CQ")
+	}
+	if max := c.prov.QueryDevice().MaxCQE; cqe < 1 || cqe > max {
+		return invalid("cqe %d (1 to %d)", cqe, max)
+	}
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	// Both locks keep every reader of the ring out: the iterator and
+	// ReqNotify, which counts the entries the ring holds.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nmu.Lock()
+	defer c.nmu.Unlock()
+	if c.destroyed {
+		return cq.ErrClosed
+	}
+	n, err := rz.ResizeCQ(c.c, cqe, c.n-c.i)
+	if err != nil {
+		return err
+	}
+	c.cqe = n
+	return nil
+}

@@ -28,6 +28,7 @@ func (p *Provider) QueryDevice() verbs.DeviceAttr {
 		NumCompVectors: sim.Limits().Vectors,
 		Fields:         verbs.FieldByteLen | verbs.FieldImm | verbs.FieldQPNum | verbs.FieldSrcQP,
 		Flags:          verbs.SingleThreaded,
+		Resize:         true,
 	}
 }
 
@@ -52,3 +53,8 @@ func (p *Provider) VendorErr(e *cq.ErrEntry) uint32 {
 
 // QueueShift implements verbs.Provider: QP k's queues are 2k and 2k+1.
 func (p *Provider) QueueShift() uint { return 1 }
+
+// ResizeCQ implements verbs.Resizer.
+func (p *Provider) ResizeCQ(c *cq.CQ, entries, held int) (int, error) {
+	return p.Dev.ResizeCQ(c, entries, held)
+}
