@@ -84,8 +84,8 @@ type CQ struct {
 	ci     int      // the current completion's slot
 	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
 	curErr bool     // the current completion is errEnt
-	status WCStatus // of errEnt
-	vendor uint32   // of errEnt
+	status WCStatus // of the current completion (set once per batch for successes)
+	vendor uint32   // of the current completion
 	errEnt cq.ErrEntry
 	errBuf [256]byte
 
@@ -249,6 +249,7 @@ func (c *CQ) consume() {
 func (c *CQ) load() error {
 	if c.i < c.n {
 		c.ci, c.valid, c.lim = c.i, true, c.n
+		c.status, c.vendor = WCSuccess, 0
 		return nil
 	}
 	c.i, c.n = 0, 0
@@ -262,6 +263,7 @@ func (c *CQ) load() error {
 	if k > 0 {
 		c.n = k
 		c.ci, c.valid, c.lim = 0, true, k
+		c.status, c.vendor = WCSuccess, 0
 		return nil
 	}
 	switch err {
@@ -337,12 +339,7 @@ func (c *CQ) WRID() uint64 {
 func (c *CQ) WRContext() any { return c.cur().Context }
 
 // Status returns the current completion's status.
-func (c *CQ) Status() WCStatus {
-	if c.curErr {
-		return c.status
-	}
-	return WCSuccess
-}
+func (c *CQ) Status() WCStatus { return c.status }
 
 // Opcode returns the current completion's operation (ibv_wc_read_opcode).
 func (c *CQ) Opcode() WCOpcode { return opcodes[c.cur().Flags>>8&63] }
@@ -373,12 +370,7 @@ func opcodeOf(f cq.Flags) WCOpcode {
 
 // VendorErr returns the current completion's vendor error, 0 for a
 // success (ibv_wc_read_vendor_err).
-func (c *CQ) VendorErr() uint32 {
-	if c.curErr {
-		return c.vendor
-	}
-	return 0
-}
+func (c *CQ) VendorErr() uint32 { return c.vendor }
 
 // ByteLen returns the bytes transferred (FieldByteLen).
 func (c *CQ) ByteLen() uint32 { return uint32(c.cur().Len) }
