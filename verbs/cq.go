@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/cq/ring"
@@ -58,7 +59,10 @@ const errSlot = batch
 
 // CQ is a verbs completion queue (struct ibv_cq_ex). Unless created
 // SingleThreaded it is safe for concurrent use; a StartPoll..EndPoll
-// batch holds its lock.
+// batch holds its lock. As in verbs, the accessors of a field are valid
+// only for a CQ created with that field (CQInitAttr.Fields) and only
+// between a successful StartPoll or NextPoll and the next call of either
+// or EndPoll; out of place they return stale or zero values, never panic.
 type CQ struct {
 	c       *cq.CQ
 	prov    Provider
@@ -69,7 +73,7 @@ type CQ struct {
 	single  bool
 	withSrc bool
 	qshift  uint
-	cqe     int
+	cqe     atomic.Int64 // Resize changes it
 
 	// Iterator state, guarded by mu (or by the single thread).
 	mu sync.Mutex
@@ -148,7 +152,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 		return nil, err
 	}
 	c.c = fc
-	c.cqe = fc.Attr().Size
+	c.cqe.Store(int64(fc.Attr().Size))
 	if c.ch != nil {
 		irq := ring.Interrupt(fc)
 		if irq == nil {
@@ -165,7 +169,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 
 // CQE returns the number of entries the CQ holds (at least the CQE asked
 // for).
-func (c *CQ) CQE() int { return c.cqe }
+func (c *CQ) CQE() int { return int(c.cqe.Load()) }
 
 // Context returns the caller context given at creation.
 func (c *CQ) Context() any { return c.ctx }
@@ -567,6 +571,6 @@ func (c *CQ) Resize(cqe int) error {
 	if err != nil {
 		return err
 	}
-	c.cqe = n
+	c.cqe.Store(int64(n))
 	return nil
 }

@@ -278,3 +278,35 @@ func TestNoLeakedFDs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before.FDs, after.FDs, "before %v, after %v", before, after)
 }
+
+// ignoreOverrun is the software device's provider claiming IgnoreOverrun,
+// to test the verbs side of the flag: the device still drops what does not
+// fit, but the CQ does not enter the error state.
+type ignoreOverrun struct{ verbs.Provider }
+
+func (p ignoreOverrun) QueryDevice() verbs.DeviceAttr {
+	a := p.Provider.QueryDevice()
+	a.Flags |= verbs.IgnoreOverrun
+	return a
+}
+
+func TestIgnoreOverrun(t *testing.T) {
+	e := newEnv(t)
+	c, err := verbs.CreateCQ(ignoreOverrun{e.p}, verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun})
+	require.NoError(t, err)
+	a := e.qp(c, false)
+	defer func() { _ = a.Close(); _ = c.Close() }()
+	for i := range c.CQE() + 1 {
+		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+	}
+	wcs := make([]verbs.WC, 64)
+	n, err := c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, c.CQE(), n)
+	for range 3 {
+		n, err = c.Poll(wcs)
+		require.NoError(t, err, "no error state")
+		require.Zero(t, n)
+		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+	}
+}
