@@ -18,7 +18,7 @@ type Provider interface {
 	// OpenCQ opens a CQ of at least entries entries (at most
 	// DeviceAttr.MaxCQE) whose interrupts signal completion vector
 	// vector, with format cq.FormatData, an eventfd wait object, and no
-	// lock when single.
+	// lock when single (the verbs layer serialises its calls itself).
 	OpenCQ(entries, vector int, single bool) (*cq.CQ, error)
 	// VendorErr returns the vendor error (syndrome) of an error
 	// completion, from its error data (the raw entry).
@@ -144,7 +144,9 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 			return nil, err
 		}
 	}
-	fc, err := p.OpenCQ(attr.CQE, attr.CompVector, single)
+	// The fi_cq CQ takes no lock: the verbs CQ's own (mu) serialises its
+	// readers, so a batch costs one lock, not two.
+	fc, err := p.OpenCQ(attr.CQE, attr.CompVector, true)
 	if err != nil {
 		if c.ch != nil {
 			c.ch.unuse()
@@ -508,7 +510,10 @@ func (c *CQ) Destroy(ctx context.Context) error {
 			}
 		}
 	}
-	if err := c.c.Close(); err != nil {
+	c.lock() // no reader inside the fi_cq CQ, which takes no lock of its own
+	err := c.c.Close()
+	c.unlock()
+	if err != nil {
 		if ch != nil {
 			ch.mu.Lock()
 			c.dying = false
@@ -559,11 +564,12 @@ func (c *CQ) Resize(cqe int) error {
 	c.dmu.Lock()
 	defer c.dmu.Unlock()
 	// Both locks keep every reader of the ring out: the iterator and
-	// ReqNotify, which counts the entries the ring holds.
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	// ReqNotify, which counts the entries the ring holds (nmu first, as
+	// there).
 	c.nmu.Lock()
 	defer c.nmu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.destroyed {
 		return cq.ErrClosed
 	}

@@ -213,6 +213,10 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 		c.nmu.Lock()
 		defer c.nmu.Unlock()
 	}
+	// The fi_cq CQ underneath takes no lock of its own: this one keeps
+	// the iterator out while the ring is counted.
+	c.lock()
+	defer c.unlock()
 	if c.ch == nil || c.armed >= want {
 		// Nothing to arm: an arm already pending keeps counting from when
 		// it was made, so re-arming the device would lose its event.
@@ -230,17 +234,8 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 		c.armed = want
 	}
 	// Completions the iterator took from the ring but the caller has not
-	// consumed are in the CQ too. A batch in progress elsewhere holds the
-	// lock: then say present, which costs a poll at most.
-	if c.single {
-		present = present || c.i < c.n
-	} else if c.mu.TryLock() {
-		present = present || c.i < c.n
-		c.mu.Unlock()
-	} else {
-		present = true
-	}
-	return present, nil
+	// consumed are in the CQ too.
+	return present || c.i < c.n, nil
 }
 
 // handle is the CQ's interrupt handler: each device interrupt fulfils the
