@@ -180,8 +180,9 @@ func (c *CQ) Context() any { return c.ctx }
 func (c *CQ) Channel() *CompChannel { return c.ch }
 
 // FI returns the fi_cq CQ underneath, for binding device queues to it
-// (a sim.QP, nic.Device.BindCQ). Reading it directly bypasses the verbs
-// iterator's buffer: use one or the other.
+// (a sim.QP, nic.Device.BindCQ). Do not read, arm or close it: it takes
+// no lock of its own (the verbs CQ serialises its calls) and the verbs
+// iterator buffers completions taken from it.
 func (c *CQ) FI() *cq.CQ { return c.c }
 
 func (c *CQ) lock() {
