@@ -289,3 +289,27 @@ func (c *CQ) TryWait() error {
 	}
 	return nil
 }
+
+// ReqNotify arms the device interrupt of every source for one completion
+// beyond those the CQ holds now (solicitedOnly: a solicited or error one),
+// and reports whether entries are held, so that a caller polls them
+// instead of sleeping: the primitive under verbs' ibv_req_notify_cq, where
+// entries present at the arm raise no event. One interrupt per arm, on
+// the CQ's wait object (the eventfd of cq/ring.Interrupt); SRead and
+// TryWait must not be used on the same CQ, as they consume it.
+func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
+	c.lock()
+	defer c.unlock()
+	if c.closed {
+		return false, ErrClosed
+	}
+	for _, s := range c.srcs {
+		if err := s.Arm(solicitedOnly, 0); err != nil {
+			return false, err
+		}
+	}
+	// Counted after the arm: an entry that lands between the arm and this
+	// count both fires and is reported (a spurious wake-up, allowed),
+	// where one counted before the arm could be neither.
+	return c.pendingLocked(1) > 0, nil
+}

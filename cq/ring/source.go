@@ -5,6 +5,7 @@ import (
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/cq/internal/provider"
 	"io"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -50,6 +51,9 @@ type Source interface {
 	// Arm asks the device to interrupt when threshold entries are queued
 	// (solicitedOnly: only for solicited or error completions). One
 	// interrupt per Arm; arming again before it fires has no more effect.
+	// Threshold 0 asks for the next entry beyond those the ring holds now
+	// (verbs' ibv_req_notify_cq: entries present at the arm raise no
+	// interrupt).
 	Arm(solicitedOnly bool, threshold int) error
 	// StrError describes a provider error number (and error data) that this
 	// source produced; ok is false when it does not know the number.
@@ -607,6 +611,12 @@ func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
 	if q.notifier == nil {
 		return nil
 	}
+	if threshold <= 0 {
+		// Counted from the entries visible now, not from the consumer
+		// index: one written after this count is beyond it and fires, so
+		// nothing is lost between the count and the arm.
+		return q.notifier.Arm(q.ring.count+uint32(q.ring.pending(int(q.ring.n))), solicitedOnly, 1)
+	}
 	return q.notifier.Arm(q.ring.count, solicitedOnly, threshold)
 }
 
@@ -635,6 +645,40 @@ func (q *RingSource) Close() error {
 	q.closed = true
 	if q.closer != nil {
 		return q.closer.Close()
+	}
+	return nil
+}
+
+// Remap moves the reader to new ring memory of entries entries, a power of
+// two: the device side of a resize (ibv_resize_cq) has written there, in
+// order, the entries not yet consumed, the entry for consumer count x at
+// position x mod entries with the ownership value of lap x / entries, and
+// the not-ready value at every other position. The consumer count goes on
+// from where it was, so the device's producer count and the doorbell stay
+// valid. Call it only while nobody reads the ring and the device does not
+// write it; mem must stay mapped while the source is used.
+func (q *RingSource) Remap(mem []byte, entries int) error {
+	old := q.ring
+	if old.l.Convention == DescriptorDone || old.idx {
+		return fmt.Errorf("%w: remapping a %v ring", cq.ErrNotSupported, old.l.Convention)
+	}
+	if entries < 1 || entries&(entries-1) != 0 {
+		return fmt.Errorf("%w: remap to %d entries (need a power of two)", cq.ErrInvalid, entries)
+	}
+	l := old.l
+	l.Entries = entries
+	r, err := newRing(mem, l, old.regs)
+	if err != nil {
+		return err
+	}
+	r.count = old.count
+	r.head = r.count & (r.n - 1)
+	if (r.count>>uint(bits.TrailingZeros32(r.n)))&1 == 1 {
+		r.want ^= r.mask // an odd lap
+	}
+	q.ring = r
+	if q.fast != nil {
+		q.fast.base = r.base
 	}
 	return nil
 }

@@ -177,6 +177,7 @@ type devCQ struct {
 	c      *cq.CQ
 	src    *ring.RingSource
 	region *dma.Region
+	extra  *dma.Region // the ring after a resize (the status page stays in region)
 	ring   []byte
 	win    doorbell.Window
 	size   uint32
@@ -196,6 +197,8 @@ type devCQ struct {
 	armThr   uint32
 	armSol   bool
 	solSeen  bool
+	solProd  uint32 // producer count just past the last solicited or error entry
+	hasSol   bool   // solProd is set
 	lose     int
 	faults   []Fault
 	rng      uint64 // FaultGarbage's generator
@@ -336,7 +339,74 @@ func (d *Device) releaseCQ(dc *devCQ) error {
 			break
 		}
 	}
+	if dc.extra != nil {
+		_ = d.free(dc.extra)
+	}
 	return d.free(dc.region)
+}
+
+// ResizeCQ gives c a ring of entries entries (rounded up to a power of
+// two, at most MaxCQSize) and returns the new size (the device side of
+// ibv_resize_cq). The entries not yet consumed move to the new ring in
+// order, with every later completion written there; held more than fit
+// (held counts entries the caller keeps elsewhere, such as a read buffer)
+// is an error matching cq.ErrInvalid and changes nothing. The device is
+// paused meanwhile; the caller must keep every reader of c out during the
+// call.
+func (d *Device) ResizeCQ(c *cq.CQ, entries, held int) (int, error) {
+	if entries < 1 || entries > MaxCQSize || held < 0 {
+		return 0, fmt.Errorf("sim: resize to %d entries (1 to %d): %w", entries, MaxCQSize, cq.ErrInvalid)
+	}
+	size := uint32(1) << bits.Len(uint(entries-1))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dc, err := d.devCQOf(c)
+	if err != nil {
+		return 0, err
+	}
+	if dc.dead {
+		return 0, fmt.Errorf("sim: resize: %w", cq.ErrOverrun)
+	}
+	cons := dc.src.Ring().Count()
+	if n := dc.prod - cons + uint32(held); n > size {
+		return 0, fmt.Errorf("sim: resize to %d entries: the CQ holds %d: %w", size, n, cq.ErrInvalid)
+	}
+	r, err := d.alloc(int(size) * CQESize)
+	if err != nil {
+		return 0, err
+	}
+	mem := r.Bytes()[:int(size)*CQESize]
+	shift := uint(bits.TrailingZeros32(size))
+	phase := func(x uint32, shift uint) uint32 { return 1 ^ (x>>shift)&1 } // of lap x>>shift
+	win := doorbell.NewWindow(mem)
+	owner := func(x uint32) doorbell.Reg32 {
+		reg, _ := win.Reg32(uintptr(int(x&(size-1))*CQESize + OffOwner)) // in range
+		return reg
+	}
+	// Not ready for the lap the reader is on at each position...
+	for x := cons; x != cons+size; x++ {
+		owner(x).Write((phase(x, shift) ^ 1) << 31)
+	}
+	// ...then the held entries in order, each with the phase of its new
+	// lap; one written with a wrong phase (FaultWrongPhase) stays wrong.
+	for x := cons; x != dc.prod; x++ {
+		from := int(x&(dc.size-1)) * CQESize
+		to := int(x&(size-1)) * CQESize
+		copy(mem[to:to+OffOwner], dc.ring[from:from+OffOwner])
+		oldOwner, _ := dc.win.Reg32(uintptr(from + OffOwner))
+		wrong := oldOwner.Read()>>31 ^ phase(x, dc.shift)
+		owner(x).Write((phase(x, shift) ^ wrong) << 31)
+	}
+	if err := dc.src.Remap(mem, int(size)); err != nil {
+		_ = d.free(r)
+		return 0, err
+	}
+	if dc.extra != nil {
+		_ = d.free(dc.extra)
+	}
+	dc.extra, dc.ring, dc.win, dc.size, dc.shift = r, mem, win, size, shift
+	dc.consSeen = cons
+	return int(size), nil
 }
 
 // devCQOf finds the device side of c. Called with d.mu held.
@@ -379,7 +449,10 @@ func (d *Device) stepCQ(dc *devCQ) bool {
 	dc.armCI = uint32(v)
 	dc.armThr = max(uint32(v>>32)&0xffff, 1)
 	dc.armSol = v&(1<<48) != 0
-	dc.solSeen = false
+	// A solicited entry written beyond the arm's consumer count fires it,
+	// as for a "next" arm: one written after the driver's arm doorbell
+	// but before this pass read it must not be lost.
+	dc.solSeen = dc.hasSol && int32(dc.solProd-dc.armCI) > 0
 	d.maybeFire(dc)
 	return true
 }
@@ -539,8 +612,11 @@ func (d *Device) write(dc *devCQ, e cqe, wrongPhase bool) bool {
 	dc.prod++
 	dc.written++
 	dc.lastWrite = d.stamp()
-	if dc.armed && dc.armSol && (e.solicited || e.Status != 0) {
-		dc.solSeen = true
+	if e.solicited || e.Status != 0 {
+		dc.solProd, dc.hasSol = dc.prod, true
+		if dc.armed && dc.armSol {
+			dc.solSeen = true
+		}
 	}
 	d.maybeFire(dc)
 	return true

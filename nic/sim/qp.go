@@ -64,6 +64,11 @@ type QPConfig struct {
 	// Source makes receive completions carry the sender's address
 	// (FI_SOURCE); without it ReadFrom reports cq.AddrNotAvail.
 	Source bool
+	// FlushOnClose makes Close complete every operation still posted
+	// (receives not filled, sends the device has not taken) with
+	// StatusWRFlushErr, as a verbs QP moved to the error state does.
+	// Without it they are dropped silently.
+	FlushOnClose bool
 }
 
 // SendOpts are the options of a send.
@@ -99,6 +104,7 @@ type QP struct {
 	sendTab *ring.Table
 	recvTab *ring.Table
 	source  bool
+	flush   bool
 	sqSize  uint32
 	rqSize  uint32
 	sq, rq  []byte
@@ -154,7 +160,7 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := &QP{d: d, sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, source: cfg.Source, sqSize: sqs, rqSize: rqs}
+	q := &QP{d: d, sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, source: cfg.Source, flush: cfg.FlushOnClose, sqSize: sqs, rqSize: rqs}
 	if q.sendTab, err = ring.NewTable(int(sqs), 32); err != nil {
 		return nil, err
 	}
@@ -446,6 +452,9 @@ func (q *QP) Close() error {
 	q.mu.Unlock()
 	d := q.d
 	d.mu.Lock()
+	if q.flush && !q.dclosed {
+		d.flushQP(q)
+	}
 	q.dclosed = true
 	for i, x := range d.qps {
 		if x == q {
@@ -576,4 +585,24 @@ func (d *Device) deliver(from *QP, frame []byte, desc []byte) {
 	}
 	d.stats.Delivered++
 	d.complete(r.recvDev, e)
+}
+
+// flushQP completes every operation still posted on q with
+// StatusWRFlushErr, in posting order: the multi-receive buffer being
+// filled, the receives not reached, then the sends not taken. Called by
+// Close with d.mu held, before the rings are freed.
+func (d *Device) flushQP(q *QP) {
+	le := binary.LittleEndian
+	if m := &q.multi; m.active {
+		d.complete(q.recvDev, cqe{CQE: CQE{ID: m.id, Queue: uint16(2*q.num + 1), Opcode: OpRecv, Status: StatusWRFlushErr}})
+		*m = multiBuf{}
+	}
+	for tail := q.rqTailR.Read(); q.drqHead != tail; q.drqHead++ {
+		b := q.rq[(q.drqHead&(q.rqSize-1))*DescSize:][:DescSize]
+		d.complete(q.recvDev, cqe{CQE: CQE{ID: le.Uint32(b[OffDescID:]), Queue: uint16(2*q.num + 1), Opcode: OpRecv, Status: StatusWRFlushErr}})
+	}
+	for tail := q.sqTailR.Read(); q.dsqHead != tail; q.dsqHead++ {
+		b := q.sq[(q.dsqHead&(q.sqSize-1))*DescSize:][:DescSize]
+		d.complete(q.sendDev, cqe{CQE: CQE{ID: le.Uint32(b[OffDescID:]), Queue: uint16(2 * q.num), Opcode: OpSend, Status: StatusWRFlushErr}})
+	}
 }

@@ -1,0 +1,583 @@
+package verbs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
+)
+
+// Provider is a device as the verbs layer needs it. Its CQs are package
+// cq's, so they are read by the one completion path.
+type Provider interface {
+	// QueryDevice returns what the device supports for CQs.
+	QueryDevice() DeviceAttr
+	// OpenCQ opens a CQ of at least entries entries (at most
+	// DeviceAttr.MaxCQE) whose interrupts signal completion vector
+	// vector, with format cq.FormatData, an eventfd wait object, and no
+	// lock when single (the verbs layer serialises its calls itself).
+	OpenCQ(entries, vector int, single bool) (*cq.CQ, error)
+	// VendorErr returns the vendor error (syndrome) of an error
+	// completion, from its error data (the raw entry).
+	VendorErr(e *cq.ErrEntry) uint32
+	// QueueShift is how far a completion's cq.Entry.Queue is shifted
+	// right to give the QP number.
+	QueueShift() uint
+}
+
+// QueryDevice returns what p supports for CQs (the CQ part of
+// ibv_query_device).
+func QueryDevice(p Provider) DeviceAttr { return p.QueryDevice() }
+
+// CQInitAttr are the attributes of a new CQ (struct ibv_cq_init_attr_ex).
+type CQInitAttr struct {
+	// CQE is the minimum number of entries, 1 to DeviceAttr.MaxCQE; the
+	// CQ may hold more (CQ.CQE).
+	CQE int
+	// Context is returned with the CQ's completion events.
+	Context any
+	// Channel receives the CQ's completion events; nil when events are
+	// not used.
+	Channel *CompChannel
+	// CompVector is the completion vector, 0 to
+	// DeviceAttr.NumCompVectors-1.
+	CompVector int
+	// Fields are the completion fields the accessors must report.
+	Fields Fields
+	// Flags are SingleThreaded and IgnoreOverrun.
+	Flags CreateFlags
+}
+
+// batch is the number of entries the iterator takes from the ring at once.
+const batch = 32
+
+// errSlot is the slot of ents that holds an error completion.
+const errSlot = batch
+
+// CQ is a verbs completion queue (struct ibv_cq_ex). Unless created
+// SingleThreaded it is safe for concurrent use; a StartPoll..EndPoll
+// batch holds its lock. As in verbs, the accessors of a field are valid
+// only for a CQ created with that field (CQInitAttr.Fields) and only
+// between a successful StartPoll or NextPoll and the next call of either
+// or EndPoll; out of place they return stale or zero values, never panic.
+type CQ struct {
+	c       *cq.CQ
+	prov    Provider
+	ctx     any
+	ch      *CompChannel
+	fields  Fields
+	flags   CreateFlags
+	single  bool
+	withSrc bool
+	qshift  uint
+	cqe     atomic.Int64 // Resize changes it
+
+	// Iterator state, guarded by mu (or by the single thread).
+	mu sync.Mutex
+	// ents[:batch] buffers completions read from the ring; ents[errSlot]
+	// holds the error completion being iterated over. The current one is
+	// ents[ci]: an index, not a pointer, so that moving to the next entry
+	// stores no pointer (no write barrier).
+	ents   [2 * batch]cq.Entry
+	addrs  [batch]cq.Addr
+	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
+	lim    int      // n while the current completion is buffered, else 0 (NextPoll's fast test)
+	ci     int      // the current completion's slot
+	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
+	curErr bool     // the current completion is errEnt
+	status WCStatus // of the current completion (set once per batch for successes)
+	vendor uint32   // of the current completion
+	errEnt cq.ErrEntry
+	errBuf [256]byte
+
+	// Notification state: armed under nmu; got, acked, dying under the
+	// channel's mu.
+	nmu         sync.Mutex
+	armed       uint8
+	got, acked  uint64
+	dying       bool
+	ackCh       chan struct{}
+	handlerDone chan struct{}
+
+	dmu       sync.Mutex // Destroy
+	destroyed bool
+}
+
+// Arm types, from weakest to strongest.
+const (
+	armNone uint8 = iota
+	armSolicited
+	armNext
+)
+
+// CreateCQ creates a CQ on p (ibv_create_cq_ex). Errors: a CQE below 1 or
+// above the device's maximum, a completion vector out of range, unknown
+// fields or flags match os.ErrInvalid; a field or flag the device cannot
+// honour errors.ErrUnsupported; a closed channel os.ErrClosed.
+func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
+	if p == nil {
+		return nil, invalid("nil provider")
+	}
+	da := p.QueryDevice()
+	switch {
+	case attr.CQE < 1 || attr.CQE > da.MaxCQE:
+		return nil, invalid("cqe %d (1 to %d)", attr.CQE, da.MaxCQE)
+	case attr.CompVector < 0 || attr.CompVector >= da.NumCompVectors:
+		return nil, invalid("completion vector %d (the device has %d)", attr.CompVector, da.NumCompVectors)
+	case attr.Fields&^allFields != 0:
+		return nil, invalid("unknown completion fields %#x", uint64(attr.Fields&^allFields))
+	case attr.Fields&^da.Fields != 0:
+		return nil, unsupported("completion fields %v", attr.Fields&^da.Fields)
+	case attr.Flags&^(SingleThreaded|IgnoreOverrun) != 0:
+		return nil, invalid("unknown flags %#x", uint32(attr.Flags))
+	case attr.Flags&^da.Flags != 0:
+		return nil, unsupported("creation flags %#x", uint32(attr.Flags&^da.Flags))
+	}
+	single := attr.Flags&SingleThreaded != 0
+	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
+		single: single, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
+	if c.ch != nil {
+		if err := c.ch.use(); err != nil {
+			return nil, err
+		}
+	}
+	// The fi_cq CQ takes no lock: the verbs CQ's own (mu) serialises its
+	// readers, so a batch costs one lock, not two.
+	fc, err := p.OpenCQ(attr.CQE, attr.CompVector, true)
+	if err != nil {
+		if c.ch != nil {
+			c.ch.unuse()
+		}
+		return nil, err
+	}
+	c.c = fc
+	c.cqe.Store(int64(fc.Attr().Size))
+	if c.ch != nil {
+		irq := ring.Interrupt(fc)
+		if irq == nil {
+			_ = fc.Close()
+			c.ch.unuse()
+			return nil, unsupported("the device's CQ has no interrupt")
+		}
+		c.ackCh = make(chan struct{}, 1)
+		c.handlerDone = make(chan struct{})
+		go c.handle(irq)
+	}
+	return c, nil
+}
+
+// CQE returns the number of entries the CQ holds (at least the CQE asked
+// for).
+func (c *CQ) CQE() int { return int(c.cqe.Load()) }
+
+// Context returns the caller context given at creation.
+func (c *CQ) Context() any { return c.ctx }
+
+// Channel returns the CQ's completion channel (nil without one).
+func (c *CQ) Channel() *CompChannel { return c.ch }
+
+// FI returns the fi_cq CQ underneath, for binding device queues to it
+// (a sim.QP, nic.Device.BindCQ). Do not read, arm or close it: it takes
+// no lock of its own (the verbs CQ serialises its calls) and the verbs
+// iterator buffers completions taken from it.
+func (c *CQ) FI() *cq.CQ { return c.c }
+
+func (c *CQ) lock() {
+	if !c.single {
+		c.mu.Lock()
+	}
+}
+
+func (c *CQ) unlock() {
+	if !c.single {
+		c.mu.Unlock()
+	}
+}
+
+// StartPoll starts a batch (ibv_start_poll) and makes its first completion
+// current. When none is available it returns ErrEmpty (ENOENT), the CQ
+// stays valid and EndPoll must not be called. It returns cq.ErrOverrun
+// once the CQ overran (unless created IgnoreOverrun) and os.ErrClosed
+// after Destroy. While the batch lasts the CQ's lock is held. It does not
+// allocate.
+func (c *CQ) StartPoll() error {
+	c.lock()
+	if err := c.load(); err != nil {
+		c.unlock()
+		return err
+	}
+	return nil
+}
+
+// NextPoll consumes the current completion and makes the next one current
+// (ibv_next_poll); ErrEmpty (ENOENT) when there is none. EndPoll is still
+// required after an error. It does not allocate.
+func (c *CQ) NextPoll() error {
+	// The common case, small enough to inline: the next completion is in
+	// the buffer.
+	if i := c.ci + 1; i < c.lim {
+		c.ci = i
+		return nil
+	}
+	return c.nextSlow()
+}
+
+// nextSlow is NextPoll past the buffer or after an error completion.
+func (c *CQ) nextSlow() error {
+	c.consume()
+	return c.load()
+}
+
+// EndPoll consumes the current completion and ends the batch
+// (ibv_end_poll).
+func (c *CQ) EndPoll() {
+	c.consume()
+	c.unlock()
+}
+
+// consume drops the current completion.
+func (c *CQ) consume() {
+	if !c.valid {
+		return
+	}
+	c.valid, c.lim = false, 0
+	if c.curErr {
+		c.curErr = false
+		return
+	}
+	c.i = c.ci + 1
+}
+
+// load makes the next completion current, reading a batch from the ring
+// when the buffer is empty.
+func (c *CQ) load() error {
+	if c.i < c.n {
+		c.ci, c.valid, c.lim = c.i, true, c.n
+		c.status, c.vendor = WCSuccess, 0
+		return nil
+	}
+	c.i, c.n = 0, 0
+	var k int
+	var err error
+	if c.withSrc {
+		k, err = c.c.ReadFrom(c.ents[:batch], c.addrs[:])
+	} else {
+		k, err = c.c.Read(c.ents[:batch])
+	}
+	if k > 0 {
+		c.n = k
+		c.ci, c.valid, c.lim = 0, true, k
+		c.status, c.vendor = WCSuccess, 0
+		return nil
+	}
+	switch err {
+	case cq.ErrAgain:
+		return ErrEmpty
+	case cq.ErrAvail:
+		c.errEnt.ErrData = c.errBuf[:0]
+		if err := c.c.ReadErr(&c.errEnt); err != nil {
+			return c.mapErr(err)
+		}
+		c.ents[errSlot] = c.errEnt.Entry
+		c.ci, c.valid, c.curErr = errSlot, true, true
+		c.status = StatusOf(&c.errEnt)
+		c.vendor = c.prov.VendorErr(&c.errEnt)
+		return nil
+	}
+	return c.mapErr(err)
+}
+
+func (c *CQ) mapErr(err error) error {
+	switch err {
+	case cq.ErrAgain:
+		return ErrEmpty
+	case cq.ErrOverrun:
+		if c.flags&IgnoreOverrun != 0 {
+			return ErrEmpty
+		}
+	}
+	return err
+}
+
+// StatusOf maps an error completion of package cq to a verbs status, by
+// its error number.
+func StatusOf(e *cq.ErrEntry) WCStatus {
+	switch e.Err {
+	case 0:
+		return WCSuccess
+	case cq.ETRUNC, cq.EMSGSIZE:
+		return WCLocLenErr
+	case cq.EFAULT:
+		return WCLocProtErr
+	case cq.ECANCELED:
+		return WCWRFlushErr
+	case cq.EACCES, cq.EPERM:
+		return WCRemAccessErr
+	case cq.ETIMEDOUT:
+		return WCRespTimeoutErr
+	case cq.ENORX:
+		return WCRNRRetryExcErr
+	}
+	return WCGeneralErr
+}
+
+// WRID returns the current completion's work request id: the context it
+// was posted with when that is a uint64 (or an int, uint32 or uintptr),
+// else 0 (see WRContext).
+func (c *CQ) WRID() uint64 {
+	switch v := c.cur().Context.(type) {
+	case uint64:
+		return v
+	case int:
+		return uint64(v)
+	case uint32:
+		return uint64(v)
+	case uintptr:
+		return uint64(v)
+	}
+	return 0
+}
+
+// WRContext returns the context the current completion's operation was
+// posted with, whatever its type.
+func (c *CQ) WRContext() any { return c.cur().Context }
+
+// Status returns the current completion's status.
+func (c *CQ) Status() WCStatus { return c.status }
+
+// Opcode returns the current completion's operation (ibv_wc_read_opcode).
+func (c *CQ) Opcode() WCOpcode { return opcodes[c.cur().Flags>>8&63] }
+
+// opcodes maps bits 8 to 13 of the completion flags (READ, WRITE, RECV,
+// SEND, REMOTE_READ, REMOTE_WRITE) to the opcode: one load per entry
+// instead of a chain of tests.
+var opcodes = func() (t [64]WCOpcode) {
+	for i := range t {
+		t[i] = opcodeOf(cq.Flags(i) << 8)
+	}
+	return t
+}()
+
+func opcodeOf(f cq.Flags) WCOpcode {
+	switch {
+	case f&cq.FlagRemoteWrite != 0:
+		return WCRecvRDMAWithImm
+	case f&cq.FlagRecv != 0:
+		return WCRecv
+	case f&cq.FlagWrite != 0:
+		return WCRDMAWrite
+	case f&cq.FlagRead != 0:
+		return WCRDMARead
+	}
+	return WCSend
+}
+
+// VendorErr returns the current completion's vendor error, 0 for a
+// success (ibv_wc_read_vendor_err).
+func (c *CQ) VendorErr() uint32 { return c.vendor }
+
+// ByteLen returns the bytes transferred (FieldByteLen).
+func (c *CQ) ByteLen() uint32 { return uint32(c.cur().Len) }
+
+// ImmData returns the immediate data, valid when WCFlags has
+// WCFlagWithImm (FieldImm). It is in host order.
+func (c *CQ) ImmData() uint32 { return uint32(c.cur().Data) }
+
+// QPNum returns the number of the QP the completion belongs to
+// (FieldQPNum).
+func (c *CQ) QPNum() uint32 { return c.cur().Queue >> c.qshift }
+
+// SrcQP returns the sending QP of a receive (FieldSrcQP), 0 when the
+// device did not report one.
+func (c *CQ) SrcQP() uint32 {
+	if c.curErr || !c.withSrc {
+		return 0
+	}
+	if a := c.addrs[c.ci%batch]; a != cq.AddrNotAvail {
+		return uint32(a)
+	}
+	return 0
+}
+
+// WCFlags returns the current completion's flags (ibv_wc_read_wc_flags).
+func (c *CQ) WCFlags() WCFlags {
+	if c.cur().Flags&cq.FlagRemoteCQData != 0 {
+		return WCFlagWithImm
+	}
+	return 0
+}
+
+// CompletionTS returns the completion time in device clock units
+// (FieldCompletionTimestamp); 0 on devices that do not report it, which
+// refuse the field at creation.
+func (c *CQ) CompletionTS() uint64 { return 0 }
+
+// CompletionWallclockNS returns the completion time in wall-clock
+// nanoseconds (FieldCompletionWallclock); 0 on devices that do not report
+// it.
+func (c *CQ) CompletionWallclockNS() uint64 { return 0 }
+
+// CVLAN returns the VLAN tag (FieldCVLAN); 0 on devices that do not report
+// it.
+func (c *CQ) CVLAN() uint16 { return 0 }
+
+// FlowTag returns the flow tag (FieldFlowTag); 0 on devices that do not
+// report it.
+func (c *CQ) FlowTag() uint32 { return 0 }
+
+// WC is a work completion (struct ibv_wc), as Poll returns it.
+type WC struct {
+	WRID      uint64
+	Status    WCStatus
+	Opcode    WCOpcode
+	VendorErr uint32
+	ByteLen   uint32
+	ImmData   uint32
+	QPNum     uint32
+	SrcQP     uint32
+	WCFlags   WCFlags
+	// Context is the posted operation's context (see CQ.WRContext).
+	Context any
+}
+
+// Poll moves up to len(wcs) completions into wcs (ibv_poll_cq), errors
+// included in completion order, and returns how many; 0 and nil when the
+// CQ is empty. It runs the iterator and does not allocate.
+func (c *CQ) Poll(wcs []WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, nil
+	}
+	if err := c.StartPoll(); err != nil {
+		if err == ErrEmpty {
+			return 0, nil
+		}
+		return 0, err
+	}
+	n := 0
+	for {
+		w := &wcs[n]
+		*w = WC{WRID: c.WRID(), Status: c.Status(), Opcode: c.Opcode(), VendorErr: c.VendorErr(),
+			ByteLen: c.ByteLen(), ImmData: c.ImmData(), QPNum: c.QPNum(), SrcQP: c.SrcQP(),
+			WCFlags: c.WCFlags(), Context: c.cur().Context}
+		n++
+		if n == len(wcs) || c.NextPoll() != nil {
+			break
+		}
+	}
+	c.EndPoll()
+	return n, nil
+}
+
+// Destroy destroys the CQ (ibv_destroy_cq). It first waits until every
+// event GetEvent returned for it is acknowledged; when ctx ends first it
+// returns an error matching ctx.Err() (and os.ErrDeadlineExceeded for a
+// deadline) that reports the count, and the CQ stays usable. It fails with
+// cq.ErrBusy while device queues are bound to the CQ. Events queued and
+// not yet returned are dropped; completions still queued are lost. It is
+// idempotent.
+func (c *CQ) Destroy(ctx context.Context) error {
+	if ctx == nil {
+		return invalid("nil context")
+	}
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.destroyed {
+		return nil
+	}
+	if n := ring.Bound(c.c); n > 0 {
+		return fmt.Errorf("%w: %d device queue(s)", cq.ErrBusy, n)
+	}
+	ch := c.ch
+	if ch != nil {
+		for {
+			ch.mu.Lock()
+			un := c.got - c.acked
+			if un == 0 {
+				// Under the channel's lock: GetEvent can no longer return
+				// this CQ, so none can become unacknowledged.
+				c.dying = true
+			}
+			ch.mu.Unlock()
+			if un == 0 {
+				break
+			}
+			select {
+			case <-c.ackCh:
+			case <-ctx.Done():
+				return ctxError(fmt.Sprintf("verbs: destroy CQ: %d unacknowledged event(s)", un), ctx)
+			}
+		}
+	}
+	c.lock() // no reader inside the fi_cq CQ, which takes no lock of its own
+	err := c.c.Close()
+	c.unlock()
+	if err != nil {
+		if ch != nil {
+			ch.mu.Lock()
+			c.dying = false
+			ch.mu.Unlock()
+		}
+		return err
+	}
+	c.destroyed = true
+	if ch != nil {
+		<-c.handlerDone // the CQ's eventfd is closed: the handler returns
+		ch.drop(c)
+		ch.unuse()
+	}
+	return nil
+}
+
+// Close is Destroy without a deadline (io.Closer).
+func (c *CQ) Close() error { return c.Destroy(context.Background()) }
+
+// cur returns the current completion; the mask keeps an accessor called
+// out of order inside the array.
+func (c *CQ) cur() *cq.Entry { return &c.ents[c.ci&(2*batch-1)] }
+
+// Resizer is a Provider that can resize its CQs.
+type Resizer interface {
+	// ResizeCQ gives c at least entries entries and returns the new size.
+	// The entries c holds, plus held more that the caller keeps, must fit:
+	// otherwise an error matching os.ErrInvalid, and nothing changes.
+	// Entries not yet read stay in order, including those the device
+	// writes during the call. No reader uses c meanwhile.
+	ResizeCQ(c *cq.CQ, entries, held int) (int, error)
+}
+
+// Resize changes the CQ's size to at least cqe entries (ibv_resize_cq).
+// A size below the number of completions the CQ holds fails with an error
+// matching os.ErrInvalid and loses nothing; completions present before
+// the resize are read after it, in order. Devices that cannot resize
+// return errors.ErrUnsupported. It must not be called between StartPoll
+// and EndPoll.
+func (c *CQ) Resize(cqe int) error {
+	rz, ok := c.prov.(Resizer)
+	if !ok || !c.prov.QueryDevice().Resize {
+		return unsupported("resizing a CQ")
+	}
+	if max := c.prov.QueryDevice().MaxCQE; cqe < 1 || cqe > max {
+		return invalid("cqe %d (1 to %d)", cqe, max)
+	}
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	// Both locks keep every reader of the ring out: the iterator and
+	// ReqNotify, which counts the entries the ring holds (nmu first, as
+	// there).
+	c.nmu.Lock()
+	defer c.nmu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return cq.ErrClosed
+	}
+	n, err := rz.ResizeCQ(c.c, cqe, c.n-c.i)
+	if err != nil {
+		return err
+	}
+	c.cqe.Store(int64(n))
+	return nil
+}

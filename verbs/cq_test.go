@@ -1,0 +1,312 @@
+package verbs_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/tests/leakcheck"
+	"github.com/vfnic/vfnic/verbs"
+)
+
+// rdma-core test_cq.py: sizes 1, max/2 and max; max+1 and a completion
+// vector out of range are EINVAL.
+func TestCreateCQSizes(t *testing.T) {
+	e := newEnv(t)
+	da := verbs.QueryDevice(e.p)
+	require.Positive(t, da.MaxCQE)
+	require.Positive(t, da.NumCompVectors)
+	for _, n := range []int{1, da.MaxCQE / 2, da.MaxCQE} {
+		c := e.cq(verbs.CQInitAttr{CQE: n, CompVector: da.NumCompVectors - 1})
+		require.GreaterOrEqual(t, c.CQE(), n)
+		require.NoError(t, c.Close())
+	}
+	for _, a := range []verbs.CQInitAttr{
+		{CQE: da.MaxCQE + 1},
+		{CQE: 0},
+		{CQE: -1},
+		{CQE: 8, CompVector: da.NumCompVectors},
+		{CQE: 8, CompVector: -1},
+		{CQE: 8, Fields: 1 << 40},
+		{CQE: 8, Flags: 1 << 7},
+	} {
+		_, err := verbs.CreateCQ(e.p, a)
+		require.ErrorIs(t, err, os.ErrInvalid, "%+v", a)
+		require.ErrorIs(t, err, cq.ErrInvalid)
+	}
+	_, err := verbs.CreateCQ(nil, verbs.CQInitAttr{CQE: 1})
+	require.ErrorIs(t, err, os.ErrInvalid)
+}
+
+// A field or flag the device cannot honour fails at creation with "not
+// supported"; the device's query says which.
+func TestCreateCQUnsupported(t *testing.T) {
+	e := newEnv(t)
+	da := verbs.QueryDevice(e.p)
+	for _, f := range []verbs.Fields{verbs.FieldCompletionTimestamp, verbs.FieldCompletionWallclock,
+		verbs.FieldCVLAN, verbs.FieldFlowTag, verbs.FieldCsumOK, verbs.FieldSL, verbs.FieldSLID} {
+		require.Zero(t, da.Fields&f, "%v", f)
+		_, err := verbs.CreateCQ(e.p, verbs.CQInitAttr{CQE: 4, Fields: verbs.FieldByteLen | f})
+		require.ErrorIs(t, err, errors.ErrUnsupported, "%v", f)
+		require.Contains(t, err.Error(), f.String())
+	}
+	_, err := verbs.CreateCQ(e.p, verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	c := e.cq(verbs.CQInitAttr{CQE: 4, Fields: da.Fields, Flags: verbs.SingleThreaded, Context: "mine"})
+	require.Equal(t, "mine", c.Context())
+	require.NoError(t, c.Close())
+}
+
+// The iterator: ENOENT when empty (no EndPoll), each completion's fields,
+// ENOENT at the end of the batch, EndPoll; then the classic Poll.
+func TestIterator(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 64, Fields: verbs.FieldByteLen | verbs.FieldImm | verbs.FieldQPNum | verbs.FieldSrcQP})
+	z := e.qp(c, false) // QP 0: a and b have non-zero numbers
+	a, b := e.qp(c, false), e.qp(c, false)
+	defer func() { _ = z.Close(); _ = a.Close(); _ = b.Close(); _ = c.Close() }()
+
+	err := c.StartPoll()
+	require.ErrorIs(t, err, syscall.ENOENT)
+	require.ErrorIs(t, err, verbs.ErrEmpty)
+
+	e.recv(b, 1000)
+	e.send(a, b, 7, 100, sim.SendOpts{Data: 0xabcd, HasData: true})
+	e.send(a, nowhere(a), uint64(1)<<40, 60, sim.SendOpts{})
+
+	require.NoError(t, c.StartPoll())
+	type got struct {
+		wrid       uint64
+		op         verbs.WCOpcode
+		st         verbs.WCStatus
+		n, qp, src uint32
+		imm        uint32
+		flags      verbs.WCFlags
+	}
+	var all []got
+	for {
+		all = append(all, got{c.WRID(), c.Opcode(), c.Status(), c.ByteLen(), c.QPNum(), c.SrcQP(), c.ImmData(), c.WCFlags()})
+		if err := c.NextPoll(); err != nil {
+			require.ErrorIs(t, err, syscall.ENOENT)
+			break
+		}
+	}
+	c.EndPoll()
+	require.Equal(t, []got{
+		// The device delivers the frame, then completes the send.
+		{1000, verbs.WCRecv, verbs.WCSuccess, 100, uint32(b.Addr()), uint32(a.Addr()), 0xabcd, verbs.WCFlagWithImm},
+		{7, verbs.WCSend, verbs.WCSuccess, 100, uint32(a.Addr()), 0, 0, 0},
+		{1 << 40, verbs.WCSend, verbs.WCSuccess, 60, uint32(a.Addr()), 0, 0, 0},
+	}, all)
+	require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+
+	// The classic poll on the same path, and a batch ended early keeps
+	// the rest for the next one.
+	for i := range 5 {
+		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+	}
+	require.NoError(t, c.StartPoll())
+	require.Equal(t, uint64(0), c.WRID())
+	c.EndPoll()
+	wcs := make([]verbs.WC, 3)
+	n, err := c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, []uint64{1, 2, 3}, []uint64{wcs[0].WRID, wcs[1].WRID, wcs[2].WRID})
+	rest := drain(t, c)
+	require.Len(t, rest, 1)
+	require.Equal(t, uint64(4), rest[0].WRID)
+	n, err = c.Poll(wcs)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// Error completions come in completion order with their status and
+// vendor error; bad device entries are general errors.
+func TestErrorCompletions(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 64})
+	a := e.qp(c, false)
+	defer func() { _ = a.Close(); _ = c.Close() }()
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusLocalProtErr, Syndrome: 0x1234}))
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusRemoteAccessErr, Syndrome: 7}))
+	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultBadLen}))
+	e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 5, 10, sim.SendOpts{})
+	badLen := int32(cq.ProvBadLen)
+	wcs := drain(t, c)
+	require.Len(t, wcs, 5)
+	want := []struct {
+		wrid   uint64
+		st     verbs.WCStatus
+		vendor uint32
+	}{{1, verbs.WCSuccess, 0}, {2, verbs.WCLocProtErr, 0x1234}, {3, verbs.WCRemAccessErr, 7},
+		{4, verbs.WCGeneralErr, uint32(badLen)}, {5, verbs.WCSuccess, 0}}
+	for i, w := range want {
+		require.Equal(t, w.wrid, wcs[i].WRID, "%d", i)
+		require.Equal(t, w.st, wcs[i].Status, "%d", i)
+		require.Equal(t, w.vendor, wcs[i].VendorErr, "%d", i)
+		require.Equal(t, verbs.WCSend, wcs[i].Opcode)
+	}
+}
+
+// Closing a QP that flushes completes its posted receives with "Work
+// Request Flushed Error", in order.
+func TestFlushOnClose(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 64})
+	a := e.qp(c, true)
+	for i := range 3 {
+		e.recv(a, uint64(100+i))
+	}
+	require.NoError(t, a.Close())
+	wcs := drain(t, c)
+	require.Len(t, wcs, 3)
+	for i, w := range wcs {
+		require.Equal(t, uint64(100+i), w.WRID)
+		require.Equal(t, verbs.WCWRFlushErr, w.Status)
+		require.Equal(t, verbs.WCRecv, w.Opcode)
+		require.Equal(t, "Work Request Flushed Error", w.Status.String())
+	}
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.StartPoll(), os.ErrClosed)
+	_, err := c.Poll(make([]verbs.WC, 1))
+	require.ErrorIs(t, err, os.ErrClosed)
+}
+
+// An overrun CQ reports cq.ErrOverrun and stays in the error state.
+func TestOverrun(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 4})
+	a := e.qp(c, false)
+	defer func() { _ = a.Close(); _ = c.Close() }()
+	for i := range c.CQE() + 1 {
+		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+	}
+	wcs := make([]verbs.WC, 64)
+	n, err := c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, c.CQE(), n)
+	_, err = c.Poll(wcs)
+	require.ErrorIs(t, err, cq.ErrOverrun)
+	require.ErrorIs(t, c.StartPoll(), cq.ErrOverrun)
+}
+
+func TestStrings(t *testing.T) {
+	require.Equal(t, "success", verbs.WCSuccess.String())
+	require.Equal(t, "local length error", verbs.WCLocLenErr.String())
+	require.Equal(t, "local protection error", verbs.WCLocProtErr.String())
+	require.Equal(t, "remote access error", verbs.WCRemAccessErr.String())
+	require.Equal(t, "general error", verbs.WCGeneralErr.String())
+	require.Equal(t, "unknown status 99", verbs.WCStatus(99).String())
+	require.Equal(t, "RECV_RDMA_WITH_IMM", verbs.WCRecvRDMAWithImm.String())
+	require.Equal(t, "BYTE_LEN|QP_NUM|0x1000000", (verbs.FieldByteLen | verbs.FieldQPNum | 1<<24).String())
+}
+
+// The iterator allocates nothing.
+func TestIteratorAllocs(t *testing.T) {
+	e := newEnv(t)
+	for _, single := range []bool{false, true} {
+		fl := verbs.CreateFlags(0)
+		if single {
+			fl = verbs.SingleThreaded
+		}
+		c := e.cq(verbs.CQInitAttr{CQE: 4096, Flags: fl})
+		a, err := e.d.NewQP(sim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI(), SendSize: 4096})
+		require.NoError(t, err)
+		ctxs := make([]any, 3300)
+		for i := range ctxs {
+			ctxs[i] = uint64(i)
+		}
+		for off := 0; off < len(ctxs); off += 256 {
+			n, err := a.SendBatch(a.Addr(), ctxs[off:min(off+256, len(ctxs))], make([]byte, 64), sim.SendOpts{})
+			require.NoError(t, err)
+			require.NoError(t, a.Flush(context.Background()))
+			_ = n
+		}
+		require.NoError(t, e.d.Sync(context.Background()))
+		var sum uint64
+		allocs := testing.AllocsPerRun(100, func() {
+			if c.StartPoll() != nil {
+				t.Fatal("empty")
+			}
+			for k := 0; ; k++ { // a batch of 32
+				sum += c.WRID() + uint64(c.Status()) + uint64(c.Opcode()) + uint64(c.ByteLen())
+				if k == 31 || c.NextPoll() != nil {
+					break
+				}
+			}
+			c.EndPoll()
+		})
+		require.Zero(t, allocs, "single=%v", single)
+		const n = 101 * 32 // AllocsPerRun's warm-up run and 100
+		require.Equal(t, uint64(n*(n-1)/2+64*n), sum, "ids 0 to n-1 in order, 64 bytes, SEND, success")
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
+	}
+}
+
+// Destroying CQs and channels gives back every descriptor.
+func TestNoLeakedFDs(t *testing.T) {
+	before, err := leakcheck.Snapshot()
+	require.NoError(t, err)
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	for range 5 {
+		c := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+		a := e.qp(c, false)
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		got, _ := getEvent(t, ch)
+		got.AckEvents(1)
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
+	}
+	require.NoError(t, ch.Close())
+	require.NoError(t, e.d.Close())
+	after, err := leakcheck.Snapshot()
+	require.NoError(t, err)
+	require.Equal(t, before.FDs, after.FDs, "before %v, after %v", before, after)
+}
+
+// ignoreOverrun is the software device's provider claiming IgnoreOverrun,
+// to test the verbs side of the flag: the device still drops what does not
+// fit, but the CQ does not enter the error state.
+type ignoreOverrun struct{ verbs.Provider }
+
+func (p ignoreOverrun) QueryDevice() verbs.DeviceAttr {
+	a := p.Provider.QueryDevice()
+	a.Flags |= verbs.IgnoreOverrun
+	return a
+}
+
+func TestIgnoreOverrun(t *testing.T) {
+	e := newEnv(t)
+	c, err := verbs.CreateCQ(ignoreOverrun{e.p}, verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun})
+	require.NoError(t, err)
+	a := e.qp(c, false)
+	defer func() { _ = a.Close(); _ = c.Close() }()
+	for i := range c.CQE() + 1 {
+		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+	}
+	wcs := make([]verbs.WC, 64)
+	n, err := c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, c.CQE(), n)
+	for range 3 {
+		n, err = c.Poll(wcs)
+		require.NoError(t, err, "no error state")
+		require.Zero(t, n)
+		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+	}
+}

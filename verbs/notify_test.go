@@ -1,0 +1,289 @@
+package verbs_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/verbs"
+	"golang.org/x/sys/unix"
+)
+
+// chEnv is a CQ on a channel with a QP that reports to it.
+func chEnv(t *testing.T) (*env, *verbs.CompChannel, *verbs.CQ, *sim.QP) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c := e.cq(verbs.CQInitAttr{CQE: 64, Channel: ch, Context: "cq-ctx"})
+	a := e.qp(c, false)
+	t.Cleanup(func() {
+		_ = a.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = c.Destroy(ctx) // a failed test may leave events unacknowledged
+		_ = ch.Close()
+	})
+	return e, ch, c, a
+}
+
+// An arm gives one event for the next completion, returned with the CQ
+// and its context.
+func TestReqNotifyNext(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	present, err := c.ReqNotify(false)
+	require.NoError(t, err)
+	require.False(t, present)
+	noEvent(t, ch, 10*time.Millisecond)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	got, ctx := getEvent(t, ch)
+	require.Same(t, c, got)
+	require.Equal(t, "cq-ctx", ctx)
+	c.AckEvents(1)
+	require.Len(t, drain(t, c), 1)
+	// One-shot: no arm, no event.
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	noEvent(t, ch, 20*time.Millisecond)
+}
+
+// Completions already in the CQ at the arm raise no event, and the arm
+// reports them; a later one does.
+func TestReqNotifyPresentEntries(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	present, err := c.ReqNotify(false)
+	require.NoError(t, err)
+	require.True(t, present)
+	noEvent(t, ch, 30*time.Millisecond)
+	// The arm is pending: a completion after it fires.
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	c.AckEvents(1)
+	// Entries taken into the iterator's buffer and not consumed count.
+	require.NoError(t, c.StartPoll())
+	c.EndPoll() // consumes 1; 2 stays buffered
+	present, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	require.True(t, present)
+	noEvent(t, ch, 20*time.Millisecond)
+	require.Len(t, drain(t, c), 1)
+	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	c.AckEvents(1)
+}
+
+// Arming again before the event gives one event.
+func TestReqNotifyRepeated(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	for range 3 {
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+	}
+	_, err := c.ReqNotify(true)
+	require.NoError(t, err)
+	for i := range 3 {
+		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+	}
+	getEvent(t, ch)
+	noEvent(t, ch, 30*time.Millisecond)
+	c.AckEvents(1)
+}
+
+// Solicited-only fires for a solicited receive or an error, not for other
+// completions; a "next" arm takes precedence over a solicited one.
+func TestReqNotifySolicited(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	_, err := c.ReqNotify(true)
+	require.NoError(t, err)
+	e.recv(a, 100)
+	e.send(a, a, 1, 10, sim.SendOpts{}) // a receive and a send, unsolicited
+	noEvent(t, ch, 30*time.Millisecond)
+	e.recv(a, 101)
+	e.send(a, a, 2, 10, sim.SendOpts{Solicited: true})
+	getEvent(t, ch)
+	c.AckEvents(1)
+	require.Len(t, drain(t, c), 4)
+
+	// An error completion is solicited.
+	_, err = c.ReqNotify(true)
+	require.NoError(t, err)
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusGeneralErr}))
+	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	c.AckEvents(1)
+	wcs := drain(t, c)
+	require.Len(t, wcs, 1)
+	require.Equal(t, verbs.WCGeneralErr, wcs[0].Status)
+
+	// Solicited, then next: an unsolicited completion fires.
+	_, err = c.ReqNotify(true)
+	require.NoError(t, err)
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	c.AckEvents(1)
+	// Next, then solicited: still next.
+	require.Len(t, drain(t, c), 1)
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	_, err = c.ReqNotify(true)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 5, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	c.AckEvents(1)
+}
+
+// One channel serves several CQs, each event naming its CQ and context.
+func TestChannelSeveralCQs(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c1 := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch, Context: 1})
+	c2 := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch, Context: 2})
+	q1, q2 := e.qp(c1, false), e.qp(c2, false)
+	for _, c := range []*verbs.CQ{c1, c2} {
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+	}
+	e.send(q2, nowhere(q2), 1, 10, sim.SendOpts{})
+	got, ctx := getEvent(t, ch)
+	require.Same(t, c2, got)
+	require.Equal(t, 2, ctx)
+	e.send(q1, nowhere(q1), 1, 10, sim.SendOpts{})
+	got, ctx = getEvent(t, ch)
+	require.Same(t, c1, got)
+	require.Equal(t, 1, ctx)
+	c1.AckEvents(1)
+	c2.AckEvents(1)
+	// A channel still used is busy.
+	require.ErrorIs(t, ch.Close(), cq.ErrBusy)
+	require.NoError(t, q1.Close())
+	require.NoError(t, q2.Close())
+	require.NoError(t, c1.Close())
+	require.ErrorIs(t, ch.Close(), cq.ErrBusy)
+	require.NoError(t, c2.Close())
+	require.NoError(t, ch.Close())
+	require.Equal(t, -1, ch.Fd())
+	_, err = verbs.CreateCQ(e.p, verbs.CQInitAttr{CQE: 1, Channel: ch})
+	require.ErrorIs(t, err, os.ErrClosed)
+}
+
+// The channel's descriptor works with epoll: readable while an event is
+// queued, not after it is taken.
+func TestChannelEpoll(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(ep)
+	require.NoError(t, unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ch.Fd(), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ch.Fd())}))
+	evs := make([]unix.EpollEvent, 1)
+	wait := func(ms int) int {
+		for {
+			n, err := unix.EpollWait(ep, evs, ms)
+			if err == unix.EINTR {
+				continue
+			}
+			require.NoError(t, err)
+			return n
+		}
+	}
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	require.Zero(t, wait(10))
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	require.Equal(t, 1, wait(5000))
+	got, _, err := ch.TryGetEvent()
+	require.NoError(t, err)
+	require.Same(t, c, got)
+	require.Zero(t, wait(0))
+	c.AckEvents(1)
+}
+
+// GetEvent ends with its context; Close wakes it with os.ErrClosed.
+func TestGetEventContextAndClose(t *testing.T) {
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, _, err = ch.GetEvent(ctx)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	//nolint:staticcheck // a nil context is refused, not a panic
+	_, _, err = ch.GetEvent(nil)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	done := make(chan error, 1)
+	go func() { _, _, err := ch.GetEvent(context.Background()); done <- err }()
+	time.Sleep(10 * time.Millisecond)
+	require.NoError(t, ch.Close())
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, os.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("GetEvent not woken by Close")
+	}
+}
+
+// Destroy waits for unacknowledged events, or reports them at its
+// deadline and leaves the CQ usable; it is busy while a QP is bound.
+func TestDestroyUnackedEvents(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+	a := e.qp(c, false)
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	require.ErrorIs(t, c.Close(), cq.ErrBusy)
+	require.NoError(t, a.Close())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = c.Destroy(ctx)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Contains(t, err.Error(), "1 unacknowledged event")
+	require.Len(t, drain(t, c), 1) // still usable
+
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		c.AckEvents(1)
+	}()
+	t0 := time.Now()
+	require.NoError(t, c.Destroy(context.Background()))
+	require.GreaterOrEqual(t, time.Since(t0), 15*time.Millisecond)
+	require.NoError(t, c.Destroy(context.Background())) // idempotent
+	require.NoError(t, ch.Close())
+}
+
+// Events queued and not taken do not hold up Destroy, and are dropped.
+func TestDestroyDropsQueuedEvents(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c1 := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+	c2 := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+	q1, q2 := e.qp(c1, false), e.qp(c2, false)
+	for _, c := range []*verbs.CQ{c1, c2} {
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+	}
+	e.send(q1, nowhere(q1), 1, 10, sim.SendOpts{})
+	time.Sleep(20 * time.Millisecond) // c1's event is queued
+	e.send(q2, nowhere(q2), 1, 10, sim.SendOpts{})
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, q1.Close())
+	require.NoError(t, c1.Close())
+	got, _ := getEvent(t, ch)
+	require.Same(t, c2, got)
+	c2.AckEvents(1)
+	_, _, err = ch.TryGetEvent()
+	require.ErrorIs(t, err, verbs.ErrNoEvent)
+	require.NoError(t, q2.Close())
+	require.NoError(t, c2.Close())
+	require.NoError(t, ch.Close())
+}
