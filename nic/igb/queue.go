@@ -547,3 +547,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	}
 	return nil
 }
+
+// ringAddr is the address of the ring's first descriptor (its IOVA in an
+// identity space; tests compare it with RDBAL).
+func (q *queue) ringAddr() unsafe.Pointer { return unsafe.Pointer(&q.desc[0]) }

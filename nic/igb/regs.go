@@ -162,7 +162,7 @@ const (
 	minRing      = 8
 	maxRing      = 4096
 	ringAlign    = 128
-	maxVectors   = 25 // the 82576's MSI-X table; QEMU's model has 10
+	maxVectors   = 25  // the 82576's MSI-X table; QEMU's model has 10
 	resetTimeout = 100 // milliseconds for CTRL.RST to clear
 )
 

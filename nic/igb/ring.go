@@ -14,8 +14,8 @@ import (
 // of the write-back status): DD is always set on an entry the reader
 // takes, so only these two can occur.
 const (
-	rxStatusDone   = rxdStatusDD | rxdStatusEOP
-	rxStatusNoEOP  = rxdStatusDD // frame continues in the next buffer
+	rxStatusDone    = rxdStatusDD | rxdStatusEOP
+	rxStatusNoEOP   = rxdStatusDD // frame continues in the next buffer
 	provMultiBuffer = rxStatusNoEOP
 )
 
