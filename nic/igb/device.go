@@ -32,7 +32,15 @@ type Config struct {
 	// Moderation is the minimum interval between two interrupts of a
 	// queue's vector (EITR); 0 interrupts for every write-back.
 	Moderation time.Duration
+	// LinkWait is how long Open waits for the link to come up after
+	// reset (auto-negotiation takes about 0.5 s on QEMU's model, seconds
+	// on copper); 0 means DefaultLinkWait, negative does not wait. Open
+	// succeeds with the link down when it does not come up in time.
+	LinkWait time.Duration
 }
+
+// DefaultLinkWait is how long Open waits for the link by default.
+const DefaultLinkWait = 3 * time.Second
 
 // regFile is the control path's register access (BAR0 through VFIO, or a
 // fake in tests). Data-path registers (tails, EIMS/EIMC) are doorbell.Reg32
@@ -140,7 +148,49 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 		_ = d.teardown()
 		return nil, err
 	}
+	wait := cfg.LinkWait
+	if wait == 0 {
+		wait = DefaultLinkWait
+	}
+	if wait > 0 {
+		if err := d.WaitLink(ctx, wait); err != nil && !errors.Is(err, nic.ErrTimeout) {
+			_ = d.Close()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// WaitLink waits until STATUS reports the link up, sleeping on the link
+// change interrupt (vector 0, ICR.LSC) between reads; ErrTimeout when it
+// stays down for timeout.
+func (d *Device) WaitLink(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		l, err := d.Link()
+		if err != nil {
+			return err
+		}
+		if l.Up {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: %s: link down after %v", nic.ErrTimeout, d.name, timeout)
+		}
+		// The interrupt is a hint: re-read STATUS at least every 100ms.
+		next := time.Now().Add(100 * time.Millisecond)
+		if next.After(deadline) {
+			next = deadline
+		}
+		n, err := d.efds[0].Wait(ctx, next)
+		d.linkIntr.Add(n)
+		if err != nil && !errors.Is(err, eventfd.ErrTimeout) {
+			if errors.Is(err, eventfd.ErrClosed) {
+				return nic.ErrClosed
+			}
+			return err
+		}
+	}
 }
 
 // openVFIO opens the container, group and device, maps BAR0 and makes
@@ -242,9 +292,17 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if err := d.readMAC(); err != nil {
 		return err
 	}
-	// Link: set link up and let the PHY auto-negotiate (no forced speed
-	// or duplex), as Linux's copper set-up does.
-	d.regs.write(regCTRL, d.regs.read(regCTRL)|ctrlSLU&^(1<<11|1<<12))
+	// Link: set link up with speed and duplex from the PHY (not forced),
+	// and restart auto-negotiation, as Linux's copper set-up does
+	// (igb_copper_link_autoneg); the link comes up when it completes.
+	d.regs.write(regCTRL, d.regs.read(regCTRL)&^(ctrlFrcSpd|ctrlFrcDpx)|ctrlSLU)
+	bmcr, err := d.phyRead(phyCtrl)
+	if err != nil {
+		return err
+	}
+	if err := d.phyWrite(phyCtrl, bmcr|phyAutoNegEn|phyRestartAutoN); err != nil {
+		return err
+	}
 	if err := d.setupInterrupts(pairs, cfg.Moderation); err != nil {
 		return err
 	}
@@ -292,6 +350,29 @@ func (d *Device) reset(ctx context.Context) error {
 	_ = r.read(regICR) // read to clear
 	_ = r.read(regEICR)
 	return nil
+}
+
+// mdic runs one MDIC transaction and returns the data read.
+func (d *Device) mdic(op uint32, reg, data uint16) (uint16, error) {
+	d.regs.write(regMDIC, op|uint32(reg)<<mdicRegShift|phyAddr<<mdicPhyShift|uint32(data))
+	for i := 0; i < 1000; i++ {
+		v := d.regs.read(regMDIC)
+		switch {
+		case v&mdicError != 0:
+			return 0, fmt.Errorf("%w: %s: MDIC error on PHY register %d", nic.ErrDeviceFailed, d.name, reg)
+		case v&mdicReady != 0:
+			return uint16(v), nil
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return 0, fmt.Errorf("%w: %s: MDIC not ready (PHY register %d)", nic.ErrDeviceFailed, d.name, reg)
+}
+
+func (d *Device) phyRead(reg uint16) (uint16, error) { return d.mdic(mdicOpRead, reg, 0) }
+
+func (d *Device) phyWrite(reg, v uint16) error {
+	_, err := d.mdic(mdicOpWrite, reg, v)
+	return err
 }
 
 // readMAC reads receive address 0, which the device loads from its EEPROM

@@ -21,6 +21,7 @@ func TestBringUpRegisters(t *testing.T) {
 	require.Equal(t, 1, f.writes[regCTRL]-1, "one reset (and one SLU write)")
 	require.NotZero(t, f.get(regCTRL)&ctrlSLU)
 	require.NotZero(t, f.get(regCTRLEXT)&ctrlExtDrvLoad)
+	require.Equal(t, uint16(phyAutoNegEn|phyRestartAutoN), f.phy[phyCtrl], "auto-negotiation restarted")
 	require.Equal(t, uint32(0xC0000011), f.get(regGPIE), "NSICR|MSIX_MODE|EIAME|PBA")
 	// 82576 IVAR: row q&7, RX byte at 16*(q>>3), TX 8 bits above; vector|0x80.
 	require.Equal(t, uint32(0x8281), f.get(regIVAR0), "queue 0: rx vector 1, tx vector 2")

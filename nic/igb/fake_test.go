@@ -23,6 +23,7 @@ type fakeRegs struct {
 	w        doorbell.Window
 	writes   map[uint32]int // how often each register was written
 	rstStuck bool
+	phy      [32]uint16
 }
 
 var testMAC = [6]byte{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
@@ -53,6 +54,17 @@ func (f *fakeRegs) write(off, v uint32) {
 	case regCTRL:
 		if !f.rstStuck {
 			v &^= ctrlRST
+		}
+	case regMDIC:
+		reg := uint16(v >> mdicRegShift & 0x1f)
+		switch {
+		case v>>mdicPhyShift&0x1f != phyAddr:
+			v |= mdicError
+		case v&mdicOpRead != 0:
+			v = v&^0xffff | uint32(f.phy[reg]) | mdicReady
+		default:
+			f.phy[reg] = uint16(v)
+			v |= mdicReady
 		}
 	case regEIMS:
 		v |= f.get(regEIMS)

@@ -58,11 +58,13 @@ func txReg(r0 uint32, n int) uint32 { return r0 + uint32(n)*queueStride }
 
 // CTRL bits.
 const (
-	ctrlFD    = 1 << 0  // full duplex
-	ctrlSLU   = 1 << 6  // set link up
-	ctrlRST   = 1 << 26 // device reset, self-clearing
-	ctrlVME   = 1 << 30 // VLAN mode enable (strip)
-	ctrlPHYRS = 1 << 31 // PHY reset
+	ctrlFD     = 1 << 0  // full duplex
+	ctrlSLU    = 1 << 6  // set link up
+	ctrlFrcSpd = 1 << 11 // force speed
+	ctrlFrcDpx = 1 << 12 // force duplex
+	ctrlRST    = 1 << 26 // device reset, self-clearing
+	ctrlVME    = 1 << 30 // VLAN mode enable (strip)
+	ctrlPHYRS  = 1 << 31 // PHY reset
 )
 
 // STATUS bits.
@@ -260,3 +262,19 @@ var rssKey = [40]byte{
 	0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
 	0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
 }
+
+// MDIC: the MDI control register through which the MAC reaches the PHY
+// (datasheet 8.2.4; Linux E1000_MDIC_*).
+const (
+	regMDIC         = 0x0020
+	mdicRegShift    = 16
+	mdicPhyShift    = 21
+	mdicOpWrite     = 1 << 26
+	mdicOpRead      = 2 << 26
+	mdicReady       = 1 << 28
+	mdicError       = 1 << 30
+	phyAddr         = 1 // the internal PHY (QEMU's model answers address 1 only)
+	phyCtrl         = 0 // PHY_CTRL (MII BMCR)
+	phyAutoNegEn    = 1 << 12
+	phyRestartAutoN = 1 << 9
+)
