@@ -328,3 +328,75 @@ func TestGuestTx(t *testing.T) {
 	require.Zero(t, st.Errors)
 	require.EqualValues(t, frames, st.Packets-p0, "every data frame's send completed")
 }
+
+// TestGuestRSS opens four queue pairs with RSS and has the host send 64
+// UDP flows (distinct source ports) of 8 frames each: the flows must land
+// on at least 4 queues, each flow always on the same queue, every frame
+// once.
+func TestGuestRSS(t *testing.T) {
+	guestOnly(t)
+	const pairs, flows, perFlow = 4, 64, 8
+	p := openPeer(t, igb.Config{Config: nic.Config{QueuePairs: pairs}})
+	rxs := make([]*igb.RxQueue, pairs)
+	for i := range rxs {
+		q, err := p.dev.RxQueue(i)
+		require.NoError(t, err)
+		rxs[i] = q
+		if i > 0 {
+			for q.PostRecv(nil) == nil {
+			}
+			require.NoError(t, q.Flush())
+		}
+	}
+	p.send(p.ctl(msgRSSReq, flows<<16|perFlow))
+	queueOf := map[int]int{}
+	seen := map[uint32]bool{}
+	perQueue := make([]int, pairs)
+	got := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for got < flows*perFlow {
+		require.True(t, time.Now().Before(deadline), "only %d of %d frames in 60s", got, flows*perFlow)
+		idle := true
+		for qi, q := range rxs {
+			n := q.Poll(p.comps)
+			for _, c := range p.comps[:n] {
+				require.NoError(t, c.Err)
+				require.Equal(t, qi, c.Queue)
+				flow, m, ok := parseUDP(c.Data)
+				if ok && m.session == p.session {
+					if prev, ok := queueOf[flow]; ok {
+						require.Equal(t, prev, qi, "flow %d changed queue", flow)
+					}
+					queueOf[flow] = qi
+					// RETA entry i holds queue i%pairs; the device indexes
+					// it with the hash's low 7 bits.
+					require.Equal(t, int(flowHash(flow)&0x7f)%pairs, qi, "flow %d: queue from the Toeplitz hash", flow)
+					require.False(t, seen[m.arg], "frame %#x received twice", m.arg)
+					seen[m.arg] = true
+					perQueue[qi]++
+					got++
+					if got%ackEach == 0 || got == flows*perFlow {
+						p.send(p.ctl(msgAck, uint32(got)))
+					}
+				}
+				require.NoError(t, q.Repost(c.Buf, nil))
+			}
+			if n > 0 {
+				idle = false
+				require.NoError(t, q.Flush())
+			}
+		}
+		if idle {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	used := 0
+	for _, n := range perQueue {
+		if n > 0 {
+			used++
+		}
+	}
+	t.Logf("rss: %d flows x %d frames over %d queues: %v frames per queue", flows, perFlow, used, perQueue)
+	require.Len(t, queueOf, flows)
+	require.GreaterOrEqual(t, used, 4, "flows spread over at least 4 queues")
+}

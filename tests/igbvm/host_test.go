@@ -134,6 +134,8 @@ func (s *server) serve(ctx context.Context) {
 			s.reply(m, msgHelloAck, 0)
 		case msgRxReq:
 			go s.sendRun(ctx, m, m.arg, s.guest)
+		case msgRSSReq:
+			go s.sendRSS(ctx, m, int(m.arg>>16), int(m.arg&0xffff), s.guest)
 		case msgAck:
 			select {
 			case s.acks <- m.arg:
@@ -193,4 +195,31 @@ func (s *server) sendRun(ctx context.Context, m msg, n uint32, dst net.HardwareA
 		s.send(dataFrame(dst, hostMAC, m.session, seq))
 	}
 	s.logf("host->guest: sent %d frames in %v", n, time.Since(t0).Round(time.Millisecond))
+}
+
+// sendRSS sends perFlow frames on each of flows UDP flows, interleaved,
+// under the same window of acknowledgements as sendRun.
+func (s *server) sendRSS(ctx context.Context, m msg, flows, perFlow int, dst net.HardwareAddr) {
+	for len(s.acks) > 0 {
+		<-s.acks
+	}
+	acked, sent := uint32(0), uint32(0)
+	for seq := 0; seq < perFlow; seq++ {
+		for flow := 0; flow < flows; flow++ {
+			for sent-acked >= window {
+				select {
+				case a := <-s.acks:
+					acked = max(acked, a)
+				case <-time.After(10 * time.Second):
+					s.errorf("rss: no ack beyond %d of %d for 10s", acked, flows*perFlow)
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+			s.send(udpFrame(dst, hostMAC, m.session, flow, seq))
+			sent++
+		}
+	}
+	s.logf("rss: sent %d flows of %d frames", flows, perFlow)
 }
