@@ -32,6 +32,9 @@ type Config struct {
 	// Moderation is the minimum interval between two interrupts of a
 	// queue's vector (EITR); 0 interrupts for every write-back.
 	Moderation time.Duration
+	// VLANStrip has the device remove 802.1Q tags from received frames
+	// (CTRL.VME); the tag is then in RxQueue.Offload.
+	VLANStrip bool
 	// LinkWait is how long Open waits for the link to come up after
 	// reset (auto-negotiation takes about 0.5 s on QEMU's model, seconds
 	// on copper); 0 means DefaultLinkWait, negative does not wait. Open
@@ -309,6 +312,9 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if err := d.setupQueues(cfg.Config, pairs); err != nil {
 		return err
 	}
+	if cfg.VLANStrip {
+		d.regs.write(regCTRL, d.regs.read(regCTRL)|ctrlVME)
+	}
 	d.setupReceive(cfg.Config, pairs)
 	d.regs.write(regTCTL, tctlEN|tctlPSP|tctlRTLC|15<<tctlCTShift|63<<tctlCOLDSh)
 	d.fillInfo(cfg.Config, pairs)
@@ -485,6 +491,8 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 		rq.stride = uintptr(pool.BufSize())
 		rq.state = make([]uint8, pool.Cap())
 		rq.posBuf = make([]uint32, n)
+		rq.meta = make([]rxMeta, pool.Cap())
+		rq.rss = pairs > 1
 		d.rx = append(d.rx, rq)
 
 		r.write(rxReg(regRXDCTL0, i), 0)

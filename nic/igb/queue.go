@@ -23,6 +23,7 @@ var (
 	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
 	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
+	errClosed    = nic.ErrClosed
 	errNotBuffer = fmt.Errorf("%w: address is not the start of a buffer of this queue", nic.ErrBadBuffer)
 
 	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
@@ -69,6 +70,8 @@ type queue struct {
 	bufLen uint32
 	state  []uint8  // per pool buffer
 	posBuf []uint32 // per descriptor: the pool buffer posted there
+	meta   []rxMeta // per pool buffer: the write-back of the frame lent
+	rss    bool     // RSS on: the write-back carries the hash
 	skip   bool     // the next frame is the rest of one without EOP
 
 	// transmit
@@ -238,6 +241,10 @@ func (q *queue) pollEntries(ents []cq.Entry) (int, cq.State) {
 		if q.rx {
 			b := q.posBuf[h]
 			q.state[b] = bufLent
+			// The offload bits, read once into a copy for Offload; length
+			// and status came from the reader's own read.
+			p := unsafe.Pointer(&q.desc[uintptr(h)*descSize])
+			q.meta[b] = rxMeta{atomic.LoadUint64((*uint64)(p)), atomic.LoadUint64((*uint64)(unsafe.Add(p, 8)))}
 		} else {
 			e.Len = int(q.txLen[h])
 		}

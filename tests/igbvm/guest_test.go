@@ -350,6 +350,7 @@ func TestGuestRSS(t *testing.T) {
 	}
 	p.send(p.ctl(msgRSSReq, flows<<16|perFlow))
 	queueOf := map[int]int{}
+	loggedOffload := false
 	seen := map[uint32]bool{}
 	perQueue := make([]int, pairs)
 	got := 0
@@ -371,6 +372,18 @@ func TestGuestRSS(t *testing.T) {
 					// RETA entry i holds queue i%pairs; the device indexes
 					// it with the hash's low 7 bits.
 					require.Equal(t, int(flowHash(flow)&0x7f)%pairs, qi, "flow %d: queue from the Toeplitz hash", flow)
+					o, err := q.Offload(c.Buf)
+					require.NoError(t, err)
+					require.Equal(t, flowHash(flow), o.RSSHash, "flow %d: the completion's RSS hash", flow)
+					require.NotZero(t, o.RSSType)
+					require.Equal(t, uint16(igb.PktIPv4|igb.PktUDP), o.PacketType&(igb.PktIPv4|igb.PktUDP|igb.PktTCP))
+					require.Equal(t, igb.ChecksumGood, o.IPChecksum, "IPv4 header checksum")
+					require.Equal(t, igb.ChecksumGood, o.L4Checksum, "UDP checksum")
+					require.True(t, o.UDP)
+					if !loggedOffload {
+						t.Logf("offload of flow %d: %+v", flow, o)
+						loggedOffload = true
+					}
 					require.False(t, seen[m.arg], "frame %#x received twice", m.arg)
 					seen[m.arg] = true
 					perQueue[qi]++
