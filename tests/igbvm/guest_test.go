@@ -413,3 +413,51 @@ func TestGuestRSS(t *testing.T) {
 	require.Len(t, queueOf, flows)
 	require.GreaterOrEqual(t, used, 4, "flows spread over at least 4 queues")
 }
+
+// wakeCounter counts the sleeps a blocking read ends (its wake-ups).
+type wakeCounter struct {
+	*igb.RxQueue
+	wakes int
+}
+
+func (w *wakeCounter) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	err := w.RxQueue.WaitInterrupt(ctx, deadline)
+	if err == nil {
+		w.wakes++
+	}
+	return err
+}
+
+// TestGuestModeration has the host send 32 frames 1ms apart and reads
+// them with one SRead of threshold 32, without interrupt moderation and
+// with EITR at 8ms: moderated, the read wakes fewer times.
+func TestGuestModeration(t *testing.T) {
+	guestOnly(t)
+	const count, gapUs = 32, 1000
+	measure := func(mod time.Duration) (wakes int, intr uint64) {
+		p := openPeer(t, igb.Config{Moderation: mod})
+		w := &wakeCounter{RxQueue: p.rx}
+		i0 := p.rx.Stats().Interrupts
+		p.send(p.ctl(msgPaced, count<<16|gapUs))
+		out := make([]nic.Completion, count)
+		got := 0
+		for got < count {
+			n, err := nic.SRead(context.Background(), w, out[got:], count-got, 10*time.Second)
+			require.NoError(t, err)
+			for _, c := range out[got : got+n] {
+				require.NoError(t, c.Err)
+				m, err := parse(c.Data)
+				require.NoError(t, err)
+				require.Equal(t, p.session, m.session)
+			}
+			got += n
+		}
+		intr = p.rx.Stats().Interrupts - i0
+		t.Logf("moderation %v: a threshold-%d read of %d frames %dus apart woke %d times (%d interrupts)", mod, count, count, gapUs, w.wakes, intr)
+		require.NoError(t, p.dev.Close())
+		return w.wakes, intr
+	}
+	plain, _ := measure(0)
+	moderated, _ := measure(8 * time.Millisecond)
+	require.Less(t, moderated, plain, "moderation saves wake-ups")
+}

@@ -134,6 +134,17 @@ func (s *server) serve(ctx context.Context) {
 			s.reply(m, msgHelloAck, 0)
 		case msgRxReq:
 			go s.sendRun(ctx, m, m.arg, s.guest)
+		case msgPaced:
+			go func(m msg, dst net.HardwareAddr) {
+				gap := time.Duration(m.arg&0xffff) * time.Microsecond
+				next := time.Now()
+				for seq := uint32(0); seq < m.arg>>16; seq++ {
+					for time.Now().Before(next) {
+					} // spin: sleeps are too coarse for 100us gaps
+					s.send(dataFrame(dst, hostMAC, m.session, seq))
+					next = next.Add(gap)
+				}
+			}(m, s.guest)
 		case msgRSSReq:
 			go s.sendRSS(ctx, m, int(m.arg>>16), int(m.arg&0xffff), s.guest)
 		case msgAck:

@@ -30,11 +30,12 @@ const (
 	msgHelloAck = 2
 	msgRxReq    = 3 // guest: send me arg data frames (window of acks)
 	msgData     = 4
-	msgAck      = 5 // the count of data frames received so far
-	msgTxReq    = 6 // guest: I will send arg data frames; check them
-	msgDelayed  = 7 // guest: send one data frame after arg milliseconds
-	msgNak      = 8 // host: a data frame was wrong (arg: its expected seq)
-	msgRSSReq   = 9 // guest: send arg>>16 UDP flows of arg&0xffff frames each
+	msgAck      = 5  // the count of data frames received so far
+	msgTxReq    = 6  // guest: I will send arg data frames; check them
+	msgDelayed  = 7  // guest: send one data frame after arg milliseconds
+	msgNak      = 8  // host: a data frame was wrong (arg: its expected seq)
+	msgRSSReq   = 9  // guest: send arg>>16 UDP flows of arg&0xffff frames each
+	msgPaced    = 10 // guest: send arg>>16 data frames, arg&0xffff microseconds apart
 )
 
 // RSS flows: UDP/IPv4 from 10.0.0.1:rssPort0+flow to 10.0.0.2:9, with the
