@@ -14,15 +14,23 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
+// Each igb takes two slots 16 above its own for its SR-IOV VFs (QEMU
+// reserves them), so igb NICs sit two slots apart.
 const (
-	slotIGB = 4  // the igb NIC vfnic drives, on a dgram netdev to the host
-	window  = 64 // host->guest data frames in flight beyond the last ack
-	ackEach = 16 // the receiver acknowledges every ackEach frames
-	frames  = 10000
+	slotIGB   = 4 // the igb NIC vfnic drives, on a dgram netdev to the host
+	slotEcho  = 6 // igb on hub 1, driven by vfnic echo (TestGuestInterop)
+	slotLinux = 8 // igb on hub 1, driven by the guest's Linux igb driver
+	echoIP    = "10.0.9.1"
+	linuxIP   = "10.0.9.2/24"
+	vfnicBin  = "/vfnic/bin/vfnic"
+	window    = 64 // host->guest data frames in flight beyond the last ack
+	ackEach   = 16 // the receiver acknowledges every ackEach frames
+	frames    = 10000
 )
 
-// TestVM boots a guest with one igb NIC on a dgram netdev served below
-// and runs the TestGuest* tests there.
+// TestVM boots a guest with one igb NIC on a dgram netdev served below,
+// and two igb NICs on a hub (one for vfnic echo, one for Linux), and runs
+// the TestGuest* tests there.
 func TestVM(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guest that runs the TestGuest* tests")
@@ -36,8 +44,16 @@ func TestVM(t *testing.T) {
 	require.NoError(t, err)
 	defer s.close()
 	go s.serve(ctx)
+	// The interop test runs the vfnic command itself, built static here.
+	bin := t.TempDir() + "/vfnic"
+	require.NoError(t, qemu.BuildBinary(ctx, "github.com/vfnic/vfnic/cmd/vfnic", bin))
 	cfg := qemu.Config{
-		NICs:    []qemu.NIC{{Model: qemu.IGB, Slot: slotIGB, Net: nd, Bind: qemu.BindVFIO}},
+		NICs: []qemu.NIC{
+			{Model: qemu.IGB, Slot: slotIGB, Net: nd, Bind: qemu.BindVFIO},
+			{Model: qemu.IGB, Slot: slotEcho, Net: qemu.Hub(1), Bind: qemu.BindVFIO},
+			{Model: qemu.IGB, Slot: slotLinux, Net: qemu.Hub(1), Bind: qemu.BindLinux, IPv4: linuxIP},
+		},
+		Files:   []qemu.File{{Host: bin, Guest: vfnicBin, Mode: 0o755}},
 		Timeout: 4 * time.Minute,
 	}
 	run := "^TestGuest"
