@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -764,11 +765,11 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	}
 	for _, q := range qs {
 		s := &cqSource{q: q, dev: d}
-		if err := c.Bind(); err != nil {
+		if err := cqring.Bind(c); err != nil {
 			return err
 		}
-		if err := c.AddSource(s); err != nil {
-			c.Unbind()
+		if err := cqring.AddSource(c, s); err != nil {
+			cqring.Unbind(c)
 			return err
 		}
 		d.bound = append(d.bound, c)
@@ -776,7 +777,7 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		q.src = s
 		q.disarm()
 		q.mu.Unlock()
-		if efd := c.Interrupt(); efd != nil && q.vector >= 0 {
+		if efd := cqring.Interrupt(c); efd != nil && q.vector >= 0 {
 			if err := d.wire(q.vector, efd.Fd()); err != nil {
 				return err
 			}
@@ -870,7 +871,7 @@ func (d *Device) teardown() error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		c.Unbind()
+		cqring.Unbind(c)
 	}
 	d.bound = nil
 	return errors.Join(errs...)

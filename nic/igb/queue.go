@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -220,12 +221,12 @@ func (q *queue) close() {
 // field filled, Queue set), does the queue's bookkeeping for them, and
 // reports StateError when an error entry waits for takeErr. Called locked;
 // it allocates nothing.
-func (q *queue) pollEntries(ents []cq.Entry) (int, cq.State) {
+func (q *queue) pollEntries(ents []cq.Entry) (int, cqring.State) {
 	if q.closed || q.broken {
-		return 0, cq.StateOK
+		return 0, cqring.StateOK
 	}
 	if q.errPending {
-		return 0, cq.StateError
+		return 0, cqring.StateError
 	}
 	if q.skip && len(ents) > 1 {
 		// The next frame is the tail of one that had no EOP: read it
@@ -262,10 +263,10 @@ func (q *queue) pollEntries(ents []cq.Entry) (int, cq.State) {
 		q.errEnt = cq.ErrEntry{Entry: ents[0], Err: cq.ETRUNC, ProvErrno: provMultiBuffer}
 		q.errEnt.Buf = 0
 		q.ownErr = true
-		n, st = 0, cq.StateError
+		n, st = 0, cqring.StateError
 		bytes = 0
 	}
-	if st == cq.StateError {
+	if st == cqring.StateError {
 		q.errPending, q.errPos = true, h
 	}
 	if n > 0 {
@@ -357,7 +358,7 @@ func (q *queue) poll(out []nic.Completion) int {
 			e.Context = nil
 			n++
 		}
-		if st == cq.StateError {
+		if st == cqring.StateError {
 			var ee cq.ErrEntry
 			if q.takeErr(&ee) {
 				out[n] = nic.Completion{Context: ee.Context, Len: ee.Len, Queue: q.index, Err: errOf(&ee)}

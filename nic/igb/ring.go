@@ -8,6 +8,7 @@ import (
 	"math/bits"
 
 	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 )
 
 // Status values of the receive layout's Status field (the DD and EOP bits
@@ -24,13 +25,13 @@ const (
 // at byte 8 (DD bit 0, EOP bit 1), length at byte 12. The descriptor
 // position is the id. The device writes back in ring order, so an entry
 // without DD followed by one with DD is a hole, not a late write.
-func rxLayout(n int) cq.Layout {
-	return cq.Layout{
+func rxLayout(n int) cqring.Layout {
+	return cqring.Layout{
 		Name: "igb-rx", EntrySize: descSize, Entries: n,
-		Convention: cq.DescriptorDone, OwnerOff: 8, OwnerMask: rxdStatusDD,
-		Fields: cq.Fields{
-			Status: cq.Field{Off: 8, Bits: 2},
-			Len:    cq.Field{Off: 12, Bits: 16},
+		Convention: cqring.DescriptorDone, OwnerOff: 8, OwnerMask: rxdStatusDD,
+		Fields: cqring.Fields{
+			Status: cqring.Field{Off: 8, Bits: 2},
+			Len:    cqring.Field{Off: 12, Bits: 16},
 		},
 		IDIsIndex: true, DetectHoles: true,
 	}
@@ -39,15 +40,15 @@ func rxLayout(n int) cq.Layout {
 // txLayout is the advanced transmit descriptor in write-back form
 // (datasheet 7.2.2.3): DD is bit 0 of the status word at byte 12; the
 // rest is reserved, so the length comes from what was posted.
-func txLayout(n int) cq.Layout {
-	return cq.Layout{
+func txLayout(n int) cqring.Layout {
+	return cqring.Layout{
 		Name: "igb-tx", EntrySize: descSize, Entries: n,
-		Convention: cq.DescriptorDone, OwnerOff: 12, OwnerMask: txdStatusDD,
+		Convention: cqring.DescriptorDone, OwnerOff: 12, OwnerMask: txdStatusDD,
 		IDIsIndex: true, DetectHoles: true,
 	}
 }
 
-var rxCodes = cq.Codes{Statuses: []cq.Status{
+var rxCodes = cqring.Codes{Statuses: []cqring.Status{
 	{Value: rxStatusDone, Name: "DD|EOP"},
 	{Value: rxStatusNoEOP, Err: cq.ETRUNC, Name: "DD without EOP (frame spans buffers)"},
 }}
@@ -57,8 +58,8 @@ var rxCodes = cq.Codes{Statuses: []cq.Status{
 // table's ids are the descriptor positions (id bits = slot bits), which
 // holds because descriptors are posted and completed in ring order.
 type ring struct {
-	src *cq.RingSource
-	tab *cq.Table
+	src *cqring.RingSource
+	tab *cqring.Table
 }
 
 // newRing makes the reader over mem (n descriptors, n a power of two).
@@ -68,9 +69,9 @@ func newRing(mem []byte, n int, tx bool) (*ring, error) {
 	}
 	l, codes := rxLayout(n), rxCodes
 	if tx {
-		l, codes = txLayout(n), cq.Codes{}
+		l, codes = txLayout(n), cqring.Codes{}
 	}
-	src, err := cq.NewRingSource(cq.RingConfig{Mem: mem, Layout: l, Codes: codes})
+	src, err := cqring.NewRingSource(cqring.RingConfig{Mem: mem, Layout: l, Codes: codes})
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +80,7 @@ func newRing(mem []byte, n int, tx bool) (*ring, error) {
 	if err := src.Attach(cq.FormatData); err != nil {
 		return nil, err
 	}
-	tab, err := cq.NewTable(n, bits.Len(uint(n-1)))
+	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +97,7 @@ func (r *ring) post(ctx any, buf uintptr, length int, recv bool) (uint32, error)
 	if recv {
 		fl = cq.FlagRecv | cq.FlagMsg
 	}
-	return r.tab.Post(cq.Op{Context: ctx, Buf: buf, Len: length, Flags: fl})
+	return r.tab.Post(cqring.Op{Context: ctx, Buf: buf, Len: length, Flags: fl})
 }
 
 // head is the position of the next entry the reader takes.
@@ -105,7 +106,7 @@ func (r *ring) head() uint32 { return r.src.Ring().Head() }
 // poll reads up to len(ents) successful completions, in ring order from
 // head(); StateError means an error entry was consumed and waits for
 // readErr.
-func (r *ring) poll(ents []cq.Entry) (int, cq.State) { return r.src.Poll(ents, nil) }
+func (r *ring) poll(ents []cq.Entry) (int, cqring.State) { return r.src.Poll(ents, nil) }
 
 // readErr takes the pending error entry.
 func (r *ring) readErr(ee *cq.ErrEntry) bool {
@@ -133,9 +134,9 @@ type cqSource struct {
 	closed   bool
 }
 
-var _ cq.Source = (*cqSource)(nil)
+var _ cqring.Source = (*cqSource)(nil)
 
-// Attach implements cq.Source.
+// Attach implements cqring.Source.
 func (s *cqSource) Attach(f cq.Format) error {
 	if s.attached {
 		return fmt.Errorf("%w: igb queue %s already feeds a CQ", cq.ErrInvalid, s.q.name)
@@ -150,8 +151,8 @@ func (s *cqSource) Attach(f cq.Format) error {
 	return nil
 }
 
-// Poll implements cq.Source.
-func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.State) {
+// Poll implements cqring.Source.
+func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cqring.State) {
 	q := s.q
 	q.mu.Lock()
 	n, st := q.pollEntries(ents)
@@ -169,7 +170,7 @@ func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.State) {
 	return n, st
 }
 
-// Pending implements cq.Source.
+// Pending implements cqring.Source.
 func (s *cqSource) Pending(max int) int {
 	q := s.q
 	q.mu.Lock()
@@ -184,7 +185,7 @@ func (s *cqSource) Pending(max int) int {
 	return n
 }
 
-// ReadErr implements cq.Source.
+// ReadErr implements cqring.Source.
 func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	q := s.q
 	q.mu.Lock()
@@ -197,7 +198,7 @@ func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	return nil, true
 }
 
-// Arm implements cq.Source: unmask the queue's vector. The device has no
+// Arm implements cqring.Source: unmask the queue's vector. The device has no
 // completion counter, so the threshold is served by sleeping through
 // moderated interrupts (EITR) and polling again; every completion is
 // solicited.
@@ -212,12 +213,12 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements cq.Source.
+// StrError implements cqring.Source.
 func (s *cqSource) StrError(prov int, data []byte) (string, bool) {
 	return s.q.r.strError(prov, data)
 }
 
-// Close implements cq.Source: the queue reads its own completions again.
+// Close implements cqring.Source: the queue reads its own completions again.
 func (s *cqSource) Close() error {
 	if s.closed {
 		return nil
