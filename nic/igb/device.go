@@ -13,6 +13,7 @@ import (
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
@@ -63,6 +64,10 @@ func (m mmio) write(off, v uint32)    { _ = m.w.Write32(uintptr(off), v) }
 
 // Device is an igb NIC driven through VFIO (nic.Device).
 type Device struct {
+	claim     pci.Claim // the driver the device had, to give it back
+	keepBound bool
+	watchDone chan struct{} // closed when watchRequest ends
+
 	name  string
 	mac   *mac
 	addr  net.HardwareAddr
@@ -114,6 +119,9 @@ func Match(d pci.Device) bool {
 // device up (see the package documentation). The receive queues start
 // empty: post buffers, then Flush.
 func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", nic.ErrInvalid)
+	}
 	a, err := pci.ParseAddress(addr)
 	if err != nil {
 		return nil, err
@@ -130,27 +138,36 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("igb: open %s: %w", name, err)
 	}
-	sys := pci.Sysfs{}
-	if err := sys.CheckInUse(a, nil, cfg.Force); err != nil {
+	// Explain a machine where VFIO cannot work before touching the binding.
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+		return nil, fmt.Errorf("igb: open %s: %w", name, err)
+	}
+	claim, err := pci.Sysfs{}.Take(ctx, a, pci.TakeOptions{Force: cfg.Force})
+	if err != nil {
 		return nil, err
 	}
-	if err := sys.Bind(ctx, a, "vfio-pci"); err != nil {
-		return nil, err
+	d := &Device{name: name, mac: m, claim: claim, keepBound: cfg.KeepBound}
+	fail := func(err error) (*Device, error) {
+		// Whatever was set up is released and the device goes back
+		// where it was.
+		return nil, errors.Join(err, d.teardown(nic.ErrClosed), d.giveBack())
 	}
 	if pd, err = pci.Lookup(a); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if pd.IOMMUGroup < 0 {
-		return nil, fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, name)
+		return fail(fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, name))
 	}
-	d := &Device{name: name, mac: m}
 	if err := d.openVFIO(pd.IOMMUGroup, cfg); err != nil {
-		_ = d.teardown()
-		return nil, err
+		return fail(err)
 	}
 	if err := d.start(ctx, cfg); err != nil {
-		_ = d.teardown()
-		return nil, err
+		return fail(err)
+	}
+	d.info.PreviousDriver, d.info.Rebound = claim.Previous, claim.Bound
+	if req := d.vdev.Request(); req != nil {
+		d.watchDone = make(chan struct{})
+		go d.watchRequest(req)
 	}
 	wait := cfg.LinkWait
 	if wait == 0 {
@@ -820,27 +837,75 @@ func (d *Device) wire(v, fd int) error {
 // device so it no longer touches the rings, disables MSI-X and bus
 // mastering, frees the DMA memory, closes the VFIO objects and the
 // eventfds (which wakes blocked readers with ErrClosed) and unbinds the
-// CQs queues fed. The device stays bound to vfio-pci. Idempotent.
+// CQs queues fed. A device that Open bound to vfio-pci then goes back to
+// the driver it had (Info.PreviousDriver) unless Config.KeepBound.
+// Idempotent.
 func (d *Device) Close() error {
+	err := d.close(nic.ErrClosed)
+	if d.watchDone != nil {
+		<-d.watchDone
+	}
+	return err
+}
+
+// close tears the device down once, queues then failing with why, and
+// gives it back to its previous driver.
+func (d *Device) close(why error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return d.closeError
 	}
 	d.closed = true
-	d.closeError = d.teardown()
+	err := d.teardown(why)
+	if errors.Is(why, nic.ErrRemoved) && d.claim.Bound && !d.keepBound {
+		// The kernel finishes its unbind once the VFIO files are closed:
+		// give the device back only after that, not into its middle.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = errors.Join(err, pci.Sysfs{}.WaitDriverGone(ctx, d.claim.Address, pci.VFIODriver))
+		cancel()
+	}
+	d.closeError = errors.Join(err, d.giveBack())
 	return d.closeError
 }
 
+// giveBack returns a device that Open bound to vfio-pci to the driver it
+// had, unless Config.KeepBound; the VFIO files must be closed.
+func (d *Device) giveBack() error {
+	if d.keepBound {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return d.claim.Release(ctx)
+}
+
+// errRemoved is what queues return once the kernel took the device back.
+var errRemoved = fmt.Errorf("%w: %w", nic.ErrClosed, nic.ErrRemoved)
+
+// watchRequest waits for the kernel's device request (an unbind through
+// sysfs, a hot-unplug), which blocks until this process closes the
+// device: it then stops the queues, wakes their readers with an error
+// wrapping nic.ErrRemoved, and closes the device. It ends when the
+// request eventfd closes with the device.
+func (d *Device) watchRequest(req *eventfd.FD) {
+	defer close(d.watchDone)
+	if _, err := req.Wait(context.Background(), time.Time{}); err != nil {
+		return // closed with the device
+	}
+	_ = d.close(errRemoved)
+}
+
 // teardown releases whatever was set up, in the order the device needs:
-// no DMA memory is freed while the device may still use it.
-func (d *Device) teardown() error {
+// no DMA memory is freed while the device may still use it. Queue
+// operations fail with why from then on.
+func (d *Device) teardown(why error) error {
 	var errs []error
 	for _, q := range d.rx {
-		q.close()
+		q.close(why)
 	}
 	for _, q := range d.tx {
-		q.close()
+		q.close(why)
 	}
 	if d.regs != nil {
 		d.stopIO()

@@ -189,7 +189,7 @@ func TestArmMasks(t *testing.T) {
 	require.Equal(t, uint32(1<<1), f.get(regEIMC), "masked again")
 	// SRead with nothing to read times out (the fake raises no interrupt).
 	start := time.Now()
-	_, err := rx.SRead(nil, out, 1, 20*time.Millisecond) //nolint:staticcheck // nil ctx is documented
+	_, err := rx.SRead(t.Context(), out, 1, 20*time.Millisecond)
 	require.ErrorIs(t, err, nic.ErrTimeout)
 	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond)
 }

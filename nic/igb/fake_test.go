@@ -92,7 +92,7 @@ func startFake(f *fakeRegs, cfg Config) (*Device, error) {
 	}
 	d := &Device{name: "fake", mac: &macs[0], regs: f, win: f.w, space: dma.NewIdentitySpace(), nVectors: 10}
 	if err := d.start(context.Background(), cfg); err != nil {
-		_ = d.teardown()
+		_ = d.teardown(nic.ErrClosed)
 		return nil, err
 	}
 	return d, nil

@@ -85,6 +85,7 @@ type queue struct {
 	scratch    [32]cq.Entry
 
 	closed, broken bool
+	closeErr       error     // why the queue closed, once closed
 	src            *cqSource // set while the queue feeds a user CQ
 
 	packets, bytes, errs, interrupts atomic.Uint64
@@ -108,7 +109,7 @@ func (q *queue) Outstanding() int {
 func (q *queue) usable() error {
 	switch {
 	case q.closed:
-		return nic.ErrClosed
+		return q.closeErr
 	case q.broken:
 		return nic.ErrBroken
 	}
@@ -200,6 +201,11 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	case errors.Is(err, eventfd.ErrTimeout):
 		return nic.ErrTimeout
 	case errors.Is(err, eventfd.ErrClosed):
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.closeErr != nil {
+			return q.closeErr
+		}
 		return nic.ErrClosed
 	}
 	return err
@@ -211,9 +217,13 @@ func (q *queue) Stats() nic.QueueStats {
 		Notifies: q.notifies.Load(), Interrupts: q.interrupts.Load()}
 }
 
-func (q *queue) close() {
+// close marks the queue closed; later operations return why (nic.ErrClosed,
+// or an error wrapping it and nic.ErrRemoved when the kernel took the
+// device back).
+func (q *queue) close(why error) {
 	q.mu.Lock()
 	q.closed = true
+	q.closeErr = why
 	q.mu.Unlock()
 }
 
