@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/nic"
+	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
 )
 

@@ -1,0 +1,945 @@
+package igb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doctor"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/vfio"
+)
+
+// Defaults for the zero Config.
+const (
+	DefaultQueueSize  = 256
+	DefaultBufferSize = 2048
+	DefaultIOVAFloor  = 4 << 30
+)
+
+// Config is nic.Config plus igb's own choices.
+type Config struct {
+	nic.Config
+	// Moderation is the minimum interval between two interrupts of a
+	// queue's vector (EITR); 0 interrupts for every write-back.
+	Moderation time.Duration
+	// VLANStrip has the device remove 802.1Q tags from received frames
+	// (CTRL.VME); the tag is then in RxQueue.Offload.
+	VLANStrip bool
+	// LinkWait is how long Open waits for the link to come up after
+	// reset (auto-negotiation takes about 0.5 s on QEMU's model, seconds
+	// on copper); 0 means DefaultLinkWait, negative does not wait. Open
+	// succeeds with the link down when it does not come up in time.
+	LinkWait time.Duration
+}
+
+// DefaultLinkWait is how long Open waits for the link by default.
+const DefaultLinkWait = 3 * time.Second
+
+// regFile is the control path's register access (BAR0 through VFIO, or a
+// fake in tests). Data-path registers (tails, EIMS/EIMC) are doorbell.Reg32
+// handles taken from the same window.
+type regFile interface {
+	read(off uint32) uint32
+	write(off, v uint32)
+}
+
+// mmio is the register file of a mapped BAR0. Offsets are constants below
+// bar0Size, checked against the window when it is mapped.
+type mmio struct{ w doorbell.Window }
+
+func (m mmio) read(off uint32) uint32 { v, _ := m.w.Read32(uintptr(off)); return v }
+func (m mmio) write(off, v uint32)    { _ = m.w.Write32(uintptr(off), v) }
+
+// Device is an igb NIC driven through VFIO (nic.Device).
+type Device struct {
+	claim     pci.Claim // the driver the device had, to give it back
+	keepBound bool
+	watchDone chan struct{} // closed when watchRequest ends
+
+	name  string
+	mac   *mac
+	addr  net.HardwareAddr
+	info  nic.Info
+	regs  regFile
+	win   doorbell.Window
+	space *dma.Space
+
+	container *vfio.Container
+	vdev      *vfio.Device
+	// enableMSIX wires MSI-X vectors to eventfds (vfio, or nothing in
+	// tests); nVectors is how many the device has.
+	enableMSIX func(fds []int) error
+	nVectors   int
+	efds       []*eventfd.FD
+	vectorFDs  []int
+	bound      []*cq.CQ
+
+	rx []*RxQueue
+	tx []*TxQueue
+
+	mu         sync.Mutex
+	closed     bool
+	linkIntr   atomic.Uint64
+	closeError error
+}
+
+var _ nic.Device = (*Device)(nil)
+
+func init() {
+	_ = nic.Register(nic.Driver{Name: "igb", Match: Match,
+		Open: func(ctx context.Context, d pci.Device, cfg nic.Config) (nic.Device, error) {
+			return Open(ctx, d.Address.String(), Config{Config: cfg})
+		}})
+}
+
+// Match reports whether d is a member of the family whose MAC-table row
+// has been exercised (the 82576).
+func Match(d pci.Device) bool {
+	if d.VendorID != intelVendorID {
+		return false
+	}
+	m, ok := lookupMAC(d.DeviceID)
+	return ok && m.tested
+}
+
+// Open takes the igb device at addr: checks the kernel is not using it
+// (unless cfg.Force), binds it to vfio-pci, maps BAR0, and brings the
+// device up (see the package documentation). The receive queues start
+// empty: post buffers, then Flush.
+func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", nic.ErrInvalid)
+	}
+	a, err := pci.ParseAddress(addr)
+	if err != nil {
+		return nil, err
+	}
+	name := a.String()
+	pd, err := pci.Lookup(a)
+	if err != nil {
+		return nil, err
+	}
+	if !Match(pd) {
+		return nil, fmt.Errorf("%w: %s is %04x:%04x, not a supported igb device", nic.ErrNoDriver, name, pd.VendorID, pd.DeviceID)
+	}
+	m, _ := lookupMAC(pd.DeviceID)
+	if err := normalize(&cfg); err != nil {
+		return nil, fmt.Errorf("igb: open %s: %w", name, err)
+	}
+	// Explain a machine where VFIO cannot work before touching the binding.
+	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+		return nil, fmt.Errorf("igb: open %s: %w", name, err)
+	}
+	claim, err := pci.Sysfs{}.Take(ctx, a, pci.TakeOptions{Force: cfg.Force})
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{name: name, mac: m, claim: claim, keepBound: cfg.KeepBound}
+	fail := func(err error) (*Device, error) {
+		// Whatever was set up is released and the device goes back
+		// where it was.
+		return nil, errors.Join(err, d.teardown(nic.ErrClosed), d.giveBack())
+	}
+	if pd, err = pci.Lookup(a); err != nil {
+		return fail(err)
+	}
+	if pd.IOMMUGroup < 0 {
+		return fail(fmt.Errorf("%w: %s has no IOMMU group (is the IOMMU on?)", nic.ErrNotSupported, name))
+	}
+	if err := d.openVFIO(pd.IOMMUGroup, cfg); err != nil {
+		return fail(err)
+	}
+	if err := d.start(ctx, cfg); err != nil {
+		return fail(err)
+	}
+	d.info.PreviousDriver, d.info.Rebound = claim.Previous, claim.Bound
+	if req := d.vdev.Request(); req != nil {
+		d.watchDone = make(chan struct{})
+		go d.watchRequest(req)
+	}
+	wait := cfg.LinkWait
+	if wait == 0 {
+		wait = DefaultLinkWait
+	}
+	if wait > 0 {
+		if err := d.WaitLink(ctx, wait); err != nil && !errors.Is(err, nic.ErrTimeout) {
+			_ = d.Close()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// WaitLink waits until STATUS reports the link up, sleeping on the link
+// change interrupt (vector 0, ICR.LSC) between reads; ErrTimeout when it
+// stays down for timeout.
+func (d *Device) WaitLink(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		l, err := d.Link()
+		if err != nil {
+			return err
+		}
+		if l.Up {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: %s: link down after %v", nic.ErrTimeout, d.name, timeout)
+		}
+		// The interrupt is a hint: re-read STATUS at least every 100ms.
+		next := time.Now().Add(100 * time.Millisecond)
+		if next.After(deadline) {
+			next = deadline
+		}
+		n, err := d.efds[0].Wait(ctx, next)
+		d.linkIntr.Add(n)
+		if err != nil && !errors.Is(err, eventfd.ErrTimeout) {
+			if errors.Is(err, eventfd.ErrClosed) {
+				return nic.ErrClosed
+			}
+			return err
+		}
+	}
+}
+
+// openVFIO opens the container, group and device, maps BAR0 and makes
+// the DMA space.
+func (d *Device) openVFIO(group int, cfg Config) error {
+	var err error
+	if d.container, err = vfio.OpenContainer(); err != nil {
+		return err
+	}
+	g, err := d.container.OpenGroup(group)
+	if err != nil {
+		return err
+	}
+	if d.vdev, err = g.OpenDevice(d.name); err != nil {
+		return err
+	}
+	if err = d.vdev.SetBusMaster(true); err != nil {
+		return err
+	}
+	bar, err := d.vdev.MapRegion(0)
+	if err != nil {
+		return fmt.Errorf("igb: BAR0 of %s: %w", d.name, err)
+	}
+	mem, err := bar.Slice(0, bar0Size)
+	if err != nil {
+		return fmt.Errorf("igb: BAR0 of %s is smaller than %#x bytes: %w", d.name, bar0Size, err)
+	}
+	d.win = doorbell.NewWindow(mem)
+	d.regs = mmio{d.win}
+	info, err := d.vdev.IRQInfo(vfio.IRQMSIX)
+	if err != nil {
+		return err
+	}
+	d.nVectors = info.Count
+	d.enableMSIX = d.vdev.EnableMSIX
+	if d.space, err = dma.NewVFIOSpace(d.container, cfg.IOVAFloor); err != nil {
+		return fmt.Errorf("igb: DMA space of %s: %w", d.name, err)
+	}
+	return nil
+}
+
+// normalize fills in defaults and checks the Config.
+func normalize(cfg *Config) error {
+	c := &cfg.Config
+	if c.QueuePairs == 0 {
+		c.QueuePairs = 1
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = DefaultQueueSize
+	}
+	if c.BufferSize == 0 {
+		c.BufferSize = DefaultBufferSize
+	}
+	if c.RxBuffers == 0 {
+		c.RxBuffers = 2 * c.QueueSize
+	}
+	if c.IOVAFloor == 0 {
+		c.IOVAFloor = DefaultIOVAFloor
+	}
+	switch {
+	case c.QueuePairs < 1 || c.QueuePairs > 16:
+		return fmt.Errorf("%w: %d queue pairs", nic.ErrInvalid, c.QueuePairs)
+	case c.QueueSize < minRing || c.QueueSize > maxRing:
+		return fmt.Errorf("%w: queue size %d (%d to %d)", nic.ErrInvalid, c.QueueSize, minRing, maxRing)
+	case c.BufferSize < 2048 || c.BufferSize > 16384:
+		// SRRCTL counts the buffer in KiB; 2 KiB holds a 1514-byte frame.
+		return fmt.Errorf("%w: buffer size %d (2048 to 16384)", nic.ErrInvalid, c.BufferSize)
+	case c.RxBuffers < 1 || c.RxBuffers > 1<<20:
+		return fmt.Errorf("%w: %d receive buffers", nic.ErrInvalid, c.RxBuffers)
+	case cfg.Moderation < 0 || cfg.Moderation > 8*time.Millisecond:
+		return fmt.Errorf("%w: moderation %v (0 to 8ms)", nic.ErrInvalid, cfg.Moderation)
+	}
+	// Rings are powers of two (the table's ids are positions) and whole
+	// 128-byte blocks (RDLEN/TDLEN).
+	for c.QueueSize&(c.QueueSize-1) != 0 {
+		c.QueueSize &= c.QueueSize - 1
+	}
+	c.BufferSize &^= 1023
+	return nil
+}
+
+// Vector numbers: 0 for link and other causes, then one per queue.
+func rxVector(i int) int { return 1 + 2*i }
+func txVector(i int) int { return 2 + 2*i }
+
+// start brings the device up from whatever state it is in.
+func (d *Device) start(ctx context.Context, cfg Config) error {
+	pairs := cfg.QueuePairs
+	if pairs > d.mac.queues {
+		return fmt.Errorf("%w: %s: %d queue pairs asked, the %s has %d", nic.ErrNotSupported, d.name, pairs, d.mac.name, d.mac.queues)
+	}
+	if need := 1 + 2*pairs; need > d.nVectors {
+		return fmt.Errorf("%w: %s has %d MSI-X vectors, %d queue pairs need %d", nic.ErrNotSupported, d.name, d.nVectors, pairs, need)
+	}
+	if err := d.reset(ctx); err != nil {
+		return err
+	}
+	d.regs.write(regCTRLEXT, d.regs.read(regCTRLEXT)|ctrlExtDrvLoad)
+	if err := d.readMAC(); err != nil {
+		return err
+	}
+	// Link: set link up with speed and duplex from the PHY (not forced),
+	// and restart auto-negotiation, as Linux's copper set-up does
+	// (igb_copper_link_autoneg); the link comes up when it completes.
+	d.regs.write(regCTRL, d.regs.read(regCTRL)&^(ctrlFrcSpd|ctrlFrcDpx)|ctrlSLU)
+	bmcr, err := d.phyRead(phyCtrl)
+	if err != nil {
+		return err
+	}
+	if err := d.phyWrite(phyCtrl, bmcr|phyAutoNegEn|phyRestartAutoN); err != nil {
+		return err
+	}
+	if err := d.setupInterrupts(pairs, cfg.Moderation); err != nil {
+		return err
+	}
+	if err := d.setupQueues(cfg.Config, pairs); err != nil {
+		return err
+	}
+	if cfg.VLANStrip {
+		d.regs.write(regCTRL, d.regs.read(regCTRL)|ctrlVME)
+	}
+	d.setupReceive(cfg.Config, pairs)
+	d.regs.write(regTCTL, tctlEN|tctlPSP|tctlRTLC|15<<tctlCTShift|63<<tctlCOLDSh)
+	d.fillInfo(cfg.Config, pairs)
+	return nil
+}
+
+// stopIO masks every interrupt and stops receive and transmit.
+func (d *Device) stopIO() {
+	r := d.regs
+	r.write(regIMC, ^uint32(0))
+	r.write(regEIMC, ^uint32(0))
+	r.write(regEIAC, 0)
+	r.write(regRCTL, 0)
+	r.write(regTCTL, tctlPSP)
+	_ = r.read(regSTATUS) // flush the posted writes
+}
+
+// reset is the datasheet's reset sequence (4.6.1 / Linux
+// igb_reset_hw_82575): stop I/O, CTRL.RST, wait for it to clear, then
+// mask and clear interrupts again (reset restores their defaults).
+func (d *Device) reset(ctx context.Context) error {
+	r := d.regs
+	d.stopIO()
+	time.Sleep(time.Duration(d.mac.rstDelayMs) * time.Millisecond) // pending DMA drains
+	r.write(regCTRL, r.read(regCTRL)|ctrlRST)
+	time.Sleep(time.Duration(d.mac.rstDelayMs) * time.Millisecond)
+	deadline := time.Now().Add(resetTimeout * time.Millisecond)
+	for r.read(regCTRL)&ctrlRST != 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s: CTRL.RST still set after %dms", nic.ErrDeviceFailed, d.name, resetTimeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	r.write(regIMC, ^uint32(0))
+	r.write(regEIMC, ^uint32(0))
+	_ = r.read(regICR) // read to clear
+	_ = r.read(regEICR)
+	return nil
+}
+
+// mdic runs one MDIC transaction and returns the data read.
+func (d *Device) mdic(op uint32, reg, data uint16) (uint16, error) {
+	d.regs.write(regMDIC, op|uint32(reg)<<mdicRegShift|phyAddr<<mdicPhyShift|uint32(data))
+	for i := 0; i < 1000; i++ {
+		v := d.regs.read(regMDIC)
+		switch {
+		case v&mdicError != 0:
+			return 0, fmt.Errorf("%w: %s: MDIC error on PHY register %d", nic.ErrDeviceFailed, d.name, reg)
+		case v&mdicReady != 0:
+			return uint16(v), nil
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return 0, fmt.Errorf("%w: %s: MDIC not ready (PHY register %d)", nic.ErrDeviceFailed, d.name, reg)
+}
+
+func (d *Device) phyRead(reg uint16) (uint16, error) { return d.mdic(mdicOpRead, reg, 0) }
+
+func (d *Device) phyWrite(reg, v uint16) error {
+	_, err := d.mdic(mdicOpWrite, reg, v)
+	return err
+}
+
+// readMAC reads receive address 0, which the device loads from its EEPROM
+// at reset (datasheet 8.10.13: RAL0/RAH0, AV set).
+func (d *Device) readMAC() error {
+	lo, hi := d.regs.read(regRAL0), d.regs.read(regRAH0)
+	if hi&rahAV == 0 {
+		return fmt.Errorf("%w: %s: receive address 0 not valid after reset (RAH0 %#x)", nic.ErrDeviceFailed, d.name, hi)
+	}
+	m := net.HardwareAddr{byte(lo), byte(lo >> 8), byte(lo >> 16), byte(lo >> 24), byte(hi), byte(hi >> 8)}
+	if m[0]&1 != 0 || (lo == 0 && hi&0xffff == 0) {
+		return fmt.Errorf("%w: %s: receive address 0 is %v", nic.ErrDeviceFailed, d.name, m)
+	}
+	d.addr = m
+	return nil
+}
+
+// setupInterrupts wires the vectors (vfio) and programs the device's
+// MSI-X mode: GPIE, an IVAR entry per queue, IVAR_MISC for link and other
+// causes on vector 0, EITR, EIAC (queue causes auto-clear), EIAM (and
+// auto-mask, where the device applies it), EIMS for vector 0 and IMS.LSC.
+// Queue vectors stay masked until a reader arms them.
+func (d *Device) setupInterrupts(pairs int, moderation time.Duration) error {
+	need := 1 + 2*pairs
+	fds := make([]int, need)
+	for i := range fds {
+		e, err := eventfd.New()
+		if err != nil {
+			return fmt.Errorf("igb: eventfd for %s: %w", d.name, err)
+		}
+		d.efds = append(d.efds, e)
+		fds[i] = e.Fd()
+	}
+	d.vectorFDs = fds
+	if d.enableMSIX != nil {
+		if err := d.enableMSIX(fds); err != nil {
+			return err
+		}
+	}
+	r := d.regs
+	r.write(regGPIE, gpieNSICR|gpieMSIXMode|gpieEIAME|gpiePBA)
+	for i := 0; i < pairs; i++ {
+		d.setIVAR(i, false, rxVector(i))
+		d.setIVAR(i, true, txVector(i))
+	}
+	r.write(regIVARMISC, (0|ivarValid)<<8)
+	itr := eitrValue(moderation)
+	queueMask := uint32(0)
+	for v := 0; v < need; v++ {
+		r.write(regEITR0+4*uint32(v), itr)
+		if v > 0 {
+			queueMask |= 1 << v
+		}
+	}
+	r.write(regEIAC, queueMask)
+	r.write(regEIAM, queueMask)
+	r.write(regEIMS, 1) // vector 0: link changes
+	r.write(regIMS, icrLSC)
+	return nil
+}
+
+// eitrValue converts an interval to EITR: bits 2-14 hold the interval in
+// units of about 0.25us as Linux igb writes it (196 for 50us), and
+// CNT_IGNR keeps the write from resetting the running counter.
+func eitrValue(iv time.Duration) uint32 {
+	if iv <= 0 {
+		return 0
+	}
+	v := uint32(iv.Nanoseconds()*4/1000) & eitrIntervalMask
+	if v == 0 {
+		v = 4
+	}
+	return v | eitrCntIgnr
+}
+
+// setIVAR points queue q's receive or transmit cause at vector v.
+func (d *Device) setIVAR(q int, tx bool, v int) {
+	reg, shift := d.mac.ivar.ivarSlot(q, tx)
+	off := regIVAR0 + 4*uint32(reg)
+	val := d.regs.read(off)
+	val &^= 0xff << shift
+	val |= uint32(v|ivarValid) << shift
+	d.regs.write(off, val)
+}
+
+// setupQueues allocates the rings and buffers in one DMA region and
+// programs every queue (datasheet 4.6.7 and 4.6.8).
+func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
+	n := cfg.QueueSize
+	txBuf := align(nic.MaxFrame, 64)
+	ringBytes := align(n*descSize, ringAlign)
+	total := pairs * (2*(ringBytes+ringAlign) + cfg.RxBuffers*cfg.BufferSize + 64 + n*txBuf + 64)
+	region, err := d.space.Alloc(total, cfg.Memory)
+	if err != nil {
+		return fmt.Errorf("igb: %d bytes of DMA memory for %s: %w", total, d.name, err)
+	}
+	r := d.regs
+	for i := 0; i < pairs; i++ {
+		rq := &RxQueue{}
+		rxIOVA, err := d.newQueue(&rq.queue, region, i, n, false)
+		if err != nil {
+			return err
+		}
+		pool, err := dma.NewPool(region, cfg.RxBuffers, cfg.BufferSize)
+		if err != nil {
+			return fmt.Errorf("igb: receive buffers of %s: %w", d.name, err)
+		}
+		rq.pool, rq.bufLen = pool, uint32(cfg.BufferSize)
+		rq.base = uintptr(unsafe.Pointer(&pool.Buf(0)[0]))
+		rq.stride = uintptr(pool.BufSize())
+		rq.state = make([]uint8, pool.Cap())
+		rq.posBuf = make([]uint32, n)
+		rq.meta = make([]rxMeta, pool.Cap())
+		rq.rss = pairs > 1
+		d.rx = append(d.rx, rq)
+
+		r.write(rxReg(regRXDCTL0, i), 0)
+		r.write(rxReg(regRDBAL0, i), uint32(rxIOVA))
+		r.write(rxReg(regRDBAH0, i), uint32(rxIOVA>>32))
+		r.write(rxReg(regRDLEN0, i), uint32(n*descSize))
+		r.write(rxReg(regSRRCTL0, i), uint32(cfg.BufferSize>>10)|srrctlDescAdvOne|srrctlDropEn)
+		r.write(rxReg(regRDH0, i), 0)
+		r.write(rxReg(regRDT0, i), 0)
+		if err := d.enableQueue(rxReg(regRXDCTL0, i), 8|8<<8|1<<16); err != nil {
+			return err
+		}
+
+		tq := &TxQueue{maxFrame: nic.MaxFrame}
+		txIOVA, err := d.newQueue(&tq.queue, region, i, n, true)
+		if err != nil {
+			return err
+		}
+		tpool, err := dma.NewPool(region, n, txBuf)
+		if err != nil {
+			return fmt.Errorf("igb: transmit buffers of %s: %w", d.name, err)
+		}
+		tq.pool = tpool
+		tq.txLen = make([]uint32, n)
+		d.tx = append(d.tx, tq)
+
+		r.write(txReg(regTXDCTL0, i), 0)
+		r.write(txReg(regTDBAL0, i), uint32(txIOVA))
+		r.write(txReg(regTDBAH0, i), uint32(txIOVA>>32))
+		r.write(txReg(regTDLEN0, i), uint32(n*descSize))
+		r.write(txReg(regTDH0, i), 0)
+		r.write(txReg(regTDT0, i), 0)
+		r.write(txReg(regTDWBAL0, i), 0) // no head write-back: DD per descriptor
+		if err := d.enableQueue(txReg(regTXDCTL0, i), 8|1<<8|1<<16); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enableQueue sets RXDCTL/TXDCTL's enable bit with the thresholds and
+// waits for the device to report it (DPDK waits up to 10ms).
+func (d *Device) enableQueue(off, thresh uint32) error {
+	d.regs.write(off, thresh|dctlEnable)
+	for i := 0; i < 100; i++ {
+		if d.regs.read(off)&dctlEnable != 0 {
+			return nil
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return fmt.Errorf("%w: %s: queue control %#x did not enable", nic.ErrDeviceFailed, d.name, off)
+}
+
+// newQueue carves queue i's ring into q and makes its reader, doorbell
+// and interrupt handles; it returns the ring's IOVA.
+func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint64, error) {
+	mem, err := region.Carve(n*descSize, ringAlign)
+	if err != nil {
+		return 0, fmt.Errorf("igb: ring of %s: %w", d.name, err)
+	}
+	rg, err := newRing(mem.Bytes, n, tx)
+	if err != nil {
+		return 0, err
+	}
+	kind, tailReg, vec, qnum := "rx", rxReg(regRDT0, i), rxVector(i), uint32(2*i)
+	if tx {
+		kind, tailReg, vec, qnum = "tx", txReg(regTDT0, i), txVector(i), uint32(2*i+1)
+	}
+	tail, err := d.win.Reg32(uintptr(tailReg))
+	if err != nil {
+		return 0, err
+	}
+	if q.eims, err = d.win.Reg32(regEIMS); err != nil {
+		return 0, err
+	}
+	if q.eimc, err = d.win.Reg32(regEIMC); err != nil {
+		return 0, err
+	}
+	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
+	q.vbit, q.vector, q.efd = 1<<vec, vec, d.efds[vec]
+	return mem.IOVA, nil
+}
+
+// setupReceive programs the receive filters and offloads, then RCTL:
+// broadcast accept, CRC strip, promiscuous when asked; long packets stay
+// off (buffers hold standard frames). With several queue pairs, RSS
+// spreads flows (MRQC, RETA, key; RXCSUM.PCSD so the descriptor carries
+// the hash rather than the fragment checksum).
+func (d *Device) setupReceive(cfg nic.Config, pairs int) {
+	r := d.regs
+	csum := uint32(rxcsumIPOFL | rxcsumTUOFL)
+	if pairs > 1 {
+		csum |= rxcsumPCSD
+		for i := 0; i < 10; i++ {
+			k := rssKey[4*i:]
+			r.write(regRSSRK0+4*uint32(i), uint32(k[0])|uint32(k[1])<<8|uint32(k[2])<<16|uint32(k[3])<<24)
+		}
+		for i := 0; i < 32; i++ {
+			var v uint32
+			for j := 0; j < 4; j++ {
+				v |= uint32((4*i+j)%pairs) << (8 * j)
+			}
+			r.write(regRETA0+4*uint32(i), v)
+		}
+		r.write(regMRQC, mrqcRSS|mrqcIPv4|mrqcIPv4TCP|mrqcIPv4UDP|mrqcIPv6|mrqcIPv6TCP|mrqcIPv6UDP)
+	} else {
+		r.write(regMRQC, 0)
+	}
+	r.write(regRXCSUM, csum)
+	rctl := uint32(rctlEN | rctlBAM | rctlSECRC | rctlMPE)
+	if cfg.Promiscuous {
+		rctl |= rctlUPE
+	}
+	r.write(regRCTL, rctl)
+}
+
+func (d *Device) fillInfo(cfg nic.Config, pairs int) {
+	feats := []string{"advanced-descriptors", "msix"}
+	if pairs > 1 {
+		feats = append(feats, "rss")
+	}
+	d.info = nic.Info{
+		Driver: "igb", Address: d.name, Model: "Intel " + d.mac.name, MAC: d.addr, MTU: 1500,
+		QueuePairs: pairs, MaxQueuePairs: min(d.mac.queues, (d.nVectors-1)/2),
+		QueueSize: cfg.QueueSize, RxBuffers: cfg.RxBuffers, BufferSize: cfg.BufferSize,
+		Vectors: len(d.efds), Features: feats,
+	}
+}
+
+// Info implements nic.Device.
+func (d *Device) Info() nic.Info {
+	i := d.info
+	i.MAC = append(net.HardwareAddr(nil), d.addr...)
+	i.Features = append([]string(nil), i.Features...)
+	return i
+}
+
+// MAC implements nic.Device.
+func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.addr...) }
+
+// QueuePairs implements nic.Device.
+func (d *Device) QueuePairs() int { return len(d.rx) }
+
+// Rx implements nic.Device.
+func (d *Device) Rx(i int) (nic.RxQueue, error) {
+	q, err := d.RxQueue(i)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// Tx implements nic.Device.
+func (d *Device) Tx(i int) (nic.TxQueue, error) {
+	q, err := d.TxQueue(i)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// RxQueue returns receive queue i as its concrete type.
+func (d *Device) RxQueue(i int) (*RxQueue, error) {
+	if i < 0 || i >= len(d.rx) {
+		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
+	}
+	return d.rx[i], nil
+}
+
+// TxQueue returns transmit queue i as its concrete type.
+func (d *Device) TxQueue(i int) (*TxQueue, error) {
+	if i < 0 || i >= len(d.tx) {
+		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
+	}
+	return d.tx[i], nil
+}
+
+// Link implements nic.Device: STATUS.LU, FD and SPEED.
+func (d *Device) Link() (nic.Link, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nic.Link{}, nic.ErrClosed
+	}
+	d.takeLinkInterrupts()
+	s := d.regs.read(regSTATUS)
+	l := nic.Link{Up: s&statusLU != 0, Reported: true, FullDuplex: s&statusFD != 0}
+	switch s & statusSpeedMask {
+	case 0:
+		l.SpeedMbps = 10
+	case statusSpeed100:
+		l.SpeedMbps = 100
+	default:
+		l.SpeedMbps = 1000
+	}
+	return l, nil
+}
+
+// takeLinkInterrupts moves pending vector-0 interrupts to the counter and
+// clears their cause (ICR is read-to-clear).
+func (d *Device) takeLinkInterrupts() {
+	if len(d.efds) > 0 {
+		if n, _ := d.efds[0].Take(); n > 0 {
+			d.linkIntr.Add(n)
+			_ = d.regs.read(regICR)
+		}
+	}
+}
+
+// LinkInterrupt is the eventfd that link changes signal (vector 0).
+func (d *Device) LinkInterrupt() *eventfd.FD {
+	if len(d.efds) == 0 {
+		return nil
+	}
+	return d.efds[0]
+}
+
+// Stats implements nic.Device.
+func (d *Device) Stats() nic.Stats {
+	d.mu.Lock()
+	if !d.closed {
+		d.takeLinkInterrupts()
+	}
+	d.mu.Unlock()
+	s := nic.Stats{ConfigInterrupts: d.linkIntr.Load()}
+	for _, q := range d.rx {
+		qs := q.Stats()
+		s.RxQueues = append(s.RxQueues, qs)
+		s.Rx.Add(qs)
+	}
+	for _, q := range d.tx {
+		qs := q.Stats()
+		s.TxQueues = append(s.TxQueues, qs)
+		s.Tx.Add(qs)
+	}
+	return s
+}
+
+// BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue
+// of pair i and 2i+1 for its transmit queue.
+func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.closed:
+		return nic.ErrClosed
+	case c == nil:
+		return fmt.Errorf("%w: %s: nil CQ", nic.ErrInvalid, d.name)
+	case i < 0 || i >= len(d.rx):
+		return fmt.Errorf("%w: %s: queue pair %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
+	case dir == 0 || dir&^(nic.Recv|nic.Send) != 0:
+		return fmt.Errorf("%w: %s: direction %#x", nic.ErrInvalid, d.name, uint8(dir))
+	}
+	var qs []*queue
+	if dir&nic.Recv != 0 {
+		qs = append(qs, &d.rx[i].queue)
+	}
+	if dir&nic.Send != 0 {
+		qs = append(qs, &d.tx[i].queue)
+	}
+	for _, q := range qs {
+		q.mu.Lock()
+		bound := q.src != nil
+		q.mu.Unlock()
+		if bound {
+			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.name)
+		}
+	}
+	for _, q := range qs {
+		s := &cqSource{q: q, dev: d}
+		if err := cqring.Bind(c); err != nil {
+			return err
+		}
+		if err := cqring.AddSource(c, s); err != nil {
+			cqring.Unbind(c)
+			return err
+		}
+		d.bound = append(d.bound, c)
+		q.mu.Lock()
+		q.src = s
+		q.disarm()
+		q.mu.Unlock()
+		if efd := cqring.Interrupt(c); efd != nil && q.vector >= 0 {
+			if err := d.wire(q.vector, efd.Fd()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unbind gives a queue its own completions and interrupt back.
+func (d *Device) unbind(s *cqSource) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q := s.q
+	q.mu.Lock()
+	if q.src == s {
+		q.src = nil
+	}
+	q.mu.Unlock()
+	if d.closed || q.vector < 0 || q.efd == nil {
+		return nil
+	}
+	return d.wire(q.vector, q.efd.Fd())
+}
+
+// wire points MSI-X vector v at fd, rewiring all vectors in one call
+// (MSI-X cannot be resized while enabled). Called with d.mu held.
+func (d *Device) wire(v, fd int) error {
+	if v < 0 || v >= len(d.vectorFDs) {
+		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, d.name, v, len(d.vectorFDs))
+	}
+	d.vectorFDs[v] = fd
+	if d.enableMSIX == nil {
+		return nil
+	}
+	return d.enableMSIX(d.vectorFDs)
+}
+
+// Close stops the device and releases everything: it waits for queue
+// operations in progress, masks interrupts, stops RX/TX and resets the
+// device so it no longer touches the rings, disables MSI-X and bus
+// mastering, frees the DMA memory, closes the VFIO objects and the
+// eventfds (which wakes blocked readers with ErrClosed) and unbinds the
+// CQs queues fed. A device that Open bound to vfio-pci then goes back to
+// the driver it had (Info.PreviousDriver) unless Config.KeepBound.
+// Idempotent.
+func (d *Device) Close() error {
+	err := d.close(nic.ErrClosed)
+	if d.watchDone != nil {
+		<-d.watchDone
+	}
+	return err
+}
+
+// close tears the device down once, queues then failing with why, and
+// gives it back to its previous driver.
+func (d *Device) close(why error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return d.closeError
+	}
+	d.closed = true
+	err := d.teardown(why)
+	if errors.Is(why, nic.ErrRemoved) && d.claim.Bound && !d.keepBound {
+		// The kernel finishes its unbind once the VFIO files are closed:
+		// give the device back only after that, not into its middle.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = errors.Join(err, pci.Sysfs{}.WaitDriverGone(ctx, d.claim.Address, pci.VFIODriver))
+		cancel()
+	}
+	d.closeError = errors.Join(err, d.giveBack())
+	return d.closeError
+}
+
+// giveBack returns a device that Open bound to vfio-pci to the driver it
+// had, unless Config.KeepBound; the VFIO files must be closed.
+func (d *Device) giveBack() error {
+	if d.keepBound {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return d.claim.Release(ctx)
+}
+
+// errRemoved is what queues return once the kernel took the device back.
+var errRemoved = fmt.Errorf("%w: %w", nic.ErrClosed, nic.ErrRemoved)
+
+// watchRequest waits for the kernel's device request (an unbind through
+// sysfs, a hot-unplug), which blocks until this process closes the
+// device: it then stops the queues, wakes their readers with an error
+// wrapping nic.ErrRemoved, and closes the device. It ends when the
+// request eventfd closes with the device.
+func (d *Device) watchRequest(req *eventfd.FD) {
+	defer close(d.watchDone)
+	if _, err := req.Wait(context.Background(), time.Time{}); err != nil {
+		return // closed with the device
+	}
+	_ = d.close(errRemoved)
+}
+
+// teardown releases whatever was set up, in the order the device needs:
+// no DMA memory is freed while the device may still use it. Queue
+// operations fail with why from then on.
+func (d *Device) teardown(why error) error {
+	var errs []error
+	for _, q := range d.rx {
+		q.close(why)
+	}
+	for _, q := range d.tx {
+		q.close(why)
+	}
+	if d.regs != nil {
+		d.stopIO()
+		for i := range d.rx {
+			d.regs.write(rxReg(regRXDCTL0, i), 0)
+			d.regs.write(txReg(regTXDCTL0, i), 0)
+		}
+		if d.mac != nil {
+			if err := d.reset(context.Background()); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		d.regs.write(regCTRLEXT, d.regs.read(regCTRLEXT)&^ctrlExtDrvLoad)
+	}
+	if d.vdev != nil {
+		if len(d.efds) > 0 {
+			errs = append(errs, d.vdev.DisableMSIX())
+		}
+		errs = append(errs, d.vdev.SetBusMaster(false))
+	}
+	if d.space != nil {
+		errs = append(errs, d.space.Close())
+	}
+	if d.container != nil {
+		errs = append(errs, d.container.Close())
+	}
+	for _, e := range d.efds {
+		errs = append(errs, e.Close())
+	}
+	for _, c := range d.bound {
+		cqring.Unbind(c)
+	}
+	d.bound = nil
+	return errors.Join(errs...)
+}
+
+func align(n, a int) int { return (n + a - 1) &^ (a - 1) }

@@ -1,0 +1,29 @@
+// Package igb drives the Intel 82576 family (igb) through VFIO, behind the
+// nic interface: QEMU's -device igb, and the i350 and relatives once their
+// row of the MAC table (macs) is filled in and checked on hardware.
+//
+// Bring-up follows the 82576 datasheet (sections 4.5 and 4.6, "Software
+// initialization sequence") as Linux igb and DPDK's e1000/igb PMD do it:
+// mask interrupts, stop RX/TX, CTRL.RST and wait for it to clear, read the
+// MAC from RAL0/RAH0, set link up (CTRL.SLU) and read link state from STATUS,
+// program MSI-X (GPIE, IVAR, IVAR_MISC), then each queue (ring base and
+// length, SRRCTL advanced one-buffer descriptors, head and tail, RXDCTL or
+// TXDCTL enable) and finally RCTL and TCTL.
+//
+// Both directions use 16-byte advanced descriptors (QEMU's model has no
+// legacy ones). A queue's ring is both its posting ring and its completion
+// ring: the device sets the DD status bit in the write-back form, the
+// driver reads it through cq's ring reader (DescriptorDone convention, the
+// descriptor position is the id) and re-posts by writing a fresh
+// read-format descriptor, which clears DD. Transmit completions use DD on
+// every descriptor (posted with RS) rather than head write-back (TDWBAL):
+// that way both directions go through the same validating reader, and a
+// completion is tied to the descriptor it completes, not to a head value
+// the driver would have to trust.
+//
+// Each receive and transmit queue has its own MSI-X vector (vector 0 takes
+// link and other causes). A blocking read arms by unmasking its vector
+// (EIMS), polls once more and sleeps on the vector's eventfd; a read that
+// returns completions masks it again (EIMC). Wake-ups are hints: QEMU's
+// moderation timer has been known to interrupt with no cause.
+package igb

@@ -1,0 +1,119 @@
+package igb
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// A device that writes what it may not: every case ends in error
+// completions with the right error, never a panic, and the buffers come
+// back to the pool.
+
+func TestMisbehaveLengthBeyondBuffer(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8, RxBuffers: 8}})
+	dev := newFakeNIC(t, d, f)
+	rx := d.rx[0]
+	require.Equal(t, 7, fill(t, rx))
+	dev.writeBack(0, rxdStatusDD|rxdStatusEOP, 2049) // one byte beyond the 2 KiB buffer
+	dev.rdh = 1
+	dev.writeBack(1, rxdStatusDD|rxdStatusEOP, 0xffff)
+	dev.rdh = 2
+	dev.receive(frameOf(2, 64))
+	out := make([]nic.Completion, 8)
+	n := rx.Poll(out)
+	require.Equal(t, 1, n, "an error completion ends the batch")
+	require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+	require.Nil(t, out[0].Data)
+	require.Equal(t, 0, out[0].Context)
+	n = rx.Poll(out)
+	require.Equal(t, 1, n)
+	require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+	n = rx.Poll(out)
+	require.Equal(t, 1, n)
+	require.NoError(t, out[0].Err)
+	require.Equal(t, frameOf(2, 64), out[0].Data)
+	require.Equal(t, 4, rx.Outstanding())
+	require.Equal(t, 3, rx.pool.Free(), "two refused buffers recycled, one lent")
+	require.EqualValues(t, 2, rx.Stats().Errors)
+	require.NoError(t, rx.Repost(out[0].Buf, nil), "the queue keeps working")
+}
+
+func TestMisbehaveNeverPosted(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8}})
+	dev := newFakeNIC(t, d, f)
+	rx := d.rx[0]
+	require.NoError(t, rx.PostRecv("a"))
+	require.NoError(t, rx.PostRecv("b"))
+	require.NoError(t, rx.Flush())
+	dev.receive(frameOf(0, 60))
+	dev.receive(frameOf(1, 60))
+	dev.writeBack(2, rxdStatusDD|rxdStatusEOP, 60) // beyond the tail
+	out := make([]nic.Completion, 8)
+	n := rx.Poll(out)
+	require.Equal(t, 3, n)
+	require.NoError(t, out[0].Err)
+	require.NoError(t, out[1].Err)
+	require.ErrorIs(t, out[2].Err, nic.ErrBadID)
+	require.Nil(t, out[2].Context)
+	require.Zero(t, rx.Poll(out), "a broken queue reads nothing")
+	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
+	require.ErrorIs(t, rx.Flush(), nic.ErrBroken)
+	require.NoError(t, rx.Release(out[0].Buf), "lent buffers still go back")
+
+	// The same on the transmit ring: DD on a descriptor never sent.
+	tx := d.tx[0]
+	require.NoError(t, tx.Send(frameOf(0, 60), 0))
+	require.NoError(t, tx.Flush())
+	dev.transmit()
+	*(*uint32)(ptrAdd(desc(&tx.queue, 1), 12)) = txdStatusDD // never sent
+	n = tx.Poll(out)
+	require.Equal(t, 2, n)
+	require.NoError(t, out[0].Err)
+	require.Equal(t, 0, out[0].Context)
+	require.ErrorIs(t, out[1].Err, nic.ErrBadID)
+	require.ErrorIs(t, tx.Send(frameOf(1, 60), 1), nic.ErrBroken)
+}
+
+func TestMisbehaveHole(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8}})
+	dev := newFakeNIC(t, d, f)
+	rx := d.rx[0]
+	fill(t, rx)
+	dev.writeBack(1, rxdStatusDD|rxdStatusEOP, 60) // DD on 1 while 0 has none
+	out := make([]nic.Completion, 8)
+	n := rx.Poll(out)
+	require.Equal(t, 1, n)
+	require.ErrorIs(t, out[0].Err, nic.ErrBadPhase)
+	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
+}
+
+func TestMisbehaveNoEOP(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 16}})
+	dev := newFakeNIC(t, d, f)
+	rx := d.rx[0]
+	require.Equal(t, 15, fill(t, rx))
+	free := rx.pool.Free()
+	dev.writeBack(0, rxdStatusDD, 2048) // first part of a frame
+	dev.writeBack(1, rxdStatusDD, 2048) // middle part
+	dev.writeBack(2, rxdStatusDD|rxdStatusEOP, 100)
+	dev.rdh = 3
+	dev.receive(frameOf(7, 77))
+	out := make([]nic.Completion, 8)
+	var got []nic.Completion
+	for i := 0; i < 10 && len(got) < 4; i++ {
+		n := rx.Poll(out)
+		got = append(got, out[:n]...)
+	}
+	require.Len(t, got, 4)
+	for i := 0; i < 3; i++ {
+		require.ErrorIs(t, got[i].Err, nic.ErrMultiBuffer, "part %d", i)
+		require.Equal(t, i, got[i].Context)
+		require.Nil(t, got[i].Data)
+	}
+	require.NoError(t, got[3].Err)
+	require.Equal(t, frameOf(7, 77), got[3].Data)
+	require.Equal(t, free+3, rx.pool.Free(), "every part of the frame recycled")
+	require.Equal(t, 11, rx.Outstanding())
+}

@@ -1,0 +1,571 @@
+package igb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// Errors returned on the data path, prepared once so returning them does
+// not allocate.
+var (
+	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
+	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
+	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
+	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
+	errClosed    = nic.ErrClosed
+	errNotBuffer = fmt.Errorf("%w: address is not the start of a buffer of this queue", nic.ErrBadBuffer)
+
+	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
+	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer", nic.ErrBadLen)
+	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
+	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
+	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
+)
+
+// Buffer states of a receive pool.
+const (
+	bufFree   = 0
+	bufPosted = 1 // lent to the device
+	bufLent   = 2 // lent to the caller in a completion
+)
+
+// queue is what receive and transmit queues share: the descriptor ring,
+// its reader, its tail doorbell, its interrupt vector and counters. All
+// of it is guarded by mu, whichever way the queue is read (Poll, or the
+// CQ it feeds).
+type queue struct {
+	mu    sync.Mutex
+	name  string
+	index int    // queue pair
+	qnum  uint32 // 2*index for receive, 2*index+1 for transmit (cq.Entry.Queue)
+	rx    bool
+	n     uint32
+	desc  []byte // n descriptors in DMA memory
+	r     *ring
+	tail  uint32 // position of the next descriptor to post
+	out   int    // descriptors posted and not yet completed
+	db    *doorbell.Doorbell
+
+	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
+	vbit       uint32         // the vector's bit in EIMS/EIMC
+	vector     int            // MSI-X vector, -1 for none
+	armed      bool
+	efd        *eventfd.FD
+
+	// receive
+	pool   *dma.Pool
+	base   uintptr // address of buffer 0
+	stride uintptr
+	bufLen uint32
+	state  []uint8  // per pool buffer
+	posBuf []uint32 // per descriptor: the pool buffer posted there
+	meta   []rxMeta // per pool buffer: the write-back of the frame lent
+	rss    bool     // RSS on: the write-back carries the hash
+	skip   bool     // the next frame is the rest of one without EOP
+
+	// transmit
+	txLen []uint32 // per descriptor: the frame length posted there
+
+	errPending bool // the reader holds an error entry for takeErr
+	errPos     uint32
+	ownErr     bool // errEnt is a continuation error made by the queue
+	errEnt     cq.ErrEntry
+	scratch    [32]cq.Entry
+
+	closed, broken bool
+	closeErr       error     // why the queue closed, once closed
+	src            *cqSource // set while the queue feeds a user CQ
+
+	packets, bytes, errs, interrupts atomic.Uint64
+	notifies                         atomic.Uint64
+}
+
+// Index implements nic.Queue.
+func (q *queue) Index() int { return q.index }
+
+// Size implements nic.Queue.
+func (q *queue) Size() int { return int(q.n) }
+
+// Outstanding implements nic.Queue.
+func (q *queue) Outstanding() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.out
+}
+
+// usable returns why the queue cannot take an operation. Called locked.
+func (q *queue) usable() error {
+	switch {
+	case q.closed:
+		return q.closeErr
+	case q.broken:
+		return nic.ErrBroken
+	}
+	return nil
+}
+
+// room reports whether a descriptor can be posted: one always stays empty,
+// since head == tail means an empty ring to the device.
+func (q *queue) room() bool { return q.out < int(q.n)-1 }
+
+// Flush implements nic.Queue: the tail register, once per batch (the
+// doorbell skips an unchanged value and orders the descriptor stores
+// before it).
+func (q *queue) Flush() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	before := q.db.Rings()
+	q.db.Ring(q.tail)
+	if q.db.Rings() != before {
+		q.notifies.Add(1)
+	}
+	return nil
+}
+
+// Ready counts up to max completions written and not yet read.
+func (q *queue) Ready(max int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.broken {
+		return 0
+	}
+	return q.r.pending(max)
+}
+
+// arm unmasks the queue's vector. Called locked.
+func (q *queue) arm() {
+	if q.eims.Valid() {
+		q.eims.Write(q.vbit)
+		q.armed = true
+	}
+}
+
+// disarm masks it again. Called locked.
+func (q *queue) disarm() {
+	if q.armed {
+		q.eimc.Write(q.vbit)
+		q.armed = false
+	}
+}
+
+// Arm implements nic.Queue. The device raises one interrupt per written
+// descriptor (subject to EITR moderation), not per threshold, so the
+// threshold is left to SRead's re-poll.
+func (q *queue) Arm(threshold int) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	if q.efd == nil || !q.eims.Valid() {
+		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.name)
+	}
+	q.arm()
+	return nil
+}
+
+// Interrupt implements nic.Queue.
+func (q *queue) Interrupt() *eventfd.FD { return q.efd }
+
+// WaitInterrupt implements nic.Queue.
+func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	if q.efd == nil {
+		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.name)
+	}
+	q.mu.Lock()
+	bound := q.src != nil
+	q.mu.Unlock()
+	if bound {
+		return fmt.Errorf("%w: queue %s feeds a completion queue: read it there", nic.ErrInvalid, q.name)
+	}
+	n, err := q.efd.Wait(ctx, deadline)
+	q.interrupts.Add(n)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, eventfd.ErrTimeout):
+		return nic.ErrTimeout
+	case errors.Is(err, eventfd.ErrClosed):
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.closeErr != nil {
+			return q.closeErr
+		}
+		return nic.ErrClosed
+	}
+	return err
+}
+
+// Stats implements nic.Queue.
+func (q *queue) Stats() nic.QueueStats {
+	return nic.QueueStats{Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
+		Notifies: q.notifies.Load(), Interrupts: q.interrupts.Load()}
+}
+
+// close marks the queue closed; later operations return why (nic.ErrClosed,
+// or an error wrapping it and nic.ErrRemoved when the kernel took the
+// device back).
+func (q *queue) close(why error) {
+	q.mu.Lock()
+	q.closed = true
+	q.closeErr = why
+	q.mu.Unlock()
+}
+
+// pollEntries reads successful completions in ring order into ents (every
+// field filled, Queue set), does the queue's bookkeeping for them, and
+// reports StateError when an error entry waits for takeErr. Called locked;
+// it allocates nothing.
+func (q *queue) pollEntries(ents []cq.Entry) (int, cqring.State) {
+	if q.closed || q.broken {
+		return 0, cqring.StateOK
+	}
+	if q.errPending {
+		return 0, cqring.StateError
+	}
+	if q.skip && len(ents) > 1 {
+		// The next frame is the tail of one that had no EOP: read it
+		// alone, so that it can become an error completion in order.
+		ents = ents[:1]
+	}
+	h := q.r.head()
+	n, st := q.r.poll(ents)
+	var bytes uint64
+	for i := range ents[:n] {
+		e := &ents[i]
+		e.Queue = q.qnum
+		if q.rx {
+			b := q.posBuf[h]
+			q.state[b] = bufLent
+			// The offload bits, read once into a copy for Offload; length
+			// and status came from the reader's own read.
+			p := unsafe.Pointer(&q.desc[uintptr(h)*descSize])
+			q.meta[b] = rxMeta{atomic.LoadUint64((*uint64)(p)), atomic.LoadUint64((*uint64)(unsafe.Add(p, 8)))}
+		} else {
+			e.Len = int(q.txLen[h])
+		}
+		bytes += uint64(e.Len)
+		if h++; h == q.n {
+			h = 0
+		}
+	}
+	q.out -= n
+	if q.skip && n == 1 {
+		// The rest of a frame without EOP: an error, its buffer recycled.
+		q.skip = false
+		q.out++ // counted again below as the error entry
+		h = (h + q.n - 1) % q.n
+		q.errEnt = cq.ErrEntry{Entry: ents[0], Err: cq.ETRUNC, ProvErrno: provMultiBuffer}
+		q.errEnt.Buf = 0
+		q.ownErr = true
+		n, st = 0, cqring.StateError
+		bytes = 0
+	}
+	if st == cqring.StateError {
+		q.errPending, q.errPos = true, h
+	}
+	if n > 0 {
+		q.disarm()
+		q.packets.Add(uint64(n))
+		q.bytes.Add(bytes)
+	}
+	return n, st
+}
+
+// takeErr moves the pending error completion into ee (reading one from the
+// ring when none is pending) and recycles what it held: the receive
+// buffer of a refused entry goes back to the pool. An entry the device
+// wrote at a position that was not posted (or a hole) leaves the ring and
+// the posted descriptors out of step, so the queue is broken. Called
+// locked.
+func (q *queue) takeErr(ee *cq.ErrEntry) bool {
+	if q.closed || q.broken && !q.errPending {
+		return false
+	}
+	pos, own := q.errPos, q.ownErr
+	if own {
+		*ee = q.errEnt
+		q.ownErr = false
+	} else {
+		if !q.errPending {
+			pos = q.r.head()
+		}
+		if !q.r.readErr(ee) {
+			q.errPending = false
+			return false
+		}
+	}
+	q.errPending = false
+	ee.Queue = q.qnum
+	q.errs.Add(1)
+	switch ee.ProvErrno {
+	case cq.ProvBadID, cq.ProvBadPhase, cq.ProvBadQueue:
+		q.broken = true
+		return true
+	case provMultiBuffer:
+		// A descriptor the device wrote without EOP: the rest of the
+		// frame follows and is refused too (pollEntries makes that
+		// error itself and clears skip).
+		q.skip = q.rx && !own
+	}
+	q.out--
+	if q.rx {
+		b := q.posBuf[pos]
+		if q.state[b] != bufFree {
+			q.state[b] = bufFree
+			_ = q.pool.Put(b) // a buffer this queue posted at pos
+		}
+	}
+	ee.Buf = 0 // nothing is lent by an error completion
+	return true
+}
+
+// errOf maps an error completion to the nic error it carries.
+func errOf(ee *cq.ErrEntry) error {
+	switch ee.ProvErrno {
+	case cq.ProvBadID, cq.ProvBadQueue:
+		return errBadID
+	case cq.ProvBadLen:
+		return errBadLen
+	case cq.ProvBadPhase:
+		return errBadPhase
+	case provMultiBuffer:
+		return errMultiBuffer
+	}
+	return errBadStatus
+}
+
+// poll implements Poll for both directions: completions through the ring
+// reader, converted to nic.Completion. Called locked.
+func (q *queue) poll(out []nic.Completion) int {
+	n := 0
+	for n < len(out) {
+		want := min(len(out)-n, len(q.scratch))
+		k, st := q.pollEntries(q.scratch[:want])
+		for i := range q.scratch[:k] {
+			e := &q.scratch[i]
+			c := &out[n]
+			*c = nic.Completion{Context: e.Context, Len: e.Len, Queue: q.index}
+			if q.rx {
+				c.Buf = e.Buf
+				c.Data = q.pool.Buf(uint32((e.Buf - q.base) / q.stride))[:e.Len]
+			}
+			e.Context = nil
+			n++
+		}
+		if st == cqring.StateError {
+			var ee cq.ErrEntry
+			if q.takeErr(&ee) {
+				out[n] = nic.Completion{Context: ee.Context, Len: ee.Len, Queue: q.index, Err: errOf(&ee)}
+				n++
+			}
+			break
+		}
+		if k < want {
+			break
+		}
+	}
+	return n
+}
+
+// Poll implements nic.Queue.
+func (q *queue) Poll(out []nic.Completion) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.src != nil {
+		return 0
+	}
+	return q.poll(out)
+}
+
+// SRead implements nic.Queue.
+func (q *queue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	return nic.SRead(ctx, q, out, threshold, timeout)
+}
+
+// writeDesc stores a read-format descriptor: the buffer address, then the
+// second quadword, which for a receive descriptor clears DD (hdr_addr 0).
+func (q *queue) writeDesc(pos uint32, addr, word1 uint64) {
+	p := unsafe.Pointer(&q.desc[uintptr(pos)*descSize])
+	atomic.StoreUint64((*uint64)(p), addr)
+	atomic.StoreUint64((*uint64)(unsafe.Add(p, 8)), word1)
+}
+
+// RxQueue is an igb receive queue (nic.RxQueue).
+type RxQueue struct{ queue }
+
+var _ nic.RxQueue = (*RxQueue)(nil)
+
+// MaxFrame implements nic.RxQueue.
+func (q *RxQueue) MaxFrame() int { return int(q.bufLen) }
+
+// PostRecv implements nic.RxQueue.
+func (q *RxQueue) PostRecv(ctx any) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	if !q.room() {
+		return errNoDesc
+	}
+	b, ok := q.pool.Get()
+	if !ok {
+		return errNoBuffer
+	}
+	return q.post(b, ctx)
+}
+
+// post lends pool buffer b to the device at the tail. Called locked with
+// room.
+func (q *RxQueue) post(b uint32, ctx any) error {
+	pos, err := q.r.post(ctx, q.base+uintptr(b)*q.stride, int(q.bufLen), true)
+	if err == nil && pos != q.tail {
+		// The table hands out positions in ring order; anything else
+		// means the ring and the table disagree.
+		q.broken = true
+		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, pos, q.tail)
+	}
+	if err != nil {
+		q.state[b] = bufFree
+		_ = q.pool.Put(b)
+		return err
+	}
+	q.state[b] = bufPosted
+	q.posBuf[pos] = b
+	q.writeDesc(pos, q.pool.Addr(b), 0)
+	q.out++
+	if q.tail++; q.tail == q.n {
+		q.tail = 0
+	}
+	return nil
+}
+
+// bufIndex maps a completion's Buf back to a lent pool buffer.
+func (q *RxQueue) bufIndex(buf uintptr) (uint32, error) {
+	off := buf - q.base
+	if buf < q.base || off%q.stride != 0 || off/q.stride >= uintptr(len(q.state)) {
+		return 0, errNotBuffer
+	}
+	b := uint32(off / q.stride)
+	if q.state[b] != bufLent {
+		return 0, errNotLent
+	}
+	return b, nil
+}
+
+// Repost implements nic.RxQueue.
+func (q *RxQueue) Repost(buf uintptr, ctx any) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return err
+	}
+	if !q.room() {
+		return errNoDesc
+	}
+	return q.post(b, ctx)
+}
+
+// Release implements nic.RxQueue.
+func (q *RxQueue) Release(buf uintptr) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nic.ErrClosed
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return err
+	}
+	q.state[b] = bufFree
+	return q.pool.Put(b)
+}
+
+// Frame implements nic.RxQueue.
+func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, nic.ErrClosed
+	}
+	b, err := q.bufIndex(buf)
+	if err != nil {
+		return nil, err
+	}
+	if length < 0 || length > int(q.bufLen) {
+		return nil, fmt.Errorf("%w: %d bytes in a %d-byte buffer", nic.ErrInvalid, length, q.bufLen)
+	}
+	return q.pool.Buf(b)[:length], nil
+}
+
+// TxQueue is an igb transmit queue (nic.TxQueue). Descriptor i always
+// uses transmit buffer i.
+type TxQueue struct {
+	queue
+	maxFrame int
+}
+
+var _ nic.TxQueue = (*TxQueue)(nil)
+
+// MaxFrame implements nic.TxQueue.
+func (q *TxQueue) MaxFrame() int { return q.maxFrame }
+
+// Send implements nic.TxQueue: one advanced data descriptor with EOP, IFCS
+// (the device appends the FCS) and RS (report status: DD is written back).
+func (q *TxQueue) Send(frame []byte, ctx any) error {
+	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
+		return errFrameSize
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return err
+	}
+	if !q.room() {
+		return errNoDesc
+	}
+	pos := q.tail
+	buf := q.pool.Buf(pos)
+	n := copy(buf, frame)
+	got, err := q.r.post(ctx, uintptr(unsafe.Pointer(&buf[0])), n, false)
+	if err != nil {
+		return err
+	}
+	if got != pos {
+		q.broken = true
+		return fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
+	}
+	q.txLen[pos] = uint32(n)
+	cmd := uint64(n) | txdDTypData | txdCmdDEXT | txdCmdIFCS | txdCmdEOP | txdCmdRS
+	olinfo := uint64(n) << txdPaylenSh
+	q.writeDesc(pos, q.pool.Addr(pos), cmd|olinfo<<32)
+	q.out++
+	if q.tail++; q.tail == q.n {
+		q.tail = 0
+	}
+	return nil
+}
+
+// ringAddr is the address of the ring's first descriptor (its IOVA in an
+// identity space; tests compare it with RDBAL).
+func (q *queue) ringAddr() unsafe.Pointer { return unsafe.Pointer(&q.desc[0]) }

@@ -1,0 +1,252 @@
+package igbvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/qemu"
+)
+
+// Each igb takes two slots 16 above its own for its SR-IOV VFs (QEMU
+// reserves them), so igb NICs sit two slots apart.
+const (
+	slotIGB   = 4 // the igb NIC vfnic drives, on a dgram netdev to the host
+	slotEcho  = 6 // igb on hub 1, driven by vfnic echo (TestGuestInterop)
+	slotLinux = 8 // igb on hub 1, driven by the guest's Linux igb driver
+	echoIP    = "10.0.9.1"
+	linuxIP   = "10.0.9.2/24"
+	vfnicBin  = "/vfnic/bin/vfnic"
+	window    = 64 // host->guest data frames in flight beyond the last ack
+	ackEach   = 16 // the receiver acknowledges every ackEach frames
+	frames    = 10000
+)
+
+// TestVM boots a guest with one igb NIC on a dgram netdev served below,
+// and two igb NICs on a hub (one for vfnic echo, one for Linux), and runs
+// the TestGuest* tests there.
+func TestVM(t *testing.T) {
+	if qemu.InGuest() {
+		t.Skip("host side: boots the guest that runs the TestGuest* tests")
+	}
+	qemu.RequireVM(t)
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	nd, err := qemu.NewDgram()
+	require.NoError(t, err)
+	s, err := newServer(nd)
+	require.NoError(t, err)
+	defer s.close()
+	go s.serve(ctx)
+	// The interop test runs the vfnic command itself, built static here.
+	bin := t.TempDir() + "/vfnic"
+	require.NoError(t, qemu.BuildBinary(ctx, "github.com/vfnic/vfnic/cmd/vfnic", bin))
+	cfg := qemu.Config{
+		NICs: []qemu.NIC{
+			{Model: qemu.IGB, Slot: slotIGB, Net: nd, Bind: qemu.BindVFIO},
+			{Model: qemu.IGB, Slot: slotEcho, Net: qemu.Hub(1), Bind: qemu.BindVFIO},
+			{Model: qemu.IGB, Slot: slotLinux, Net: qemu.Hub(1), Bind: qemu.BindLinux, IPv4: linuxIP},
+		},
+		Files:   []qemu.File{{Host: bin, Guest: vfnicBin, Mode: 0o755}},
+		Timeout: 4 * time.Minute,
+	}
+	run := "^TestGuest"
+	if r := os.Getenv("VFNIC_GUEST_RUN"); r != "" {
+		run = r
+		cfg.Output = os.Stderr
+	}
+	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/tests/igbvm", Run: run})
+	stop()
+	for _, l := range s.logs() {
+		t.Logf("host: %s", l)
+	}
+	for _, e := range s.errors() {
+		t.Errorf("host: %s", e)
+	}
+}
+
+// server is the host end of the netdev.
+type server struct {
+	conn   *net.UDPConn
+	remote *net.UDPAddr
+	mu     sync.Mutex
+	log    []string
+	errs   []string
+	guest  net.HardwareAddr
+	acks   chan uint32 // acks of the current host->guest run
+	rxSess uint32      // session of the guest->host run being checked
+	rxNext uint32
+	rxWant uint32
+}
+
+func newServer(nd qemu.Netdev) (*server, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: nd.HostPort})
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetReadBuffer(4 << 20)
+	return &server{conn: c, remote: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: nd.QEMUPort},
+		acks: make(chan uint32, 1024)}, nil
+}
+
+func (s *server) close() { _ = s.conn.Close() }
+
+func (s *server) logf(format string, args ...any) {
+	s.mu.Lock()
+	s.log = append(s.log, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+func (s *server) errorf(format string, args ...any) {
+	s.mu.Lock()
+	s.errs = append(s.errs, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+func (s *server) logs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.log...)
+}
+func (s *server) errors() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.errs...)
+}
+
+func (s *server) send(f []byte) {
+	if _, err := s.conn.WriteToUDP(f, s.remote); err != nil && !errors.Is(err, net.ErrClosed) {
+		s.errorf("send: %v", err)
+	}
+}
+
+func (s *server) reply(m msg, typ uint8, arg uint32) {
+	s.send(build(s.guest, hostMAC, typ, m.session, arg, 60))
+}
+
+// serve answers the guest until ctx ends.
+func (s *server) serve(ctx context.Context) {
+	go func() { <-ctx.Done(); s.close() }()
+	buf := make([]byte, 65536)
+	for {
+		n, _, err := s.conn.ReadFromUDP(buf)
+		if err != nil {
+			return
+		}
+		f := buf[:n]
+		m, err := parse(f)
+		if m.typ == 0 && err != nil {
+			continue // not ours (the guest's kernel sends nothing on a vfio NIC, but be safe)
+		}
+		s.guest = append(net.HardwareAddr(nil), f[6:12]...)
+		switch m.typ {
+		case msgHello:
+			s.reply(m, msgHelloAck, 0)
+		case msgRxReq:
+			go s.sendRun(ctx, m, m.arg, s.guest)
+		case msgPaced:
+			go func(m msg, dst net.HardwareAddr) {
+				gap := time.Duration(m.arg&0xffff) * time.Microsecond
+				next := time.Now()
+				for seq := uint32(0); seq < m.arg>>16; seq++ {
+					for time.Now().Before(next) {
+					} // spin: sleeps are too coarse for 100us gaps
+					s.send(dataFrame(dst, hostMAC, m.session, seq))
+					next = next.Add(gap)
+				}
+			}(m, s.guest)
+		case msgRSSReq:
+			go s.sendRSS(ctx, m, int(m.arg>>16), int(m.arg&0xffff), s.guest)
+		case msgAck:
+			select {
+			case s.acks <- m.arg:
+			default:
+			}
+		case msgDelayed:
+			go func(m msg, dst net.HardwareAddr) {
+				time.Sleep(time.Duration(m.arg) * time.Millisecond)
+				s.send(dataFrame(dst, hostMAC, m.session, 0))
+			}(m, s.guest)
+		case msgTxReq:
+			s.rxSess, s.rxNext, s.rxWant = m.session, 0, m.arg
+			s.reply(m, msgAck, 0)
+		case msgData:
+			if m.session != s.rxSess {
+				continue
+			}
+			if err != nil || m.arg != s.rxNext {
+				if err == nil {
+					err = fmt.Errorf("data frame %d where %d was due", m.arg, s.rxNext)
+				}
+				s.errorf("guest->host: %v", err)
+				s.reply(m, msgNak, s.rxNext)
+				continue
+			}
+			s.rxNext++
+			if s.rxNext%ackEach == 0 || s.rxNext == s.rxWant {
+				s.reply(m, msgAck, s.rxNext)
+			}
+			if s.rxNext == s.rxWant {
+				s.logf("guest->host: %d frames in order and intact", s.rxWant)
+			}
+		}
+	}
+}
+
+// sendRun sends n data frames to the guest, keeping at most window
+// beyond the last count the guest acknowledged.
+func (s *server) sendRun(ctx context.Context, m msg, n uint32, dst net.HardwareAddr) {
+	for len(s.acks) > 0 {
+		<-s.acks
+	}
+	acked := uint32(0)
+	t0 := time.Now()
+	for seq := uint32(0); seq < n; seq++ {
+		for seq-acked >= window {
+			select {
+			case a := <-s.acks:
+				acked = max(acked, a)
+			case <-time.After(10 * time.Second):
+				s.errorf("host->guest: no ack beyond %d of %d for 10s", acked, n)
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		s.send(dataFrame(dst, hostMAC, m.session, seq))
+	}
+	s.logf("host->guest: sent %d frames in %v", n, time.Since(t0).Round(time.Millisecond))
+}
+
+// sendRSS sends perFlow frames on each of flows UDP flows, interleaved,
+// under the same window of acknowledgements as sendRun.
+func (s *server) sendRSS(ctx context.Context, m msg, flows, perFlow int, dst net.HardwareAddr) {
+	for len(s.acks) > 0 {
+		<-s.acks
+	}
+	acked, sent := uint32(0), uint32(0)
+	for seq := 0; seq < perFlow; seq++ {
+		for flow := 0; flow < flows; flow++ {
+			for sent-acked >= window {
+				select {
+				case a := <-s.acks:
+					acked = max(acked, a)
+				case <-time.After(10 * time.Second):
+					s.errorf("rss: no ack beyond %d of %d for 10s", acked, flows*perFlow)
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+			s.send(udpFrame(dst, hostMAC, m.session, flow, seq))
+			sent++
+		}
+	}
+	s.logf("rss: sent %d flows of %d frames", flows, perFlow)
+}

@@ -1,0 +1,179 @@
+package igbvm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+)
+
+// Frames between the guest and the host: Ethernet with a local
+// experimental EtherType, then
+//
+//	[14:18] "IGBV"  [18] type  [19] 0  [20:24] session  [24:28] seq or argument
+//	[28:30] frame length  [30:] pattern bytes (data frames)
+//
+// The session is chosen by the guest test, so frames left over from an
+// earlier test are told apart.
+const (
+	etherType = 0x88B5
+	hdrLen    = 30
+	minData   = 64
+	maxData   = 1514
+)
+
+// Message types.
+const (
+	msgHello    = 1 // guest: are you there; host: helloAck
+	msgHelloAck = 2
+	msgRxReq    = 3 // guest: send me arg data frames (window of acks)
+	msgData     = 4
+	msgAck      = 5  // the count of data frames received so far
+	msgTxReq    = 6  // guest: I will send arg data frames; check them
+	msgDelayed  = 7  // guest: send one data frame after arg milliseconds
+	msgNak      = 8  // host: a data frame was wrong (arg: its expected seq)
+	msgRSSReq   = 9  // guest: send arg>>16 UDP flows of arg&0xffff frames each
+	msgPaced    = 10 // guest: send arg>>16 data frames, arg&0xffff microseconds apart
+)
+
+// RSS flows: UDP/IPv4 from 10.0.0.1:rssPort0+flow to 10.0.0.2:9, with the
+// test header (type msgData, arg flow<<16|seq) as UDP payload.
+const rssPort0 = 10000
+
+var hostIP, guestIP = net.IPv4(10, 0, 0, 1).To4(), net.IPv4(10, 0, 0, 2).To4()
+
+// udpFrame builds a UDP/IPv4 frame with checksums, through gopacket.
+func udpFrame(dst, src net.HardwareAddr, session uint32, flow, seq int) []byte {
+	payload := make([]byte, hdrLen+16)
+	fill(payload, dst, src, msgData, session, uint32(flow<<16|seq))
+	eth := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: hostIP, DstIP: guestIP}
+	udp := &layers.UDP{SrcPort: layers.UDPPort(rssPort0 + flow), DstPort: 9}
+	_ = udp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true, FixLengths: true},
+		eth, ip, udp, gopacket.Payload(payload)); err != nil {
+		panic(err) // fixed, valid layers
+	}
+	return buf.Bytes()
+}
+
+// parseUDP decodes a frame from udpFrame: the flow (by source port) and
+// the test header in the payload.
+func parseUDP(f []byte) (flow int, m msg, ok bool) {
+	p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.NoCopy)
+	udp, isUDP := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if !isUDP || len(udp.Payload) < hdrLen || string(udp.Payload[14:18]) != "IGBV" {
+		return 0, msg{}, false
+	}
+	b := udp.Payload
+	m = msg{typ: b[18], session: binary.LittleEndian.Uint32(b[20:24]), arg: binary.LittleEndian.Uint32(b[24:28])}
+	return int(udp.SrcPort) - rssPort0, m, true
+}
+
+var hostMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+
+// msg is a decoded frame.
+type msg struct {
+	typ     uint8
+	session uint32
+	arg     uint32
+	size    int
+}
+
+// dataSize is the length of data frame seq: 64 to 1514 bytes, mixed.
+func dataSize(seq uint32) int { return minData + int(seq*7919)%(maxData-minData+1) }
+
+func build(dst, src net.HardwareAddr, typ uint8, session, arg uint32, size int) []byte {
+	if size < hdrLen {
+		size = 60
+	}
+	b := make([]byte, size)
+	fill(b, dst, src, typ, session, arg)
+	return b
+}
+
+// fill writes a frame of len(b) bytes into b.
+func fill(b []byte, dst, src net.HardwareAddr, typ uint8, session, arg uint32) {
+	copy(b[0:6], dst)
+	copy(b[6:12], src)
+	binary.BigEndian.PutUint16(b[12:14], etherType)
+	copy(b[14:18], "IGBV")
+	b[18], b[19] = typ, 0
+	binary.LittleEndian.PutUint32(b[20:24], session)
+	binary.LittleEndian.PutUint32(b[24:28], arg)
+	binary.LittleEndian.PutUint16(b[28:30], uint16(len(b)))
+	for i := hdrLen; i < len(b); i++ {
+		b[i] = byte(arg*31 + uint32(i))
+	}
+}
+
+func dataFrame(dst, src net.HardwareAddr, session, seq uint32) []byte {
+	return build(dst, src, msgData, session, seq, dataSize(seq))
+}
+
+// parse decodes f with gopacket's Ethernet layer and checks the header
+// and, for data frames, the length and every pattern byte.
+func parse(f []byte) (msg, error) {
+	p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.NoCopy)
+	eth, ok := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	if !ok || eth.EthernetType != etherType {
+		return msg{}, fmt.Errorf("not a test frame (%d bytes)", len(f))
+	}
+	b := f
+	if len(b) < hdrLen || string(b[14:18]) != "IGBV" {
+		return msg{}, fmt.Errorf("bad magic in a %d-byte frame", len(b))
+	}
+	m := msg{typ: b[18], session: binary.LittleEndian.Uint32(b[20:24]), arg: binary.LittleEndian.Uint32(b[24:28]),
+		size: int(binary.LittleEndian.Uint16(b[28:30]))}
+	if m.typ != msgData {
+		return m, nil
+	}
+	if m.size != len(b) || m.size != dataSize(m.arg) {
+		return m, fmt.Errorf("data frame %d: %d bytes, header says %d, expected %d", m.arg, len(b), m.size, dataSize(m.arg))
+	}
+	for i := hdrLen; i < len(b); i++ {
+		if b[i] != byte(m.arg*31+uint32(i)) {
+			return m, fmt.Errorf("data frame %d: byte %d is %#x", m.arg, i, b[i])
+		}
+	}
+	return m, nil
+}
+
+// rssKey is the key the driver programs (Microsoft's verification key).
+var rssKey = []byte{
+	0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0,
+	0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
+	0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+}
+
+// toeplitz is the RSS hash of input under key (Microsoft's RSS spec).
+func toeplitz(key, input []byte) uint32 {
+	var h uint32
+	w := binary.BigEndian.Uint32(key)
+	for i, b := range input {
+		for bit := 7; bit >= 0; bit-- {
+			if b>>uint(bit)&1 != 0 {
+				h ^= w
+			}
+			w <<= 1
+			if kb := i + 4; kb < len(key) && key[kb]>>uint(bit)&1 != 0 {
+				w |= 1
+			}
+		}
+	}
+	return h
+}
+
+// flowHash is the IPv4/UDP RSS hash of flow: source and destination
+// address, then source and destination port.
+func flowHash(flow int) uint32 {
+	in := make([]byte, 12)
+	copy(in[0:4], hostIP)
+	copy(in[4:8], guestIP)
+	binary.BigEndian.PutUint16(in[8:10], uint16(rssPort0+flow))
+	binary.BigEndian.PutUint16(in[10:12], 9)
+	return toeplitz(rssKey, in)
+}
