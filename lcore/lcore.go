@@ -121,6 +121,9 @@ type Stats struct {
 type queueEntry struct {
 	q nic.Queue
 	h Handler
+	// irqs counts the interrupts the core took from q's eventfd (a
+	// pointer: entries are copied as the slice grows).
+	irqs *atomic.Uint64
 }
 
 // Core is a polling core. Create it with New, add queues and functions,
@@ -172,6 +175,21 @@ func New(cfg Config) (*Core, error) {
 	return &Core{cfg: cfg, buf: make([]nic.Completion, cfg.Batch), wake: wake, done: make(chan struct{})}, nil
 }
 
+// Interrupts returns how many interrupts the core has taken from q's
+// eventfd (0 for a queue it does not own): the count the queue's own
+// Stats().Interrupts would have had, since the core reads the eventfd
+// itself.
+func (c *Core) Interrupts(q nic.Queue) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.queues {
+		if e.q == q {
+			return e.irqs.Load()
+		}
+	}
+	return 0
+}
+
 // Config returns the core's configuration, defaults filled in.
 func (c *Core) Config() Config { return c.cfg }
 
@@ -180,8 +198,8 @@ func (c *Core) Config() Config { return c.cfg }
 // Adaptive and Interrupt modes q must have an interrupt (q.Interrupt() not
 // nil). A queue belongs to one core: nothing else may read it, or wait on
 // its interrupt, while the core runs. The core reads the interrupt eventfd
-// itself, so the queue's Stats().Interrupts does not count the core's
-// wake-ups: the core's Stats do.
+// itself, so the queue's Stats().Interrupts does not count them:
+// Core.Interrupts does.
 func (c *Core) AddQueue(q nic.Queue, h Handler) error {
 	if q == nil {
 		return fmt.Errorf("%w: lcore: nil queue", os.ErrInvalid)
@@ -194,7 +212,7 @@ func (c *Core) AddQueue(q nic.Queue, h Handler) error {
 	if err := c.usableLocked(); err != nil {
 		return err
 	}
-	c.queues = append(c.queues, queueEntry{q: q, h: h})
+	c.queues = append(c.queues, queueEntry{q: q, h: h, irqs: new(atomic.Uint64)})
 	return nil
 }
 
@@ -391,6 +409,7 @@ func (c *Core) loop(ctx context.Context, p pinned) (err error) {
 	defer c.publish()
 	var ep *epoller
 	if c.cfg.Mode != Busy {
+		defer c.takeInterrupts()
 		if ep, err = newEpoller(c.wake, c.queues); err != nil {
 			return err
 		}
@@ -480,9 +499,11 @@ func (c *Core) sleep(ep *epoller) error {
 		q := c.queues[i].q
 		// An interrupt left from an earlier arm (fired while the core was
 		// polling) would end the sleep at once for nothing.
-		if _, err := q.Interrupt().Take(); err != nil {
+		n, err := q.Interrupt().Take()
+		if err != nil {
 			return fmt.Errorf("lcore: queue %d interrupt: %w", q.Index(), closedErr(err))
 		}
+		c.queues[i].irqs.Add(n)
 		if err := q.Arm(1); err != nil {
 			return fmt.Errorf("lcore: arm queue %d: %w", q.Index(), err)
 		}
@@ -500,6 +521,18 @@ func (c *Core) sleep(ep *epoller) error {
 	}
 	c.st.Wakeups++
 	return nil
+}
+
+// takeInterrupts counts the interrupts left on the queues' eventfds when
+// the core stops (taken otherwise at the next sleep).
+func (c *Core) takeInterrupts() {
+	for i := range c.queues {
+		if efd := c.queues[i].q.Interrupt(); efd != nil {
+			if n, err := efd.Take(); err == nil {
+				c.queues[i].irqs.Add(n)
+			}
+		}
+	}
 }
 
 // closedErr maps eventfd's closed error onto os.ErrClosed.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -46,6 +47,11 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%w: -json and -w - both want stdout", errUsage)
 		}
 	}
+	core, err := df.newCore()
+	if err != nil {
+		return err
+	}
+	defer core.Close()
 	dev, err := df.openOne(ctx, fs, nic.Config{Promiscuous: !noPromisc})
 	if err != nil {
 		return err
@@ -75,71 +81,107 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	if err := fillRx(rx); err != nil {
 		return err
 	}
-	c := captureCounts{bufFrame: rx.MaxFrame()}
-	p := newProgress(human, dev, df.interval, c.line)
+	cw := &capturer{rx: rx, w: w, bw: bw, count: uint64(*count), snaplen: *snaplen, pipe: *file == "-",
+		c: captureCounts{bufFrame: rx.MaxFrame()}}
+	p := newProgress(human, dev, df.interval, cw.c.line)
 	p.promisc = !noPromisc
 	mode := "promiscuous"
 	if noPromisc {
 		mode = "not promiscuous"
 	}
-	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes)\n",
-		name(*file), mode, *snaplen, c.bufFrame)
-	comps := make([]nic.Completion, 64)
-	for (*count == 0 || c.written < uint64(*count)) && ctx.Err() == nil {
-		n, err := rx.SRead(ctx, comps, 1, 100*time.Millisecond)
-		if err != nil && !errors.Is(err, nic.ErrTimeout) && ctx.Err() == nil {
-			return err
-		}
-		refill := false
-		for i := range comps[:n] {
-			cp := &comps[i]
-			if cp.Err != nil {
-				// The driver took the buffer back into its pool.
-				c.failed(cp.Err)
-				refill = true
-				continue
-			}
-			if *count == 0 || c.written < uint64(*count) {
-				l := min(len(cp.Data), *snaplen)
-				ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: l, Length: len(cp.Data)}
-				if err := w.WritePacket(ci, cp.Data[:l]); err != nil {
-					return err
-				}
-				c.written++
-				if l < len(cp.Data) {
-					c.truncated++
-				}
-			}
-			if err := rx.Repost(cp.Buf, nil); err != nil {
-				return err
-			}
-		}
-		if refill {
-			if err := fillRx(rx); err != nil {
-				return err
-			}
-		} else if n > 0 {
-			if err := rx.Flush(); err != nil {
-				return err
-			}
-		}
-		if *file == "-" || n == 0 {
-			// A reader on a pipe (tshark -r -) sees each batch at once.
-			if err := bw.Flush(); err != nil {
-				return err
-			}
-		}
-		p.tick()
-	}
-	if err := bw.Flush(); err != nil {
-		return err
+	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes), %s\n",
+		name(*file), mode, *snaplen, cw.c.bufFrame, coreNote(core))
+	if err := cw.run(ctx, core, p); err != nil {
+		return removed(err, rx)
 	}
 	if f != nil {
 		if err := f.Close(); err != nil {
 			return err
 		}
 	}
-	return p.summary("capture", df.jsonOut(o), c.details())
+	return p.summary("capture", df.jsonOut(o), cw.c.details())
+}
+
+// capturer is capture's receive loop: a Handler of a polling core that
+// writes each frame to the pcap and posts its buffer again.
+type capturer struct {
+	rx      nic.RxQueue
+	w       *pcapgo.Writer
+	bw      *bufio.Writer // under w: flushed when the queue goes idle
+	count   uint64        // frames to write, 0 for no limit
+	snaplen int
+	pipe    bool // the pcap goes to stdout: flush every batch
+
+	// Written on the core's thread; read by the summary once it stopped.
+	c   captureCounts
+	got int // completions in the current round
+}
+
+// run captures on core until count frames are written, ctx ends, or an
+// operation fails, and flushes the pcap.
+func (cw *capturer) run(ctx context.Context, core *lcore.Core, p *progress) error {
+	ctx, done := context.WithCancel(ctx)
+	defer done()
+	err := core.AddQueue(cw.rx, func(_ nic.Queue, batch []nic.Completion) error {
+		cw.got += len(batch)
+		return cw.handle(batch, done)
+	})
+	if err != nil {
+		return err
+	}
+	err = core.AddFunc(func() (int, error) {
+		// A reader on a pipe (tshark -r -) sees each batch at once; a file
+		// gets what is buffered whenever the queue is idle, as the core
+		// polls once more before it sleeps.
+		if cw.pipe || cw.got == 0 {
+			if err := cw.bw.Flush(); err != nil {
+				return 0, err
+			}
+		}
+		cw.got = 0
+		return 0, nil
+	})
+	if err != nil {
+		return err
+	}
+	err = runCore(ctx, core, p)
+	return errors.Join(err, cw.bw.Flush())
+}
+
+// handle writes a batch of frames, up to count, and posts their buffers
+// again; done stops the core once count frames are written.
+func (cw *capturer) handle(comps []nic.Completion, done func()) error {
+	refill := false
+	for i := range comps {
+		cp := &comps[i]
+		if cp.Err != nil {
+			// The driver took the buffer back into its pool.
+			cw.c.failed(cp.Err)
+			refill = true
+			continue
+		}
+		if cw.count == 0 || cw.c.written < cw.count {
+			l := min(len(cp.Data), cw.snaplen)
+			ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: l, Length: len(cp.Data)}
+			if err := cw.w.WritePacket(ci, cp.Data[:l]); err != nil {
+				return err
+			}
+			cw.c.written++
+			if l < len(cp.Data) {
+				cw.c.truncated++
+			}
+			if cw.c.written == cw.count {
+				done()
+			}
+		}
+		if err := cw.rx.Repost(cp.Buf, nil); err != nil {
+			return err
+		}
+	}
+	if refill {
+		return fillRx(cw.rx)
+	}
+	return nil
 }
 
 func name(file string) string {

@@ -183,7 +183,13 @@ func TestGuestCLICapture(t *testing.T) {
 	if !qemu.InGuest() {
 		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
 	}
-	sum, frames := guestCapture(t, cliFrames)
+	// In interrupt mode: the core sleeps on MSI-X whenever a poll finds
+	// nothing, and the host's frames come 2 ms apart.
+	sum, frames := guestCapture(t, cliFrames, "-mode", "interrupt")
+	require.Equal(t, "interrupt", sum.Core.Mode)
+	require.Equal(t, -1, sum.Core.CPU, "not pinned by default")
+	require.Positive(t, sum.Core.Sleeps, "slept between frames")
+	require.Positive(t, sum.Core.Wakeups)
 	require.Equal(t, cliMTU, sum.Device.MTU, "the MTU the device offers, not 1500")
 	require.Equal(t, cliMTU+nic.FrameOverhead, sum.Device.MaxTxFrame)
 	require.GreaterOrEqual(t, sum.Device.MaxRxFrame, cliMTU+nic.FrameOverhead)
@@ -283,6 +289,14 @@ func guestCapture(t *testing.T, count int, extra ...string) (trafficSummary, []p
 	require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
 	require.Equal(t, "capture", sum.Command)
 	require.EqualValues(t, count, sum.Details["written"])
+	require.NotNil(t, sum.Core, "the summary describes the polling core")
+	t.Logf("core: %+v", *sum.Core)
+	require.Contains(t, errw, "capture: polling core "+sum.Core.Mode+" mode")
+	if !slices.Contains(extra, "-mode") {
+		require.Equal(t, "adaptive", sum.Core.Mode, "the default mode")
+	}
+	require.GreaterOrEqual(t, sum.Core.Completions, uint64(count))
+	require.LessOrEqual(t, sum.Core.EmptyPolls, sum.Core.Polls)
 	mf := sum.Device.MaxRxFrame
 	require.Contains(t, errw, fmt.Sprintf("too long for the %d-byte buffers", mf), "the live line and the summary count frames too long")
 
@@ -496,12 +510,32 @@ func TestGuestCLIPktgen(t *testing.T) {
 	if !qemu.InGuest() {
 		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
 	}
-	code, out, errw := runCLI("pktgen", "-count", strconv.Itoa(cliPktgen), "-size", "64", "-progress", "0", cliNIC)
-	t.Log(out)
+	// A busy core pinned to CPU 1, as DPDK's testpmd runs (the guest has 2).
+	code, out, errw := runCLI("pktgen", "-count", strconv.Itoa(cliPktgen), "-size", "64", "-progress", "0",
+		"-mode", "busy", "-cpu", "1", "-json", cliNIC)
+	t.Log(errw)
 	require.Zero(t, code, errw)
-	require.Contains(t, out, fmt.Sprintf("tx %d frames", cliPktgen))
-	require.Contains(t, out, "errors rx 0 tx 0")
+	require.Contains(t, errw, "polling in busy mode on a thread pinned to CPU 1")
+	require.Contains(t, errw, fmt.Sprintf("tx %d frames", cliPktgen))
+	require.Contains(t, errw, "errors rx 0 tx 0")
+	require.Contains(t, errw, "pktgen: polling core busy mode, pinned to CPU 1: ")
+	var sum trafficSummary
+	require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
+	require.EqualValues(t, cliPktgen, sum.Tx.Frames)
+	require.EqualValues(t, cliPktgen, sum.Details["queued"])
+	require.NotNil(t, sum.Core)
+	t.Logf("core: %+v", *sum.Core)
+	require.Equal(t, "busy", sum.Core.Mode)
+	require.Equal(t, 1, sum.Core.CPU)
+	require.GreaterOrEqual(t, sum.Core.Polls, uint64(cliPktgen/lcoreBatch), "at most a batch of frames per poll")
+	// The sends still in the ring when the count was reached complete after the core stopped.
+	require.GreaterOrEqual(t, sum.Core.Completions, uint64(cliPktgen-sum.Device.QueueSize), "the core read the send completions")
+	require.Zero(t, sum.Core.Sleeps, "a busy core never sleeps")
+	require.Zero(t, sum.Core.Wakeups)
 }
+
+// lcoreBatch is the most frames pktgen queues per poll (lcore.DefaultBatch).
+const lcoreBatch = 32
 
 // TestGuestCLIPktgenTagged sends 802.1Q frames of full size for a
 // 1500-byte MTU (1518 bytes) and for the device's 9000-byte MTU (9022
@@ -572,7 +606,7 @@ func TestGuestCLIEchoLongFrames(t *testing.T) {
 		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
 	}
 	code, out, errw := runCLI("echo", cliNIC, "-ip", "10.0.0.1", "-buffer-size", "2048", "-duration", "3s",
-		"-progress", "0", "-json")
+		"-progress", "0", "-json", "-mode", "interrupt")
 	t.Log(errw)
 	require.Zero(t, code, errw)
 	var sum trafficSummary
@@ -584,6 +618,13 @@ func TestGuestCLIEchoLongFrames(t *testing.T) {
 	// receive buffers, and then no completion at all.
 	require.Greater(t, sum.Rx.Errors, uint64(sum.Device.RxBuffers), "more buffers of long frames than echo has")
 	require.Greater(t, sum.Rx.Frames, uint64(100), "and echo kept receiving the frames that fit")
+	require.NotNil(t, sum.Core)
+	t.Logf("core: %+v", *sum.Core)
+	require.Equal(t, "interrupt", sum.Core.Mode)
+	require.Equal(t, -1, sum.Core.CPU)
+	require.Positive(t, sum.Core.Sleeps, "slept on MSI-X between frames")
+	require.Positive(t, sum.Core.Wakeups)
+	require.GreaterOrEqual(t, sum.Core.Completions, sum.Rx.Frames+sum.Rx.Errors, "every receive completion went through the core")
 }
 
 // TestGuestCLICaptureNoPromisc: with -p the NIC takes only frames for its

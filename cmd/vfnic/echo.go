@@ -8,10 +8,10 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -32,6 +32,11 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
+	core, err := df.newCore()
+	if err != nil {
+		return err
+	}
+	defer core.Close()
 	dev, err := df.openOne(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
@@ -46,9 +51,10 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 		return err
 	}
 	e.ports = ports
-	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP on port(s) %s for %s at %s (ready)\n", *portsFlag, ip, dev.MAC())
+	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP on port(s) %s for %s at %s, %s (ready)\n",
+		*portsFlag, ip, dev.MAC(), coreNote(core))
 	p := newProgress(out, dev, df.interval, e.counters)
-	err = e.run(ctx, p)
+	err = removed(e.run(ctx, core, p), e.rx)
 	if serr := p.summary("echo", df.jsonOut(o), e.details()); serr != nil && err == nil {
 		err = serr
 	}
@@ -150,54 +156,52 @@ func (e *echoer) details() map[string]any {
 		"ignored": e.ignored, "refused": e.refused, "tx_drops": e.txDrops, "errors": e.errs}
 }
 
-func (e *echoer) run(ctx context.Context, p *progress) error {
-	comps := make([]nic.Completion, 64)
+// run answers on core until ctx ends or an operation fails. The core
+// polls both queues, gives received frames to handle, discards send
+// completions (their buffers are free again) and flushes both queues once
+// per round.
+func (e *echoer) run(ctx context.Context, core *lcore.Core, p *progress) error {
 	txc := make([]nic.Completion, 256)
-	for {
-		n, err := e.rx.SRead(ctx, comps, 1, 100*time.Millisecond)
-		if err != nil && !errors.Is(err, nic.ErrTimeout) {
+	err := core.AddQueue(e.rx, func(_ nic.Queue, batch []nic.Completion) error { return e.handle(batch, txc) })
+	if err != nil {
+		return err
+	}
+	if err := core.AddQueue(e.tx, nil); err != nil {
+		return err
+	}
+	return runCore(ctx, core, p)
+}
+
+// handle answers a batch of receive completions and posts their buffers
+// again; txc is scratch for reaping sends when the ring is full.
+func (e *echoer) handle(comps, txc []nic.Completion) error {
+	refill := false
+	for i := range comps {
+		c := &comps[i]
+		if c.Err != nil {
+			// The driver already recycled the buffer into its pool
+			// (posted again below); a queue the device broke fails
+			// the next Flush instead. A buffer canceled because the
+			// kernel took the device back is no error of the device's.
+			if !errors.Is(c.Err, nic.ErrCanceled) {
+				e.errs++
+			}
+			refill = true
+			continue
+		}
+		if reply := e.answer(c.Data); reply != nil {
+			e.send(reply, txc)
+		}
+		if err := e.rx.Repost(c.Buf, nil); err != nil {
 			return err
 		}
-		refill := false
-		for i := range comps[:n] {
-			c := &comps[i]
-			if c.Err != nil {
-				// The driver already recycled the buffer into its pool
-				// (posted again below); a queue the device broke fails
-				// the next SRead or Flush instead. A buffer canceled
-				// because the kernel took the device back is no error of
-				// the device's.
-				if !errors.Is(c.Err, nic.ErrCanceled) {
-					e.errs++
-				}
-				refill = true
-				continue
-			}
-			if reply := e.answer(c.Data); reply != nil {
-				e.send(reply, txc)
-			}
-			if err := e.rx.Repost(c.Buf, nil); err != nil {
-				return err
-			}
-		}
-		if refill {
-			// Without this, each frame too long for the buffers would
-			// leave the ring one buffer shorter until echo went deaf.
-			if err := fillRx(e.rx); err != nil {
-				return err
-			}
-		}
-		if n > 0 {
-			if err := e.rx.Flush(); err != nil {
-				return err
-			}
-			if err := e.tx.Flush(); err != nil {
-				return err
-			}
-		}
-		reapTx(e.tx, txc)
-		p.tick()
 	}
+	if refill {
+		// Without this, each frame too long for the buffers would
+		// leave the ring one buffer shorter until echo went deaf.
+		return fillRx(e.rx)
+	}
+	return nil
 }
 
 // minFrame is the shortest Ethernet frame without FCS; shorter replies

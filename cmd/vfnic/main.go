@@ -16,7 +16,10 @@
 // "--" ends the flags. The traffic commands (echo, pktgen, capture,
 // udpping) print live rates in packets/s and Mbit/s (frame bytes without
 // FCS) and a summary; with -json the summary is one JSON object on stdout
-// and every human line goes to stderr.
+// and every human line goes to stderr. echo, pktgen and capture run their
+// loop on a polling core (package lcore): -cpu N pins its thread to CPU N,
+// -mode busy|adaptive|interrupt says what it does when idle; the summary
+// names both and, with -json, the core's polls, sleeps and wake-ups.
 //
 // Exit status: 0 on success (a traffic command stopped by Ctrl-C, SIGTERM
 // or -duration has succeeded); 1 when the command failed (a device that

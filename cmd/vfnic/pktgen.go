@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -59,6 +60,11 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if *port <= 0 || *port > 65535 {
 		return fmt.Errorf("%w: -port %d outside [1, 65535]", errUsage, *port)
 	}
+	core, err := df.newCore()
+	if err != nil {
+		return err
+	}
+	defer core.Close()
 	dev, err := df.openOne(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
@@ -78,72 +84,20 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	var sent, failed, full uint64
-	p := newProgress(out, dev, df.interval, func() string {
-		return fmt.Sprintf("queued %d, send errors %d, ring-full waits %d", sent, failed, full)
-	})
-	fmt.Fprintf(out, "pktgen: sending %d-byte frames to %s (%s -> %s:%d%s) %s, %s\n", *size, dst, sip, dip, *port,
-		vlanNote(*vlan), rateNote(*rate, *size), stopNote(*count, df.duration))
+	g := &pktgen{tx: tx, frame: frame, seqOff: seqOff, count: uint64(*count), rate: *rate}
+	p := newProgress(out, dev, df.interval, g.line)
+	fmt.Fprintf(out, "pktgen: sending %d-byte frames to %s (%s -> %s:%d%s) %s, %s, %s\n", *size, dst, sip, dip, *port,
+		vlanNote(*vlan), rateNote(*rate, *size), stopNote(*count, df.duration), coreNote(core))
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
-	start := time.Now()
-	txc := make([]nic.Completion, 256)
-	for (*count == 0 || sent < uint64(*count)) && ctx.Err() == nil {
-		if *rate > 0 {
-			// Pace: send only what is due by now; sleep until the next
-			// frame is, having handed the device what was queued.
-			dueAt := start.Add(time.Duration(float64(sent) / *rate * float64(time.Second)))
-			if wait := time.Until(dueAt); wait > 0 {
-				if err := tx.Flush(); err != nil {
-					return err
-				}
-				failed += uint64(reapTx(tx, txc))
-				p.tick()
-				select {
-				case <-ctx.Done():
-				case <-time.After(wait):
-				}
-				continue
-			}
-		}
-		// Each frame carries its sequence number in the UDP payload.
-		binary.BigEndian.PutUint64(frame[seqOff:], sent)
-		err := tx.Send(frame, nil)
-		if errors.Is(err, nic.ErrFull) {
-			full++
-			if err := tx.Flush(); err != nil {
-				return err
-			}
-			failed += uint64(reapTx(tx, txc))
-			if tx.Outstanding() >= tx.Size() {
-				// Ring still full: sleep until the device completes some.
-				n, err := tx.SRead(ctx, txc, 1, -1)
-				failed += uint64(failures(txc[:n]))
-				if err != nil && ctx.Err() == nil {
-					return err
-				}
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		sent++
-		if sent%32 == 0 {
-			if err := tx.Flush(); err != nil {
-				return err
-			}
-			failed += uint64(reapTx(tx, txc))
-			p.tick()
-		}
-	}
-	if err := tx.Flush(); err != nil {
-		return err
+	if err := g.run(ctx, core, p); err != nil {
+		return removed(err, tx)
 	}
 	// Wait (bounded) for the last completions so the counters are final.
+	txc := make([]nic.Completion, 256)
 	for tx.Outstanding() > 0 {
 		n, err := tx.SRead(context.Background(), txc, tx.Outstanding(), 2*time.Second)
-		failed += uint64(failures(txc[:n]))
+		g.failed += uint64(failures(txc[:n]))
 		if err != nil {
 			fmt.Fprintf(out, "pktgen: %d sends not completed: %v\n", tx.Outstanding(), err)
 			break
@@ -151,7 +105,113 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	}
 	return p.summary("pktgen", df.jsonOut(o), map[string]any{
 		"frame_size": *size, "vlan": *vlan, "rate_pps": *rate, "count": *count, "duration_seconds": df.duration.Seconds(),
-		"queued": sent, "send_errors": failed, "ring_full_waits": full})
+		"queued": g.sent, "send_errors": g.failed, "ring_full_waits": g.full})
+}
+
+// pktgen is pktgen's sending loop: a Func of a polling core that queues
+// up to a batch of frames per round (the core rings the doorbell once per
+// round), with the transmit queue's completions counted by the core.
+type pktgen struct {
+	tx     nic.TxQueue
+	frame  []byte
+	seqOff int     // where each frame's sequence number goes
+	count  uint64  // frames to send, 0 for no limit
+	rate   float64 // frames per second, 0 for as fast as the NIC takes them
+
+	// Written on the core's thread; read by the progress line there and
+	// by the summary once the core has stopped.
+	sent, failed, full uint64
+	blocked            bool // the last Send found the ring full
+}
+
+func (g *pktgen) line() string {
+	return fmt.Sprintf("queued %d, send errors %d, ring-full waits %d", g.sent, g.failed, g.full)
+}
+
+// run sends on core until count frames are queued, ctx ends, or a send
+// fails. It flushes what it queued; completions may still be outstanding.
+func (g *pktgen) run(ctx context.Context, core *lcore.Core, p *progress) error {
+	ctx, done := context.WithCancel(ctx)
+	defer done()
+	// A sleeping core wakes only for interrupts: when the next frame is
+	// not due yet, a timer wakes it then. A busy core looks by itself.
+	var timer *time.Timer
+	var timerAt time.Time
+	if g.rate > 0 && core.Config().Mode != lcore.Busy {
+		timer = time.AfterFunc(time.Hour, func() { _ = core.Wake() })
+		timer.Stop()
+		defer timer.Stop()
+	}
+	err := core.AddQueue(g.tx, func(_ nic.Queue, batch []nic.Completion) error {
+		g.failed += uint64(failures(batch))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var start time.Time
+	err = core.AddFunc(func() (int, error) {
+		if g.count > 0 && g.sent >= g.count {
+			done() // the core finishes this round (its doorbell) and stops
+			return 0, nil
+		}
+		limit := uint64(lcore.DefaultBatch)
+		if g.count > 0 {
+			limit = min(limit, g.count-g.sent)
+		}
+		if g.rate > 0 {
+			if start.IsZero() {
+				start = time.Now()
+			}
+			// Frame i is due i/rate seconds after the start.
+			due := uint64(time.Since(start).Seconds()*g.rate) + 1
+			if due <= g.sent {
+				if at := start.Add(time.Duration(float64(g.sent) / g.rate * float64(time.Second))); timer != nil && at != timerAt {
+					timerAt = at
+					timer.Reset(time.Until(at))
+				}
+				return 0, nil
+			}
+			limit = min(limit, due-g.sent)
+		}
+		n := 0
+		for ; uint64(n) < limit; n++ {
+			// Each frame carries its sequence number in the UDP payload.
+			binary.BigEndian.PutUint64(g.frame[g.seqOff:], g.sent)
+			err := g.tx.Send(g.frame, nil)
+			if errors.Is(err, nic.ErrFull) {
+				// Counted once per wait: the core polls the ring again
+				// (or sleeps on its interrupt) until the device completes some.
+				if !g.blocked {
+					g.full++
+					g.blocked = true
+				}
+				break
+			}
+			if err != nil {
+				return n, err
+			}
+			g.blocked = false
+			g.sent++
+		}
+		return n, nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := runCore(ctx, core, p); err != nil {
+		return err
+	}
+	return g.tx.Flush()
+}
+
+// coreNote says how the polling core runs.
+func coreNote(c *lcore.Core) string {
+	cfg := c.Config()
+	if cfg.CPU == lcore.AnyCPU {
+		return fmt.Sprintf("polling in %s mode on a thread of its own (not pinned)", cfg.Mode)
+	}
+	return fmt.Sprintf("polling in %s mode on a thread pinned to CPU %d", cfg.Mode, cfg.CPU)
 }
 
 func vlanNote(vlan int) string {

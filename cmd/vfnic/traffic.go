@@ -7,8 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
@@ -22,6 +26,8 @@ type deviceFlags struct {
 	json       bool
 	interval   time.Duration
 	duration   time.Duration
+	cpu        int        // -cpu: lcore.AnyCPU for none
+	mode       lcore.Mode // -mode
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
@@ -31,6 +37,117 @@ func (d *deviceFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&d.json, "json", false, "print the summary as one JSON object on stdout; human lines go to stderr")
 	fs.DurationVar(&d.interval, "progress", time.Second, "interval between progress lines (0: none)")
 	fs.DurationVar(&d.duration, "duration", 0, "stop after this long (0: until done or interrupted)")
+	fs.IntVar(&d.cpu, "cpu", lcore.AnyCPU, "pin the polling thread to CPU `N` (-1: not pinned; the thread is still locked)")
+	d.mode = lcore.Adaptive
+	fs.Var(modeFlag{&d.mode}, "mode", "what the polling thread does when idle (`busy|adaptive|interrupt`): busy polls on\n"+
+		"(lowest latency, one CPU at 100%), adaptive sleeps on the NIC's interrupts after 100µs idle,\n"+
+		"interrupt sleeps whenever a poll finds nothing")
+}
+
+// modeFlag is -mode: an lcore.Mode by name.
+type modeFlag struct{ m *lcore.Mode }
+
+func (f modeFlag) String() string {
+	if f.m == nil {
+		return "" // the flag package's zero value, so that -h shows the default
+	}
+	return f.m.String()
+}
+
+func (f modeFlag) Set(s string) error {
+	m, err := lcore.ParseMode(s)
+	if err != nil {
+		return errors.New("want busy, adaptive or interrupt")
+	}
+	*f.m = m
+	return nil
+}
+
+// newCore returns the polling core for -cpu and -mode, not started. Commands
+// call it before they open the device, so that a bad -cpu binds nothing.
+func (d *deviceFlags) newCore() (*lcore.Core, error) {
+	if d.cpu < lcore.AnyCPU {
+		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
+	}
+	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode})
+	if errors.Is(err, lcore.ErrCPU) {
+		allowed := ""
+		if cpus, aerr := lcore.AllowedCPUs(); aerr == nil {
+			allowed = fmt.Sprintf(" (this process may run on %v)", cpus)
+		}
+		return nil, fmt.Errorf("%w: -cpu %d: not a CPU this process may run on%s", errUsage, d.cpu, allowed)
+	}
+	return c, err
+}
+
+// housekeeping is how often runCore wakes a sleeping core, for progress
+// lines and so that a core asleep when the kernel takes the device back
+// notices it: the removal closes the queues' interrupt eventfds, which
+// then never fire.
+const housekeeping = 100 * time.Millisecond
+
+// runCore runs core until ctx ends, a handler or Func stops it, or it
+// fails, and returns why (nil for ctx). It adds a Func that prints p's
+// progress lines on the core's thread, where the counters they show are
+// written, and wakes the core every housekeeping period (or progress
+// interval, if shorter) so that the lines come while it sleeps too.
+func runCore(ctx context.Context, core *lcore.Core, p *progress) error {
+	var due atomic.Bool
+	if err := core.AddFunc(func() (int, error) {
+		// A load first: a locked swap on every poll would cost the busy loop.
+		if due.Load() {
+			due.Store(false)
+			p.tick()
+		}
+		return 0, nil
+	}); err != nil {
+		return err
+	}
+	period := housekeeping
+	if p.interval > 0 && p.interval < period {
+		period = p.interval
+	}
+	p.core = core
+	if err := core.Start(ctx); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				due.Store(true)
+				if core.Config().Mode != lcore.Busy { // a busy core never sleeps
+					_ = core.Wake()
+				}
+			}
+		}
+	}()
+	err := core.Wait(context.Background())
+	close(stop)
+	wg.Wait()
+	_ = core.Close() // stopped already: this frees its eventfd before the device closes
+	return err
+}
+
+// removed returns nic.ErrRemoved's error from q when the core stopped on a
+// closed interrupt eventfd because the kernel took the device back (the
+// queue says why it is closed), else err.
+func removed(err error, q nic.Queue) error {
+	if !errors.Is(err, os.ErrClosed) || errors.Is(err, nic.ErrRemoved) {
+		return err
+	}
+	if ferr := q.Flush(); errors.Is(ferr, nic.ErrRemoved) {
+		return ferr
+	}
+	return err
 }
 
 // human is where a command's human lines go: stderr when stdout carries
@@ -125,7 +242,8 @@ type progress struct {
 	lastTx   nic.QueueStats
 	extra    func() string
 	interval time.Duration
-	promisc  bool // for the summary's device description
+	promisc  bool        // for the summary's device description
+	core     *lcore.Core // the polling core, for the summary (runCore sets it)
 }
 
 func newProgress(out io.Writer, dev nic.Device, interval time.Duration, extra func() string) *progress {
@@ -183,10 +301,57 @@ type deviceSummary struct {
 type trafficSummary struct {
 	Command string         `json:"command"`
 	Device  deviceSummary  `json:"device"`
+	Core    *coreSummary   `json:"core,omitempty"`
 	Seconds float64        `json:"seconds"`
 	Rx      dirSummary     `json:"rx"`
 	Tx      dirSummary     `json:"tx"`
 	Details map[string]any `json:"details,omitempty"`
+}
+
+// coreSummary describes the polling core a traffic command ran on, with
+// its counters (lcore.Stats).
+type coreSummary struct {
+	Mode string `json:"mode"`
+	// CPU is the CPU the core's thread was pinned to, -1 for none.
+	CPU         int    `json:"cpu"`
+	Polls       uint64 `json:"polls"`
+	EmptyPolls  uint64 `json:"empty_polls"`
+	Completions uint64 `json:"completions"`
+	Sleeps      uint64 `json:"sleeps"`
+	Wakeups     uint64 `json:"wakeups"`
+}
+
+func summarizeCore(c *lcore.Core) *coreSummary {
+	if c == nil {
+		return nil
+	}
+	cfg, st := c.Config(), c.Stats()
+	return &coreSummary{Mode: cfg.Mode.String(), CPU: cfg.CPU, Polls: st.Polls, EmptyPolls: st.EmptyPolls,
+		Completions: st.Completions, Sleeps: st.Sleeps, Wakeups: st.Wakeups}
+}
+
+// coreInterrupts sums the interrupts core took from dev's receive and
+// transmit queues.
+func coreInterrupts(core *lcore.Core, dev nic.Device) (rx, tx uint64) {
+	for i := range dev.QueuePairs() {
+		if q, err := dev.Rx(i); err == nil {
+			rx += core.Interrupts(q)
+		}
+		if q, err := dev.Tx(i); err == nil {
+			tx += core.Interrupts(q)
+		}
+	}
+	return rx, tx
+}
+
+// String is the summary's human line.
+func (c *coreSummary) String() string {
+	where := "not pinned"
+	if c.CPU != lcore.AnyCPU {
+		where = fmt.Sprintf("pinned to CPU %d", c.CPU)
+	}
+	return fmt.Sprintf("polling core %s mode, %s: %d polls (%d empty), %d sleeps, %d wake-ups",
+		c.Mode, where, c.Polls, c.EmptyPolls, c.Sleeps, c.Wakeups)
 }
 
 func dirOf(s nic.QueueStats, sec float64) dirSummary {
@@ -213,6 +378,10 @@ func describeDevice(dev nic.Device, promisc bool) deviceSummary {
 // command's own counters for the JSON object.
 func (p *progress) summary(what string, jsonOut io.Writer, details map[string]any) error {
 	s := p.dev.Stats()
+	if p.core != nil {
+		// The core reads the queues' interrupt eventfds itself.
+		s.Rx.Interrupts, s.Tx.Interrupts = coreInterrupts(p.core, p.dev)
+	}
 	el := time.Since(p.start).Seconds()
 	fmt.Fprintf(p.out, "%s: %.2fs, rx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), tx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), %s\n",
 		what, el, s.Rx.Packets, s.Rx.Bytes, perSec(s.Rx.Packets, el), mbps(s.Rx.Bytes, el),
@@ -220,11 +389,15 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 	fmt.Fprintf(p.out, "%s: completions rx %d tx %d, errors rx %d tx %d, interrupts rx %d tx %d, doorbells rx %d tx %d (suppressed %d)\n",
 		what, s.Rx.Packets+s.Rx.Errors, s.Tx.Packets+s.Tx.Errors, s.Rx.Errors, s.Tx.Errors,
 		s.Rx.Interrupts, s.Tx.Interrupts, s.Rx.Notifies, s.Tx.Notifies, s.Rx.Suppressed+s.Tx.Suppressed)
+	cs := summarizeCore(p.core)
+	if cs != nil {
+		fmt.Fprintf(p.out, "%s: %s\n", what, cs)
+	}
 	if jsonOut == nil {
 		return nil
 	}
 	return json.NewEncoder(jsonOut).Encode(trafficSummary{Command: what, Device: describeDevice(p.dev, p.promisc),
-		Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Details: details})
+		Core: cs, Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Details: details})
 }
 
 // jsonOut is stdout under -json, else nil.
