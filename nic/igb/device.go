@@ -34,6 +34,11 @@ type Config struct {
 	// Moderation is the minimum interval between two interrupts of a
 	// queue's vector (EITR); 0 interrupts for every write-back.
 	Moderation time.Duration
+	// LongFrames accepts frames longer than a receive buffer (RCTL.LPE,
+	// RLPML up to 16383 bytes). This driver does not reassemble them:
+	// each buffer of such a frame completes with ErrMultiBuffer
+	// (cq.ETRUNC). Off, the device drops frames beyond 1522 bytes.
+	LongFrames bool
 	// VLANStrip has the device remove 802.1Q tags from received frames
 	// (CTRL.VME); the tag is then in RxQueue.Offload.
 	VLANStrip bool
@@ -333,7 +338,7 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if cfg.VLANStrip {
 		d.regs.write(regCTRL, d.regs.read(regCTRL)|ctrlVME)
 	}
-	d.setupReceive(cfg.Config, pairs)
+	d.setupReceive(cfg.Config, pairs, cfg.LongFrames)
 	d.regs.write(regTCTL, tctlEN|tctlPSP|tctlRTLC|15<<tctlCTShift|63<<tctlCOLDSh)
 	d.fillInfo(cfg.Config, pairs)
 	return nil
@@ -589,6 +594,9 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if q.eimc, err = d.win.Reg32(regEIMC); err != nil {
 		return 0, err
 	}
+	if q.eicr, err = d.win.Reg32(regEICR); err != nil {
+		return 0, err
+	}
 	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
 	q.vbit, q.vector, q.efd = 1<<vec, vec, d.efds[vec]
@@ -600,7 +608,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 // off (buffers hold standard frames). With several queue pairs, RSS
 // spreads flows (MRQC, RETA, key; RXCSUM.PCSD so the descriptor carries
 // the hash rather than the fragment checksum).
-func (d *Device) setupReceive(cfg nic.Config, pairs int) {
+func (d *Device) setupReceive(cfg nic.Config, pairs int, long bool) {
 	r := d.regs
 	csum := uint32(rxcsumIPOFL | rxcsumTUOFL)
 	if pairs > 1 {
@@ -624,6 +632,10 @@ func (d *Device) setupReceive(cfg nic.Config, pairs int) {
 	rctl := uint32(rctlEN | rctlBAM | rctlSECRC | rctlMPE)
 	if cfg.Promiscuous {
 		rctl |= rctlUPE
+	}
+	if long {
+		r.write(regRLPML, 16383)
+		rctl |= rctlLPE
 	}
 	r.write(regRCTL, rctl)
 }

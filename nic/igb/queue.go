@@ -59,6 +59,7 @@ type queue struct {
 	db    *doorbell.Doorbell
 
 	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
+	eicr       doorbell.Reg32 // interrupt causes (write 1 to clear)
 	vbit       uint32         // the vector's bit in EIMS/EIMC
 	vector     int            // MSI-X vector, -1 for none
 	armed      bool
@@ -147,9 +148,15 @@ func (q *queue) Ready(max int) int {
 	return q.r.pending(max)
 }
 
-// arm unmasks the queue's vector. Called locked.
+// arm clears the queue's stale interrupt cause (raised for completions
+// already read while the vector was masked) and unmasks the vector; the
+// caller polls once more afterwards, which covers entries written before.
+// Called locked.
 func (q *queue) arm() {
 	if q.eims.Valid() {
+		if q.eicr.Valid() {
+			q.eicr.Write(q.vbit)
+		}
 		q.eims.Write(q.vbit)
 		q.armed = true
 	}
@@ -429,6 +436,29 @@ func (q *RxQueue) PostRecv(ctx any) error {
 		return errNoBuffer
 	}
 	return q.post(b, ctx)
+}
+
+// PostRecvBuf is PostRecv that also returns the buffer the frame will land
+// in (MaxFrame bytes, starting at the address its completion reports as
+// Buf), for callers that match posts to completions by buffer. The device
+// owns the bytes until the completion is read.
+func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.usable(); err != nil {
+		return nil, err
+	}
+	if !q.room() {
+		return nil, errNoDesc
+	}
+	b, ok := q.pool.Get()
+	if !ok {
+		return nil, errNoBuffer
+	}
+	if err := q.post(b, ctx); err != nil {
+		return nil, err
+	}
+	return q.pool.Buf(b)[:q.bufLen], nil
 }
 
 // post lends pool buffer b to the device at the tail. Called locked with

@@ -36,6 +36,10 @@ const (
 	msgNak      = 8  // host: a data frame was wrong (arg: its expected seq)
 	msgRSSReq   = 9  // guest: send arg>>16 UDP flows of arg&0xffff frames each
 	msgPaced    = 10 // guest: send arg>>16 data frames, arg&0xffff microseconds apart
+	// msgOversize (guest): send an arg-byte frame to the sender's MAC,
+	// then msgOversizeDone to the MAC in bytes [30:36] of the request.
+	msgOversize     = 11
+	msgOversizeDone = 12
 )
 
 // RSS flows: UDP/IPv4 from 10.0.0.1:rssPort0+flow to 10.0.0.2:9, with the
