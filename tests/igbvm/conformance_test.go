@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/igb"
 	"github.com/vfnic/vfnic/tests/conformance"
@@ -481,7 +482,7 @@ func (e *igbEndpoint) PostRecv(ctx any, size int, o conformance.RecvOpts) ([]byt
 	}
 	buf, err := e.brx.PostRecvBuf(ctx)
 	if errors.Is(err, nic.ErrFull) {
-		return nil, fmt.Errorf("igb provider: %w", errors.Join(cq.ErrFull, err))
+		return nil, fmt.Errorf("igb provider: %w", errors.Join(ring.ErrFull, err))
 	}
 	if err != nil {
 		return nil, err
