@@ -13,7 +13,6 @@ import (
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
-	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
@@ -69,9 +68,7 @@ func (m mmio) write(off, v uint32)    { _ = m.w.Write32(uintptr(off), v) }
 
 // Device is an igb NIC driven through VFIO (nic.Device).
 type Device struct {
-	claim     pci.Claim // the driver the device had, to give it back
-	keepBound bool
-	watchDone chan struct{} // closed when watchRequest ends
+	own *nic.Owner // the hold on the PCI device: its driver, giving it back
 
 	name  string
 	mac   *mac
@@ -143,19 +140,15 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("igb: open %s: %w", name, err)
 	}
-	// Explain a machine where VFIO cannot work before touching the binding.
-	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
-		return nil, fmt.Errorf("igb: open %s: %w", name, err)
-	}
-	claim, err := pci.Sysfs{}.Take(ctx, a, pci.TakeOptions{Force: cfg.Force})
+	own, err := nic.TakeDevice(ctx, "igb", a, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: name, mac: m, claim: claim, keepBound: cfg.KeepBound}
+	d := &Device{name: name, mac: m, own: own}
 	fail := func(err error) (*Device, error) {
 		// Whatever was set up is released and the device goes back
 		// where it was.
-		return nil, errors.Join(err, d.teardown(nic.ErrClosed), d.giveBack())
+		return nil, errors.Join(err, d.teardown(nic.ErrClosed), d.own.GiveBack(nic.ErrClosed))
 	}
 	if pd, err = pci.Lookup(a); err != nil {
 		return fail(err)
@@ -169,11 +162,10 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := d.start(ctx, cfg); err != nil {
 		return fail(err)
 	}
-	d.info.PreviousDriver, d.info.Rebound = claim.Previous, claim.Bound
-	if req := d.vdev.Request(); req != nil {
-		d.watchDone = make(chan struct{})
-		go d.watchRequest(req)
-	}
+	d.own.Record(&d.info)
+	// The kernel's request to have the device back blocks its unbind until
+	// the device is closed: close it then, readers seeing ErrRemoved.
+	d.own.Watch(d.vdev.Request(), func() { _ = d.close(nic.ErrRemovedClosed) })
 	wait := cfg.LinkWait
 	if wait == 0 {
 		wait = DefaultLinkWait
@@ -854,9 +846,7 @@ func (d *Device) wire(v, fd int) error {
 // Idempotent.
 func (d *Device) Close() error {
 	err := d.close(nic.ErrClosed)
-	if d.watchDone != nil {
-		<-d.watchDone
-	}
+	d.own.Wait()
 	return err
 }
 
@@ -870,42 +860,8 @@ func (d *Device) close(why error) error {
 	}
 	d.closed = true
 	err := d.teardown(why)
-	if errors.Is(why, nic.ErrRemoved) && d.claim.Bound && !d.keepBound {
-		// The kernel finishes its unbind once the VFIO files are closed:
-		// give the device back only after that, not into its middle.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = errors.Join(err, pci.Sysfs{}.WaitDriverGone(ctx, d.claim.Address, pci.VFIODriver))
-		cancel()
-	}
-	d.closeError = errors.Join(err, d.giveBack())
+	d.closeError = errors.Join(err, d.own.GiveBack(why))
 	return d.closeError
-}
-
-// giveBack returns a device that Open bound to vfio-pci to the driver it
-// had, unless Config.KeepBound; the VFIO files must be closed.
-func (d *Device) giveBack() error {
-	if d.keepBound {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return d.claim.Release(ctx)
-}
-
-// errRemoved is what queues return once the kernel took the device back.
-var errRemoved = fmt.Errorf("%w: %w", nic.ErrClosed, nic.ErrRemoved)
-
-// watchRequest waits for the kernel's device request (an unbind through
-// sysfs, a hot-unplug), which blocks until this process closes the
-// device: it then stops the queues, wakes their readers with an error
-// wrapping nic.ErrRemoved, and closes the device. It ends when the
-// request eventfd closes with the device.
-func (d *Device) watchRequest(req *eventfd.FD) {
-	defer close(d.watchDone)
-	if _, err := req.Wait(context.Background(), time.Time{}); err != nil {
-		return // closed with the device
-	}
-	_ = d.close(errRemoved)
 }
 
 // teardown releases whatever was set up, in the order the device needs:

@@ -60,7 +60,7 @@ func TestRemovedCancelsOutstanding(t *testing.T) {
 			}
 		}()
 		time.Sleep(20 * time.Millisecond)
-		rx.close(errRemoved)
+		rx.close(nic.ErrRemovedClosed)
 		_ = rx.Interrupt().Close() // as teardown does, after the queues
 		select {
 		case res := <-woke:
