@@ -72,9 +72,9 @@ type Ring struct {
 	ishift   uint
 	badIndex bool
 	wrong    uint32 // Layout.WrongPhase
-	regs  RingRegs
-	f     [numFields]cfield
-	srcOK bool // SrcValid absent: Src valid whenever present
+	regs     RingRegs
+	f        [numFields]cfield
+	srcOK    bool // SrcValid absent: Src valid whenever present
 }
 
 // newRing makes a reader over mem, which holds l.Entries entries of

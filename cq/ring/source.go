@@ -167,13 +167,13 @@ type RingSource struct {
 	staged       bool
 	overrun      bool
 	badIndexSeen bool // the UsedIndex refusal was reported
-	closed  bool
-	errEnt  cq.ErrEntry
-	errData []byte
-	errLen  int
-	ent     []byte // the copy of the entry being taken (take)
-	dirty   []*Table
-	scratch [1]cq.Entry
+	closed       bool
+	errEnt       cq.ErrEntry
+	errData      []byte
+	errLen       int
+	ent          []byte // the copy of the entry being taken (take)
+	dirty        []*Table
+	scratch      [1]cq.Entry
 }
 
 // NewRingSource makes a source over cfg.Mem.
