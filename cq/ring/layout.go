@@ -153,15 +153,6 @@ type Layout struct {
 	// IndexShift and IndexBits locate the producer index in the
 	// RingRegs.Producer word (UsedIndex only): 16 and 16 for virtio.
 	IndexShift, IndexBits int
-	// HeaderLen is how many bytes the device writes at the start of a
-	// receive buffer before the payload (virtio-net's header): the
-	// length it reports includes them; completions report the payload
-	// (Buf past the header, Len without it).
-	HeaderLen int
-	// MinLen is the shortest payload a receive completion may report; a
-	// shorter one is refused (cq.ProvBadLen). Only checked when the layout
-	// has a Len field.
-	MinLen int
 }
 
 type fieldIdx int
@@ -250,9 +241,6 @@ func (l *Layout) Validate() error {
 		if l.WrongPhase&^l.OwnerMask != 0 || (l.WrongPhase != 0 && l.Convention == DescriptorDone) {
 			return bad("wrong-phase value %#x outside the ownership mask %#x", l.WrongPhase, l.OwnerMask)
 		}
-	}
-	if l.HeaderLen < 0 || l.MinLen < 0 || l.HeaderLen+l.MinLen > 1<<20 {
-		return bad("header %d bytes, minimum payload %d", l.HeaderLen, l.MinLen)
 	}
 	if l.Doorbell > DoorbellCount {
 		return bad("doorbell mode %d", l.Doorbell)

@@ -200,13 +200,19 @@ func (r *Ring) usedReady() bool {
 	if (r.prod-r.count)&r.imask != 0 {
 		return true
 	}
+	return r.loadProd()
+}
+
+// loadProd loads the producer index (acquire) and reports whether entries
+// are ready. Once the device has published an index more entries ahead
+// than the ring holds, the index is nonsense and nothing before it can be
+// trusted either: the ring stops.
+func (r *Ring) loadProd() bool {
 	if r.badIndex {
 		return false
 	}
 	p := r.regs.Producer.Read() >> r.ishift & r.imask
 	if (p-r.count)&r.imask > r.n {
-		// More entries than the ring holds: the index is nonsense, and
-		// nothing before it can be trusted either.
 		r.badIndex = true
 		return false
 	}
@@ -240,7 +246,7 @@ func (r *Ring) next(i, want uint32) (uint32, uint32) {
 // consuming them.
 func (r *Ring) pending(max int) int {
 	if r.used {
-		if !r.usedReady() {
+		if !r.loadProd() {
 			if r.badIndex {
 				return min(max, 1) // the refusal waits to be read
 			}

@@ -313,10 +313,9 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 // every field the device wrote was loaded once, checked against the posted
 // operation, and everything in it was decided from that one read.
 type Completion struct {
-	// Entry is the completion as a CQ of FormatTagged reports it: for a
-	// receive, Buf is the posted buffer plus the buffer offset and the
-	// layout's HeaderLen, and Len excludes HeaderLen; a layout without a
-	// Len field reports the posted length.
+	// Entry is the completion as a CQ of FormatTagged reports it (for a
+	// receive, Buf is the posted buffer plus the buffer offset); a layout
+	// without a Len field reports the posted length.
 	cq.Entry
 	// Err is 0 for a good completion. For an entry the reader refused it
 	// is the error (cq.EIO for an entry that breaks the device contract,
@@ -331,6 +330,11 @@ type Completion struct {
 	OLen int
 	// ID is the id the entry named; Pos the ring position it was read at.
 	ID, Pos uint32
+	// Done says the operation the entry named is complete and its id
+	// free again: set for every good completion but the non-final ones of
+	// a multi-receive buffer, and for a refused entry that named an
+	// outstanding operation.
+	Done bool
 	// Src is the source address (CQ.ReadFrom): cq.AddrNotAvail when the
 	// layout or the entry has none.
 	Src cq.Addr
@@ -410,7 +414,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	}
 	sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
 	fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
-	ln, hdr := raw.Len, uint32(r.l.HeaderLen)
+	ln := raw.Len
 	hasLen := r.f[fLen].mask != 0
 	if !hasLen {
 		ln = s.len
@@ -418,7 +422,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	c.Context = s.ctx
 	c.Flags = fl
 	if fl&cq.FlagRecv != 0 && raw.BufOff <= s.len {
-		c.Buf = s.buf + uintptr(raw.BufOff) + uintptr(hdr)
+		c.Buf = s.buf + uintptr(raw.BufOff)
 	}
 	if fl&cq.FlagRemoteCQData != 0 {
 		c.Data = raw.Data
@@ -440,16 +444,14 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		ln = min(ln, s.len)
 	case !oc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadOpcode
-	case hasLen && (!fits(ln, raw.BufOff, s.len) || ln < hdr+uint32(r.l.MinLen)):
+	case hasLen && !fits(ln, raw.BufOff, s.len):
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 		ln = min(ln, s.len)
-	}
-	if hasLen && ln >= hdr {
-		ln -= hdr
 	}
 	c.Len = int(ln)
 	span := uint32(s.span)
 	if c.Err != 0 {
+		c.Done = true
 		t.release(s, raw.ID)
 		if !t.dirty {
 			q.markDirty(t)
@@ -461,6 +463,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		return true
 	}
 	if !s.multi || fl&cq.FlagMultiRecv != 0 {
+		c.Done = true
 		t.release(s, raw.ID)
 		if !t.dirty {
 			q.markDirty(t)

@@ -183,3 +183,15 @@ func (t *Table) flush() {
 	atomic.StoreUint32(&t.ftail, t.ftailLocal)
 	t.dirty = false
 }
+
+// Each calls f with the context of every outstanding operation, in slot
+// order: for a driver that completes them itself when its device is gone
+// (fi_cq's FI_ECANCELED, verbs' IBV_WC_WR_FLUSH_ERR). Call it only while
+// nobody posts to the table or reads the ring it is bound to.
+func (t *Table) Each(f func(ctx any)) {
+	for i := range t.slots {
+		if s := &t.slots[i]; atomic.LoadUint32(&s.state) == slotPosted {
+			f(s.ctx)
+		}
+	}
+}
