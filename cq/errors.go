@@ -231,13 +231,22 @@ const (
 	ProvBadPhase = -5
 	// ProvBadQueue: the entry names a queue that is not bound to this ring.
 	ProvBadQueue = -6
+	// ProvBadIndex: the device published a producer index further ahead
+	// than the ring holds; nothing it wrote can be trusted and the queue
+	// stops.
+	ProvBadIndex = -7
+	// ProvMultiBuffer: a received frame spans several buffers, which the
+	// queue does not join: each part completes with ETRUNC.
+	ProvMultiBuffer = -8
 )
 
 var provText = map[int]string{
-	ProvBadID:     "completion for an operation that is not outstanding (bad or stale id)",
-	ProvBadLen:    "completion reports more bytes than the posted buffer holds",
-	ProvBadStatus: "completion carries a status the device does not define",
-	ProvBadOpcode: "completion carries an opcode the device does not define",
-	ProvBadPhase:  "entry with a wrong ownership (phase) bit skipped unread",
-	ProvBadQueue:  "completion names a queue not bound to this ring",
+	ProvBadID:       "completion for an operation that is not outstanding (bad or stale id)",
+	ProvBadLen:      "completion reports more bytes than the posted buffer holds",
+	ProvBadStatus:   "completion carries a status the device does not define",
+	ProvBadOpcode:   "completion carries an opcode the device does not define",
+	ProvBadPhase:    "entry with a wrong ownership (phase) bit skipped unread",
+	ProvBadQueue:    "completion names a queue not bound to this ring",
+	ProvBadIndex:    "device index further ahead than the ring holds (queue stopped)",
+	ProvMultiBuffer: "frame spans several receive buffers (part dropped)",
 }

@@ -104,3 +104,33 @@ func (e *MultiBufferError) Error() string {
 
 // Is makes errors.Is(err, ErrMultiBuffer) true.
 func (e *MultiBufferError) Is(target error) bool { return target == ErrMultiBuffer }
+
+// ErrDeviceStatus is the Err of a completion whose device status reports
+// an error of the device's own (cq.ErrEntry.ProvErrno holds the status).
+var ErrDeviceStatus = errors.New("nic: the device reported an error status")
+
+// CompletionError is the Completion.Err for a completion that the ring
+// reader (cq/ring) refused with provider error number prov (a cq.Prov*
+// code, or the device's status value) and errno: the same code reaches a
+// cq.ErrEntry and a Completion. It returns one of this package's
+// sentinels and never allocates.
+func CompletionError(prov int, errno cq.Errno) error {
+	switch prov {
+	case cq.ProvBadID, cq.ProvBadQueue:
+		return ErrBadID
+	case cq.ProvBadLen:
+		return ErrBadLen
+	case cq.ProvBadPhase:
+		return ErrBadPhase
+	case cq.ProvBadIndex:
+		return ErrBadIndex
+	case cq.ProvMultiBuffer:
+		return ErrMultiBuffer
+	case cq.ProvBadStatus, cq.ProvBadOpcode:
+		return ErrDeviceFailed
+	}
+	if errno == cq.ETRUNC {
+		return ErrMultiBuffer
+	}
+	return ErrDeviceStatus
+}

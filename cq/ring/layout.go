@@ -35,6 +35,13 @@ const (
 	// device is done; it never flips, and the reader clears it when it
 	// consumes the entry so the next lap does not see it again.
 	DescriptorDone
+	// UsedIndex (virtio split ring): entries carry no ownership bit; the
+	// device publishes how many it has written as a free-running index
+	// (Layout.IndexBits wide, at bit Layout.IndexShift of the 32-bit word
+	// RingRegs.Producer), which the reader loads atomically once per run of
+	// entries and before reading any of them. An index more than a ring
+	// ahead of the reader is refused (cq.ProvBadIndex) and stops the ring.
+	UsedIndex
 )
 
 // String names the convention.
@@ -50,6 +57,8 @@ func (c Convention) String() string {
 		return "generation-bit"
 	case DescriptorDone:
 		return "descriptor-done"
+	case UsedIndex:
+		return "used-index"
 	}
 	return fmt.Sprintf("Convention(%d)", int(c))
 }
@@ -77,6 +86,10 @@ type Fields struct {
 	SrcValid Field // non-zero when Src is valid; absent means always valid when Src is present
 	Syndrome Field // vendor error detail
 	BufOff   Field // offset inside a multi-receive buffer
+	// Meta are device words a driver interprets itself (offload status,
+	// RSS hash, VLAN tag): read with the rest of the entry, in the same
+	// single pass, into Completion.Meta. The CQ formats do not carry them.
+	Meta [2]Field
 }
 
 // DoorbellMode says what a ring publishes through its consumer doorbell.
@@ -131,6 +144,15 @@ type Layout struct {
 	DetectHoles bool
 	// Doorbell is what the consumer doorbell receives once per batch.
 	Doorbell DoorbellMode
+	// WrongPhase, when not zero, names an ownership value that no device
+	// following the convention writes: an entry whose masked ownership
+	// word equals the expected value XOR WrongPhase is refused at once
+	// (cq.ProvBadPhase) and consumed. For virtio's packed ring, USED set
+	// to the wrap counter while AVAIL is not.
+	WrongPhase uint32
+	// IndexShift and IndexBits locate the producer index in the
+	// RingRegs.Producer word (UsedIndex only): 16 and 16 for virtio.
+	IndexShift, IndexBits int
 }
 
 type fieldIdx int
@@ -148,16 +170,18 @@ const (
 	fSrcValid
 	fSyndrome
 	fBufOff
+	fMeta0
+	fMeta1
 	numFields
 )
 
 func (f *Fields) list() [numFields]Field {
 	return [numFields]Field{f.ID, f.Queue, f.Opcode, f.Status, f.Len, f.Flags,
-		f.Data, f.Tag, f.Src, f.SrcValid, f.Syndrome, f.BufOff}
+		f.Data, f.Tag, f.Src, f.SrcValid, f.Syndrome, f.BufOff, f.Meta[0], f.Meta[1]}
 }
 
 var fieldNames = [numFields]string{"ID", "Queue", "Opcode", "Status", "Len", "Flags",
-	"Data", "Tag", "Src", "SrcValid", "Syndrome", "BufOff"}
+	"Data", "Tag", "Src", "SrcValid", "Syndrome", "BufOff", "Meta[0]", "Meta[1]"}
 
 // cfield is a compiled field: one unaligned 64-bit load at off, a shift and
 // a mask, chosen so the load never leaves the entry.
@@ -194,14 +218,29 @@ func (l *Layout) Validate() error {
 			return bad("owner-index convention starts at phase 0")
 		}
 	case DescriptorDone:
+	case UsedIndex:
+		if l.IndexBits < 1 || l.IndexBits > 32 || l.IndexShift < 0 || l.IndexShift+l.IndexBits > 32 {
+			return bad("producer index of %d bits at bit %d (need it inside a 32-bit word)", l.IndexBits, l.IndexShift)
+		}
+		if l.IndexBits < 32 && l.Entries > 1<<uint(l.IndexBits-1) {
+			return bad("%d entries for a %d-bit producer index", l.Entries, l.IndexBits)
+		}
+		if l.DetectHoles || l.WrongPhase != 0 {
+			return bad("a used-index ring has no ownership bits to find holes by")
+		}
 	default:
 		return bad("unknown ownership convention %d", int(l.Convention))
 	}
-	if l.OwnerOff < 0 || l.OwnerOff%4 != 0 || l.OwnerOff+4 > l.EntrySize {
-		return bad("ownership word at %d (need an aligned 32-bit word inside the entry)", l.OwnerOff)
-	}
-	if l.OwnerMask == 0 {
-		return bad("empty ownership mask")
+	if l.Convention != UsedIndex {
+		if l.OwnerOff < 0 || l.OwnerOff%4 != 0 || l.OwnerOff+4 > l.EntrySize {
+			return bad("ownership word at %d (need an aligned 32-bit word inside the entry)", l.OwnerOff)
+		}
+		if l.OwnerMask == 0 {
+			return bad("empty ownership mask")
+		}
+		if l.WrongPhase&^l.OwnerMask != 0 || (l.WrongPhase != 0 && l.Convention == DescriptorDone) {
+			return bad("wrong-phase value %#x outside the ownership mask %#x", l.WrongPhase, l.OwnerMask)
+		}
 	}
 	if l.Doorbell > DoorbellCount {
 		return bad("doorbell mode %d", l.Doorbell)

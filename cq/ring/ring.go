@@ -21,6 +21,9 @@ type RingRegs struct {
 	Overrun doorbell.Reg32
 	// OverrunMask selects the overrun bit(s) in Overrun.
 	OverrunMask uint32
+	// Producer is the word in which the device publishes its producer
+	// index (UsedIndex convention: virtio's used ring flags and idx).
+	Producer doorbell.Reg32
 }
 
 // decoded is one entry as the device wrote it, decoded by the layout but not
@@ -39,6 +42,7 @@ type decoded struct {
 	Data     uint64 // remote CQ data / immediate
 	Tag      uint64 // message tag
 	Src      uint64 // source address
+	Meta     [2]uint64
 }
 
 // Ring reads a completion ring that a device writes into DMA memory. It
@@ -59,9 +63,18 @@ type Ring struct {
 	clear bool   // consuming clears the ownership bits (DD)
 	holes bool
 	idx   bool // IDIsIndex
-	regs  RingRegs
-	f     [numFields]cfield
-	srcOK bool // SrcValid absent: Src valid whenever present
+	// UsedIndex: the producer index as last loaded, its mask and shift,
+	// and whether it was ever more than a ring ahead (the ring is then
+	// stopped for good).
+	used     bool
+	prod     uint32
+	imask    uint32
+	ishift   uint
+	badIndex bool
+	wrong    uint32 // Layout.WrongPhase
+	regs     RingRegs
+	f        [numFields]cfield
+	srcOK    bool // SrcValid absent: Src valid whenever present
 }
 
 // newRing makes a reader over mem, which holds l.Entries entries of
@@ -81,6 +94,9 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 	if uintptr(unsafe.Pointer(&mem[0]))%4 != 0 {
 		return nil, fmt.Errorf("%w: layout %q: ring memory not 4-byte aligned", cq.ErrInvalid, l.Name)
 	}
+	if l.Convention == UsedIndex && !regs.Producer.Valid() {
+		return nil, fmt.Errorf("%w: layout %q: used-index ring without a producer index word", cq.ErrInvalid, l.Name)
+	}
 	if regs.Overrun.Valid() && regs.OverrunMask == 0 {
 		return nil, fmt.Errorf("%w: layout %q: overrun register without a mask", cq.ErrInvalid, l.Name)
 	}
@@ -92,8 +108,10 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 		esz:   uintptr(l.EntrySize),
 		own:   uintptr(l.OwnerOff),
 		mask:  l.OwnerMask,
-		flip:  l.Convention != DescriptorDone,
+		flip:  l.Convention != DescriptorDone && l.Convention != UsedIndex,
 		clear: l.Convention == DescriptorDone,
+		used:  l.Convention == UsedIndex,
+		wrong: l.WrongPhase,
 		holes: l.DetectHoles && l.Entries > 1,
 		idx:   l.IDIsIndex,
 		regs:  regs,
@@ -103,6 +121,10 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 	for i := range fl {
 		r.f[i], _ = compileField(fl[i], l.EntrySize) // checked by Validate
 	}
+	if r.used {
+		r.ishift = uint(l.IndexShift)
+		r.imask = uint32(uint64(1)<<uint(l.IndexBits) - 1)
+	}
 	r.rewind()
 	return r, nil
 }
@@ -110,6 +132,7 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 // rewind resets the reader state to lap 0, position 0.
 func (r *Ring) rewind() {
 	r.head, r.count = 0, 0
+	r.prod, r.badIndex = 0, false
 	r.want = 0
 	if r.l.InitPhase == 1 || r.l.Convention == DescriptorDone {
 		r.want = r.mask
@@ -122,6 +145,9 @@ func (r *Ring) rewind() {
 // DD). Call it only while the device does not use the ring.
 func (r *Ring) Reset() {
 	r.rewind()
+	if r.used {
+		return // no ownership bits; the device's index starts at 0
+	}
 	notReady := r.want ^ r.mask
 	if !r.flip {
 		notReady = 0
@@ -161,8 +187,42 @@ func (r *Ring) ownerWord(i uint32) *uint32 {
 
 // ready reports whether the entry at the head is owned by the driver.
 func (r *Ring) ready() bool {
+	if r.used {
+		return r.usedReady()
+	}
 	return atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want
 }
+
+// usedReady is ready for the UsedIndex convention: the entry at the head
+// is before the producer index, loaded again (acquire) only when the
+// reader has caught up with the value it had.
+func (r *Ring) usedReady() bool {
+	if (r.prod-r.count)&r.imask != 0 {
+		return true
+	}
+	return r.loadProd()
+}
+
+// loadProd loads the producer index (acquire) and reports whether entries
+// are ready. Once the device has published an index more entries ahead
+// than the ring holds, the index is nonsense and nothing before it can be
+// trusted either: the ring stops.
+func (r *Ring) loadProd() bool {
+	if r.badIndex {
+		return false
+	}
+	p := r.regs.Producer.Read() >> r.ishift & r.imask
+	if (p-r.count)&r.imask > r.n {
+		r.badIndex = true
+		return false
+	}
+	r.prod = p
+	return (p-r.count)&r.imask != 0
+}
+
+// BadIndex reports whether a UsedIndex device published a producer index
+// more than a ring ahead of the reader; the ring is then stopped.
+func (r *Ring) BadIndex() bool { return r.badIndex }
 
 // readyAt reports whether position i, on the lap whose expected value is
 // want, is driver-owned.
@@ -185,6 +245,15 @@ func (r *Ring) next(i, want uint32) (uint32, uint32) {
 // pending counts the driver-owned entries from the head, up to max, without
 // consuming them.
 func (r *Ring) pending(max int) int {
+	if r.used {
+		if !r.loadProd() {
+			if r.badIndex {
+				return min(max, 1) // the refusal waits to be read
+			}
+			return 0
+		}
+		return min(max, int((r.prod-r.count)&r.imask))
+	}
 	i, want := r.head, r.want
 	n := 0
 	for n < max && n < int(r.n) && r.readyAt(i, want) {
@@ -200,6 +269,12 @@ func (r *Ring) pending(max int) int {
 // after the next entry, so an entry being written at that moment is not
 // mistaken for a hole. It is false unless the layout enables DetectHoles.
 func (r *Ring) hole() bool {
+	if r.used {
+		return false
+	}
+	if r.wrong != 0 && atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want^r.wrong {
+		return true
+	}
 	if !r.holes || r.ready() {
 		return false
 	}
@@ -210,6 +285,9 @@ func (r *Ring) hole() bool {
 // overrun reports whether the device has flagged an overrun and no
 // driver-owned entry remains at the head.
 func (r *Ring) overrun() bool {
+	if r.used {
+		return false
+	}
 	if !r.regs.Overrun.Valid() || r.regs.Overrun.Read()&r.regs.OverrunMask == 0 {
 		return false
 	}
@@ -235,6 +313,24 @@ func (r *Ring) advance() {
 	}
 }
 
+// skip moves the head over the k-1 further ring positions of an operation
+// that occupied k (a virtio packed-ring chain, whose used descriptor is
+// written over the chain's first). span is at most the ring size.
+func (r *Ring) skip(span uint32) {
+	if span <= 1 {
+		return
+	}
+	span--
+	r.count += span
+	r.head += span
+	if r.head >= r.n {
+		r.head -= r.n
+		if r.flip {
+			r.want ^= r.mask
+		}
+	}
+}
+
 // consumeHole consumes the head entry, whose ownership bits are wrong,
 // by first writing the value that reads as not ready on the lap when the
 // reader comes back to this position (this lap's ready value; 0 for DD).
@@ -242,6 +338,9 @@ func (r *Ring) advance() {
 // reader would take the stale entry as new one lap later and run ahead of
 // the device.
 func (r *Ring) consumeHole() {
+	if r.used {
+		return // a used-index ring has no holes
+	}
 	nextNotReady := r.want
 	if !r.flip {
 		nextNotReady = 0
@@ -290,6 +389,7 @@ func (r *Ring) decodeAt(e unsafe.Pointer, i uint32, raw *decoded) {
 		Flags:    uint32(r.f[fFlags].get(e)),
 		Syndrome: uint32(r.f[fSyndrome].get(e)),
 		BufOff:   uint32(r.f[fBufOff].get(e)),
+		Meta:     [2]uint64{r.f[fMeta0].get(e), r.f[fMeta1].get(e)},
 		SrcValid: r.srcOK || r.f[fSrcValid].get(e) != 0,
 		Data:     r.f[fData].get(e),
 		Tag:      r.f[fTag].get(e),

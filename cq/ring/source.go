@@ -164,14 +164,16 @@ type RingSource struct {
 	// Nil when the generic loop must be used.
 	fast *fastPath
 
-	staged  bool
-	overrun bool
-	closed  bool
-	errEnt  cq.ErrEntry
-	errData []byte
-	errLen  int
-	dirty   []*Table
-	scratch [1]cq.Entry
+	staged       bool
+	overrun      bool
+	badIndexSeen bool // the UsedIndex refusal was reported
+	closed       bool
+	errEnt       cq.ErrEntry
+	errData      []byte
+	errLen       int
+	ent          []byte // the copy of the entry being taken (take)
+	dirty        []*Table
+	scratch      [1]cq.Entry
 }
 
 // NewRingSource makes a source over cfg.Mem.
@@ -181,7 +183,7 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 		return nil, err
 	}
 	q := &RingSource{ring: r, notifier: cfg.Notifier, closer: cfg.Closer,
-		names: map[uint32]string{}, errData: make([]byte, cfg.Layout.EntrySize),
+		names: map[uint32]string{}, errData: make([]byte, cfg.Layout.EntrySize), ent: make([]byte, cfg.Layout.EntrySize),
 		dirty: make([]*Table, 0, 16)}
 	if cfg.Codes.Statuses == nil {
 		q.stat[0] = statusCode{known: true}
@@ -306,8 +308,187 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 	return q.pollFast(ents)
 }
 
-// poll reads one batch with the generic loop. With errOnly it consumes
-// nothing but an error entry at the head (for ReadErr).
+// Completion is one entry taken from a ring by Next, for drivers that
+// write their own records (a NIC queue's completions) as well as a CQ's:
+// every field the device wrote was loaded once, checked against the posted
+// operation, and everything in it was decided from that one read.
+type Completion struct {
+	// Entry is the completion as a CQ of FormatTagged reports it (for a
+	// receive, Buf is the posted buffer plus the buffer offset); a layout
+	// without a Len field reports the posted length.
+	cq.Entry
+	// Err is 0 for a good completion. For an entry the reader refused it
+	// is the error (cq.EIO for an entry that breaks the device contract,
+	// the status's errno for the device's own error status), and Prov the
+	// provider error number: the device status value or a cq.Prov* code.
+	// Context, Flags and Buf are set when the entry named an outstanding
+	// operation, which is then complete.
+	Err  cq.Errno
+	Prov int
+	// OLen is the number of bytes the device reported beyond the posted
+	// buffer, for a status that says so.
+	OLen int
+	// ID is the id the entry named; Pos the ring position it was read at.
+	ID, Pos uint32
+	// Done says the operation the entry named is complete and its id
+	// free again: set for every good completion but the non-final ones of
+	// a multi-receive buffer, and for a refused entry that named an
+	// outstanding operation.
+	Done bool
+	// Src is the source address (CQ.ReadFrom): cq.AddrNotAvail when the
+	// layout or the entry has none.
+	Src cq.Addr
+	// Meta are the layout's Meta fields.
+	Meta [2]uint64
+}
+
+// Next takes the next entry of the ring into c and consumes it; false when
+// the device has handed over no further entry. A refused entry is consumed
+// too, and returned with c.Err set (it never stops the ring, except a
+// UsedIndex ring whose producer index is nonsense: Ring.BadIndex). It is
+// the driver's read, for sources that are not attached to a CQ (a NIC
+// queue that writes its own records); calls must be serialised, and a
+// batch of them ended with Publish.
+func (q *RingSource) Next(c *Completion) bool {
+	return q.take(*q.tables.Load(), c, true)
+}
+
+// Publish ends a batch of Next calls: it rings the consumer doorbell once
+// and hands the ids released since the last batch back to posters.
+func (q *RingSource) Publish() {
+	q.ring.publish()
+	for _, t := range q.dirty {
+		t.flush()
+	}
+	q.dirty = q.dirty[:0]
+}
+
+// take is the one way an entry is consumed, by Next, by the CQ's generic
+// loop and for every error entry: the ownership word (or the producer
+// index) is loaded first, then every field once, into a local copy; the
+// posted operation is looked up and checked from that copy alone. A good
+// entry is released and consumed only with consume (a probe for an error
+// at the head leaves it); a refused one is always consumed, with c.Err
+// set, its raw bytes in errData and the slot it named, if any, released.
+// It returns false when the head is not handed over.
+func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
+	r := q.ring
+	pos := r.head
+	if !r.ready() {
+		switch {
+		case r.used && r.badIndex && !q.badIndexSeen:
+			q.badIndexSeen = true
+			q.errLen = 0
+			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadIndex, Pos: pos, Src: cq.AddrNotAvail}
+			return true
+		case r.hole():
+			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadPhase, Pos: pos, Src: cq.AddrNotAvail}
+			q.errLen = copy(q.errData, r.entryBytes(pos)) // not interpreted
+			r.consumeHole()
+			return true
+		}
+		return false
+	}
+	// The one read of the device's entry: a copy, decoded and decided
+	// from; a device that rewrites the entry later changes nothing.
+	copy(q.ent, r.entryBytes(pos))
+	if decodeHook != nil {
+		decodeHook(pos)
+	}
+	var raw decoded
+	r.decodeAt(unsafe.Pointer(&q.ent[0]), pos, &raw)
+	*c = Completion{ID: raw.ID, Pos: pos, Src: cq.AddrNotAvail, Meta: raw.Meta}
+	c.Queue = raw.Queue
+	t := tableFor(tabs, raw.Queue)
+	var s *slot
+	if t != nil {
+		s = t.lookup(raw.ID)
+	}
+	if s == nil {
+		c.Err, c.Prov = cq.EIO, cq.ProvBadID
+		if t == nil {
+			c.Prov = cq.ProvBadQueue
+		}
+		q.refused(pos, 1)
+		return true
+	}
+	sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
+	fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
+	ln := raw.Len
+	hasLen := r.f[fLen].mask != 0
+	if !hasLen {
+		ln = s.len
+	}
+	c.Context = s.ctx
+	c.Flags = fl
+	if fl&cq.FlagRecv != 0 && raw.BufOff <= s.len {
+		c.Buf = s.buf + uintptr(raw.BufOff)
+	}
+	if fl&cq.FlagRemoteCQData != 0 {
+		c.Data = raw.Data
+	}
+	if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+		c.Tag = raw.Tag
+	}
+	if fl&cq.FlagRecv != 0 && raw.SrcValid && r.f[fSrc].mask != 0 {
+		c.Src = cq.Addr(raw.Src)
+	}
+	switch {
+	case !sc.known:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadStatus
+	case sc.err != 0:
+		c.Err, c.Prov = sc.err, int(raw.Status)
+		if ln > s.len {
+			c.OLen = int(ln - s.len)
+		}
+		ln = min(ln, s.len)
+	case !oc.known:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadOpcode
+	case hasLen && !fits(ln, raw.BufOff, s.len):
+		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+		ln = min(ln, s.len)
+	}
+	c.Len = int(ln)
+	span := uint32(s.span)
+	if c.Err != 0 {
+		c.Done = true
+		t.release(s, raw.ID)
+		if !t.dirty {
+			q.markDirty(t)
+		}
+		q.refused(pos, span)
+		return true
+	}
+	if !consume {
+		return true
+	}
+	if !s.multi || fl&cq.FlagMultiRecv != 0 {
+		c.Done = true
+		t.release(s, raw.ID)
+		if !t.dirty {
+			q.markDirty(t)
+		}
+	}
+	r.advance()
+	r.skip(span)
+	return true
+}
+
+// refused consumes the head entry, refused, keeping the copy it was
+// decided from as the error data. Cold path.
+func (q *RingSource) refused(pos, span uint32) {
+	q.errLen = copy(q.errData, q.ent)
+	q.ring.advance()
+	q.ring.skip(span)
+}
+
+// decodeHook, when set by a test, runs after each entry is copied, where a
+// device may rewrite the entry.
+var decodeHook func(pos uint32)
+
+// poll reads one batch with the generic loop, through take. With errOnly
+// it consumes nothing but an error entry at the head (for ReadErr and a
+// Read of zero entries).
 func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, State) {
 	if q.staged {
 		return 0, StateError
@@ -316,127 +497,67 @@ func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, 
 		return 0, StateOverrun
 	}
 	tabs := *q.tables.Load()
-	n, stopped, fail := q.pollGeneric(ents, addrs, errOnly, tabs)
-	return q.endBatch(n, stopped, fail, tabs)
-}
-
-// pollGeneric is the loop for any layout, format and call. The ring state
-// lives in locals for the batch, so consecutive entries do not wait on
-// stores to the Ring. It returns the entries moved, whether it stopped at
-// an entry that is not driver-owned, and whether it stopped at a refused
-// one.
-func (q *RingSource) pollGeneric(ents []cq.Entry, addrs []cq.Addr, errOnly bool, tabs []*Table) (n int, stopped, fail bool) {
-	r := q.ring
-	base, esz, own, mask, size := r.base, r.esz, r.own, r.mask, r.n
-	head, want, count := r.head, r.want, r.count
-	// Copies on the stack: the stores into ents cannot alias them, so the
-	// compiler need not reload them through r and q for every entry.
-	gID, gQ, gSt, gOp, gLen, gOff, gFl := r.f[fID], r.f[fQueue], r.f[fStatus], r.f[fOpcode], r.f[fLen], r.f[fBufOff], r.f[fFlags]
-	idx, clr, flip := r.idx, r.clear, r.flip
-	mFlags, mLen, mBuf, mData, mTag := q.mFlags, q.mLen, q.mBuf, q.mData, q.mTag
-	for n < len(ents) {
-		e := unsafe.Add(base, uintptr(head)*esz)
-		if atomic.LoadUint32((*uint32)(unsafe.Add(e, own)))&mask != want {
+	n, stopped := 0, false
+	var c Completion
+	for errOnly || n < len(ents) {
+		if !q.take(tabs, &c, !errOnly) {
 			stopped = true
 			break
 		}
-		id := uint32(gID.get(e))
-		if idx {
-			id = head
-		}
-		qn := uint32(gQ.get(e))
-		t := tableFor(tabs, qn)
-		if t == nil {
-			fail = true
-			break
-		}
-		s := t.lookup(id)
-		if s == nil {
-			fail = true
-			break
-		}
-		st, opv := gSt.get(e), gOp.get(e)
-		ln, off := uint32(gLen.get(e)), uint32(gOff.get(e))
-		sc, oc := q.codes(st, opv)
-		if !sc.known || sc.err != 0 || !oc.known || !fits(ln, off, s.len) {
-			fail = true
+		if c.Err != 0 {
+			q.stage(&c)
 			break
 		}
 		if errOnly {
 			break
 		}
-		fl := entryFlags(s.flags | oc.flags | q.bits[gFl.get(e)&0xff])
-		var buf uintptr
-		if fl&cq.FlagRecv != 0 {
-			buf = s.buf + uintptr(off)
-		}
-		var data, tag uint64
-		if fl&cq.FlagRemoteCQData != 0 {
-			data = r.f[fData].get(e)
-		}
-		if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-			tag = r.f[fTag].get(e)
-		}
-		ent := &ents[n]
-		ent.Context = s.ctx
-		ent.Flags = fl & mFlags
-		ent.Len = int(ln) & mLen
-		ent.Buf = buf & mBuf
-		ent.Data = data & mData
-		ent.Tag = tag & mTag
-		ent.Queue = qn
+		q.store(&ents[n], &c)
 		if addrs != nil {
-			a := cq.AddrNotAvail
-			if fl&cq.FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
-				a = cq.Addr(r.f[fSrc].get(e))
-			}
-			addrs[n] = a
-		}
-		if !s.multi || fl&cq.FlagMultiRecv != 0 {
-			t.release(s, id)
-			if !t.dirty {
-				q.markDirty(t)
-			}
-		}
-		if clr {
-			p := (*uint32)(unsafe.Add(e, own))
-			atomic.StoreUint32(p, atomic.LoadUint32(p)&^mask)
-		}
-		head++
-		count++
-		if head == size {
-			head = 0
-			if flip {
-				want ^= mask
-			}
+			addrs[n] = c.Src
 		}
 		n++
 	}
-	r.head, r.want, r.count = head, want, count
-	return n, stopped, fail
+	r := q.ring
+	if stopped && r.overrun() {
+		q.overrun = true
+	}
+	return q.finishBatch(n)
 }
 
-// endBatch finishes a batch of n entries: it stages the refused head entry
-// (fail) or, when the ring ran dry (stopped), checks for a hole and for an
-// overrun; then it rings the doorbell once and publishes the released ids.
+// store writes a good completion into a CQ entry, with the fields outside
+// the CQ's format left zero.
+func (q *RingSource) store(e *cq.Entry, c *Completion) {
+	e.Context = c.Context
+	e.Flags = c.Flags & q.mFlags
+	e.Len = c.Len & q.mLen
+	e.Buf = c.Buf & q.mBuf
+	e.Data = c.Data & q.mData
+	e.Tag = c.Tag & q.mTag
+	e.Queue = c.Queue
+}
+
+// endBatch finishes a batch of n entries read by the fast loop: when it
+// stopped at a refused entry (fail) or at one not handed over (stopped),
+// take decides about the head from its own read (an error is staged, a
+// hole consumed, a good entry left for the next batch); then the overrun
+// check, one doorbell and the release of freed ids.
 func (q *RingSource) endBatch(n int, stopped, fail bool, tabs []*Table) (int, State) {
-	r := q.ring
-	switch {
-	case fail:
-		q.stageHead(tabs)
-	case stopped:
-		switch {
-		case r.hole():
-			q.stagePhase()
-		case r.overrun():
-			q.overrun = true
+	if stopped || fail {
+		var c Completion
+		if q.take(tabs, &c, false) && c.Err != 0 {
+			q.stage(&c)
 		}
 	}
-	r.publish()
-	for _, t := range q.dirty {
-		t.flush()
+	if stopped && !q.staged && q.ring.overrun() {
+		q.overrun = true
 	}
-	q.dirty = q.dirty[:0]
+	return q.finishBatch(n)
+}
+
+// finishBatch rings the doorbell once, publishes the released ids and
+// says how the batch ended.
+func (q *RingSource) finishBatch(n int) (int, State) {
+	q.Publish()
 	switch {
 	case q.staged:
 		return n, StateError
@@ -454,34 +575,6 @@ func (q *RingSource) markDirty(t *Table) {
 	t.dirty = true
 	q.dirty = append(q.dirty, t)
 }
-
-// stageHead stages the refused head entry (cold path). It takes one copy
-// of the entry, the error data, and decides and releases from that copy
-// alone: a device that rewrites the entry meanwhile cannot make it free an
-// id other than the one it looked up.
-func (q *RingSource) stageHead(tabs []*Table) {
-	r := q.ring
-	q.errLen = copy(q.errData, r.entryBytes(r.head))
-	if stageHook != nil {
-		stageHook()
-	}
-	var raw decoded
-	r.decodeAt(unsafe.Pointer(&q.errData[0]), r.head, &raw)
-	t := tableFor(tabs, raw.Queue)
-	if t == nil {
-		q.stage(&raw, nil, nil, cq.ProvBadQueue, cq.EIO)
-		return
-	}
-	if s := t.lookup(raw.ID); s != nil {
-		q.stage(&raw, t, s, 0, 0)
-	} else {
-		q.stage(&raw, nil, nil, cq.ProvBadID, cq.EIO)
-	}
-}
-
-// stageHook, when set by a test, runs between the copy of a refused entry
-// and its decoding, where a device may rewrite it.
-var stageHook func()
 
 // tableFor returns the table bound to queue qn, or nil.
 func tableFor(tabs []*Table, qn uint32) *Table {
@@ -516,62 +609,11 @@ func entryFlags(fl cq.Flags) cq.Flags {
 // of size bytes (written so that it cannot overflow).
 func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 
-// stage turns the head entry, decoded into raw from the copy in errData,
-// into the pending error completion and consumes it. With a nil slot the
-// entry names no outstanding operation (prov and errno given); with a
-// slot, the device status, opcode and length decide the error, and the
-// slot is released. Cold path.
-func (q *RingSource) stage(raw *decoded, t *Table, s *slot, prov int, errno cq.Errno) {
-	ee := &q.errEnt
-	*ee = cq.ErrEntry{}
-	ee.Queue = raw.Queue
-	if s != nil {
-		sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
-		fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
-		ee.Context = s.ctx
-		ee.Flags = fl
-		ee.Len = int(min(raw.Len, s.len))
-		if fl&cq.FlagRecv != 0 && raw.BufOff <= s.len {
-			ee.Buf = s.buf + uintptr(raw.BufOff)
-		}
-		if fl&cq.FlagRemoteCQData != 0 {
-			ee.Data = raw.Data
-		}
-		if fl&cq.FlagTagged != 0 && fl&cq.FlagRecv != 0 {
-			ee.Tag = raw.Tag
-		}
-		switch {
-		case !sc.known:
-			prov, errno = cq.ProvBadStatus, cq.EIO
-		case sc.err != 0:
-			prov, errno = int(raw.Status), sc.err
-			if raw.Len > s.len {
-				ee.OLen = int(raw.Len - s.len)
-			}
-		case !oc.known:
-			prov, errno = cq.ProvBadOpcode, cq.EIO
-		default:
-			prov, errno = cq.ProvBadLen, cq.EIO
-		}
-		t.release(s, raw.ID)
-		if !t.dirty {
-			q.markDirty(t)
-		}
-	}
-	ee.Err = errno
-	ee.ProvErrno = prov
+// stage makes the refused completion c, already consumed by take, the
+// pending error completion (ReadErr). Cold path.
+func (q *RingSource) stage(c *Completion) {
+	q.errEnt = cq.ErrEntry{Entry: c.Entry, OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
 	q.staged = true
-	q.ring.advance()
-}
-
-// stagePhase reports the head entry, whose ownership bit is wrong while the
-// next entry's is right, as an error without interpreting its contents.
-func (q *RingSource) stagePhase() {
-	r := q.ring
-	q.errEnt = cq.ErrEntry{Err: cq.EIO, ProvErrno: cq.ProvBadPhase}
-	q.errLen = copy(q.errData, r.entryBytes(r.head))
-	q.staged = true
-	r.consumeHole()
 }
 
 // Pending implements Source.

@@ -347,10 +347,10 @@ func TestRefusedEntryReadOnce(t *testing.T) {
 			h := newHarness(t, cq.Attr{Format: f}, 16, 4)
 			a, b := h.post("a", 8, cq.FlagSend|cq.FlagMsg), h.post("b", 8, cq.FlagSend|cq.FlagMsg)
 			h.complete(rawEntry{id: a, status: 5}) // GENERAL_ERR
-			stageHook = func() {
+			decodeHook = func(uint32) {
 				setField(h.dev.mem, h.dev.l.Fields.ID, uint64(b)) // the device rewrites the id
 			}
-			defer func() { stageHook = nil }()
+			defer func() { decodeHook = nil }()
 			_, err := h.c.Read(make([]cq.Entry, 4))
 			require.ErrorIs(t, err, cq.ErrAvail)
 			var ee cq.ErrEntry

@@ -22,6 +22,11 @@ type Op struct {
 	// FlagRecv|FlagMsg. FlagMultiRecv marks a multi-receive buffer: it
 	// stays posted until a completion carries FlagMultiRecv.
 	Flags cq.Flags
+	// Span is the number of ring positions the operation occupies when
+	// the completion ring is also the posting ring and one completion is
+	// written over the first of them (a virtio packed-ring chain); 0 and
+	// 1 mean one. At most 65535.
+	Span int
 }
 
 const (
@@ -34,6 +39,7 @@ type slot struct {
 	id    uint32 // full id of the current posting (index | generation)
 	len   uint32
 	multi bool
+	span  uint16 // ring positions the operation occupies (Op.Span)
 	flags cq.Flags
 	buf   uintptr
 	ctx   any
@@ -120,6 +126,9 @@ func (t *Table) Post(op Op) (uint32, error) {
 	if op.Len < 0 || uint64(op.Len) > 1<<32-1 {
 		return 0, fmt.Errorf("%w: post of %d bytes", cq.ErrInvalid, op.Len)
 	}
+	if op.Span < 0 || op.Span > 1<<16-1 {
+		return 0, fmt.Errorf("%w: operation spanning %d ring positions", cq.ErrInvalid, op.Span)
+	}
 	t.mu.Lock()
 	if t.fhead == atomic.LoadUint32(&t.ftail) {
 		t.mu.Unlock()
@@ -132,6 +141,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.id = (gen<<t.slotBits | i) & t.idMask
 	s.len = uint32(op.Len)
 	s.multi = op.Flags&cq.FlagMultiRecv != 0
+	s.span = uint16(op.Span)
 	s.flags = op.Flags &^ cq.FlagMultiRecv
 	s.buf = op.Buf
 	s.ctx = op.Context
@@ -172,4 +182,16 @@ func (t *Table) release(s *slot, id uint32) {
 func (t *Table) flush() {
 	atomic.StoreUint32(&t.ftail, t.ftailLocal)
 	t.dirty = false
+}
+
+// Each calls f with the context of every outstanding operation, in slot
+// order: for a driver that completes them itself when its device is gone
+// (fi_cq's FI_ECANCELED, verbs' IBV_WC_WR_FLUSH_ERR). Call it only while
+// nobody posts to the table or reads the ring it is bound to.
+func (t *Table) Each(f func(ctx any)) {
+	for i := range t.slots {
+		if s := &t.slots[i]; atomic.LoadUint32(&s.state) == slotPosted {
+			f(s.ctx)
+		}
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/nic"
 )
@@ -41,22 +43,29 @@ func (c *ctrlQueue) command(ctx context.Context, class, cmd uint8, data []byte, 
 	b[ctrlHdrOff], b[ctrlHdrOff+1] = class, cmd
 	copy(b[ctrlDataOff:], data)
 	b[ctrlAckOff] = 0xff
-	c.vq.addChain(0, []seg{
+	segs := []seg{
 		{addr: c.buf.IOVA + ctrlHdrOff, len: 2},
 		{addr: c.buf.IOVA + ctrlDataOff, len: uint32(len(data))},
 		{addr: c.buf.IOVA + ctrlAckOff, len: 1, flags: descWrite},
-	})
+	}
+	id, ok := c.vq.reserve(cqring.Op{Len: 1, Flags: cq.FlagRecv | cq.FlagMsg}, len(segs))
+	if !ok || c.vq.room() < 0 {
+		c.broken = true
+		return fmt.Errorf("%w: %s: no free descriptor", nic.ErrDeviceFailed, name)
+	}
+	c.vq.addChain(id, segs)
 	c.vq.flush()
 	deadline := time.Now().Add(timeout)
+	var done cqring.Completion
 	for {
-		id, _, err := c.vq.pop()
-		if err == nil {
-			c.vq.release(id)
+		got := c.vq.next(&done)
+		c.vq.publishUsed()
+		if got && done.Err == 0 {
 			break
 		}
-		if err != errNotReady {
+		if got {
 			c.broken = true
-			return fmt.Errorf("%w: %s: %v", nic.ErrDeviceFailed, name, err)
+			return fmt.Errorf("%w: %s: %v", nic.ErrDeviceFailed, name, nic.CompletionError(done.Prov, done.Err))
 		}
 		if !time.Now().Before(deadline) || ctx.Err() != nil {
 			c.broken = true

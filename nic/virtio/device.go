@@ -497,7 +497,10 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return fmt.Errorf("virtio: receive buffers of %s: %w", d.name, err)
 			}
-			q := newRxQueue(v, p, efd, pool, d.features.Has(FeatureMrgRxBuf))
+			q, err := newRxQueue(v, p, efd, pool, d.features.Has(FeatureMrgRxBuf))
+			if err != nil {
+				return err
+			}
 			q.vector = int(s.vector)
 			d.rx = append(d.rx, q)
 		case "tx":
@@ -505,7 +508,10 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return fmt.Errorf("virtio: transmit buffers of %s: %w", d.name, err)
 			}
-			q := newTxQueue(v, p, efd, pool, d.mtu)
+			q, err := newTxQueue(v, p, efd, pool, d.mtu)
+			if err != nil {
+				return err
+			}
 			q.vector = int(s.vector)
 			d.tx = append(d.tx, q)
 		default:

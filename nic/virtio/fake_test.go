@@ -56,7 +56,9 @@ func (r *rig) rxQueue(t testing.TB, nbuf, bufSize int, mrg bool) *RxQueue {
 	efd, err := eventfd.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = efd.Close() })
-	return newRxQueue(r.v, 0, efd, pool, mrg)
+	q, err := newRxQueue(r.v, 0, efd, pool, mrg)
+	require.NoError(t, err)
+	return q
 }
 
 func (r *rig) txQueue(t testing.TB, mtu int) *TxQueue {
@@ -66,7 +68,9 @@ func (r *rig) txQueue(t testing.TB, mtu int) *TxQueue {
 	efd, err := eventfd.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = efd.Close() })
-	return newTxQueue(r.v, 0, efd, pool, mtu)
+	q, err := newTxQueue(r.v, 0, efd, pool, mtu)
+	require.NoError(t, err)
+	return q
 }
 
 // fakeDev is the device side of a ring: it takes available buffers in ring

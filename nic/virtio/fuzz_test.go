@@ -29,9 +29,9 @@ func provOf(err error) int {
 	case errors.Is(err, nic.ErrBadPhase):
 		return cq.ProvBadPhase
 	case errors.Is(err, nic.ErrBadIndex):
-		return ProvBadIndex
+		return cq.ProvBadIndex
 	case errors.Is(err, nic.ErrMultiBuffer):
-		return ProvMultiBuffer
+		return cq.ProvMultiBuffer
 	}
 	return cq.ProvBadID
 }
@@ -121,7 +121,7 @@ func readFuzzedUsed(t *testing.T, data []byte) []usedEvent {
 		copy(usedArea(r, packed), data[2:])
 		rxs[i] = rx
 		if i == 1 {
-			c = bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+			c = bindTest(t, &rx.queue, rx, cq.FormatData)
 		}
 	}
 

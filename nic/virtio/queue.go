@@ -9,6 +9,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
@@ -208,11 +210,9 @@ func (q *queue) close(why error) {
 	if !errors.Is(why, nic.ErrRemoved) || q.src != nil || q.vq == nil {
 		return
 	}
-	for _, s := range q.vq.slots {
-		if s.posted {
-			q.canceled = append(q.canceled, nic.Completion{Context: s.ctx, Queue: q.index, Err: errCanceled})
-		}
-	}
+	q.vq.tab.Each(func(ctx any) {
+		q.canceled = append(q.canceled, nic.Completion{Context: ctx, Queue: q.index, Err: errCanceled})
+	})
 }
 
 // takeCanceled moves one canceled completion into out (an error
@@ -241,19 +241,23 @@ type RxQueue struct {
 	base    uintptr // address of buffer 0
 	stride  uintptr
 	bufSize uint32
-	state   []uint8 // per pool buffer: bufFree, bufPosted, bufLent
-	mrg     bool    // MRG_RXBUF: check num_buffers
-	skip    int     // buffers of a multi-buffer frame still to drop
-	span    int     // buffers of that frame in all
+	state   []uint8               // per pool buffer: bufFree, bufPosted, bufLent
+	mrg     bool                  // MRG_RXBUF: check num_buffers
+	skip    int                   // buffers of a multi-buffer frame still to drop
+	span    int                   // buffers of that frame in all
+	mbErr   *nic.MultiBufferError // the last multi-buffer error next made
 }
 
 var _ nic.RxQueue = (*RxQueue)(nil)
 
-func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) *RxQueue {
+func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) (*RxQueue, error) {
+	if err := v.setReader(usedRx); err != nil {
+		return nil, err
+	}
 	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
 		base: uintptr(unsafe.Pointer(&pool.Buf(0)[0])), stride: uintptr(pool.BufSize()),
 		bufSize: uint32(pool.BufSize()), state: make([]uint8, pool.Cap()), mrg: mrg}
-	return q
+	return q, nil
 }
 
 // MaxFrame implements nic.RxQueue.
@@ -292,17 +296,24 @@ func (q *RxQueue) postFree(ctx any) (uint32, error) {
 	if !ok {
 		return 0, errNoBuffer
 	}
-	q.post(b, ctx)
+	if !q.post(b, ctx) {
+		_ = q.pool.Put(b)
+		return 0, errNoDesc
+	}
 	return b, nil
 }
 
-// post lends pool buffer b to the device. Called locked with room.
-func (q *RxQueue) post(b uint32, ctx any) {
-	id, _ := q.vq.allocID() // ids are as many as descriptors
-	s := &q.vq.slots[id]
-	s.ctx, s.buf, s.len = ctx, b, q.bufSize
+// post lends pool buffer b to the device. Called locked with room; false
+// when no id is free yet (ids freed by a read are published at its end).
+func (q *RxQueue) post(b uint32, ctx any) bool {
+	buf := q.base + uintptr(b)*q.stride
+	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Buf: buf, Len: int(q.bufSize), Flags: cq.FlagRecv | cq.FlagMsg}, 1)
+	if !ok {
+		return false
+	}
 	q.state[b] = bufPosted
 	q.vq.add(id, q.pool.Addr(b), q.bufSize, descWrite)
+	return true
 }
 
 // bufIndex maps a completion's Buf back to a lent pool buffer.
@@ -329,10 +340,9 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 	if err != nil {
 		return err
 	}
-	if q.vq.room() < 1 {
+	if q.vq.room() < 1 || !q.post(b, ctx) {
 		return errNoDesc
 	}
-	q.post(b, ctx)
 	return nil
 }
 
@@ -390,65 +400,103 @@ func (q *RxQueue) Poll(out []nic.Completion) int {
 	return q.poll(out)
 }
 
-// poll is Poll, called locked (also by the queue's CQ source).
+// poll is Poll, called locked.
 func (q *RxQueue) poll(out []nic.Completion) int {
 	n, errs := 0, 0
 	var bytes uint64
-	for n < len(out) {
-		id, length, err := q.vq.pop()
-		if err == errNotReady {
-			break
-		}
-		c := &out[n]
+	var c cqring.Completion
+	for n < len(out) && q.next(&c) {
+		o := &out[n]
 		n++
-		if err != nil {
-			*c = nic.Completion{Queue: q.index, Err: err}
+		if c.Err != 0 {
+			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: q.errOf(&c)}
 			errs++
 			break
 		}
-		s := q.vq.release(id)
-		if err := q.check(s, length); err != nil {
-			q.recycle(s.buf)
-			*c = nic.Completion{Context: s.ctx, Queue: q.index, Err: err}
-			errs++
-			break
-		}
-		q.state[s.buf] = bufLent
-		frame := q.pool.Buf(s.buf)[netHdrLen:length]
-		*c = nic.Completion{Context: s.ctx, Buf: uintptr(unsafe.Pointer(&frame[0])), Data: frame, Len: len(frame), Queue: q.index}
-		bytes += uint64(len(frame))
+		frame := q.pool.Buf(q.bufOf(c.Buf - netHdrLen))[netHdrLen : netHdrLen+c.Len]
+		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
+		bytes += uint64(c.Len)
 	}
+	q.vq.publishUsed()
 	q.finishPoll(n, bytes, errs)
 	return n
 }
 
-// check validates a used receive buffer: the length the device wrote must
-// fit the posted buffer and hold the header and an Ethernet header, and
-// the frame must fit one buffer (num_buffers 1).
-func (q *RxQueue) check(s slot, length uint32) error {
-	if q.skip > 0 {
-		q.skip--
-		n := int(length) // only the first buffer holds the virtio-net header
-		if length > s.len {
-			n = 0 // a length the device cannot have written: not counted
-		}
-		return &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: n}
+// errOf is the queue API's error for a refused completion: the ring
+// reader's code, translated without allocating (a multi-buffer frame's
+// parts carry their place in the frame).
+func (q *RxQueue) errOf(c *cqring.Completion) error {
+	if c.Prov == cq.ProvMultiBuffer && q.mbErr != nil {
+		return q.mbErr
 	}
-	if length > s.len || length < netHdrLen+nic.MinFrame {
-		return fmt.Errorf("%w: %s: device wrote %d bytes into a %d-byte buffer", nic.ErrBadLen, q.vq.name, length, s.len)
+	return nic.CompletionError(c.Prov, c.Err)
+}
+
+// bufOf is the pool index of a buffer from its address as posted, which
+// the ring reader reports from the posted operation (not from the device).
+func (q *RxQueue) bufOf(buf uintptr) uint32 {
+	return uint32((buf - q.base) / q.stride)
+}
+
+// next takes the next receive completion into c, for Poll and for the CQ
+// the queue feeds alike: the ring reader's single read and checks of the
+// used entry (id, length within the posted buffer), then virtio-net's own
+// on that copy: the length must cover the virtio-net header and an
+// Ethernet header (cq.ProvBadLen), and num_buffers, read once from the
+// header the device wrote, must be 1 (a frame spanning buffers completes
+// with ErrMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
+// the caller, with c.Buf and c.Len the frame's (past the header); the
+// buffer of a refused one is recycled (c.Buf is then 0). Called locked.
+func (q *RxQueue) next(c *cqring.Completion) bool {
+	if !q.vq.next(c) {
+		return false
+	}
+	if c.Err != 0 {
+		if c.Done && c.Buf != 0 {
+			q.recycle(q.bufOf(c.Buf))
+			if q.skip > 0 {
+				q.skip-- // a refused part of a frame is still one of its parts
+			}
+		}
+		c.Buf = 0
+		return true
+	}
+	b := q.bufOf(c.Buf)
+	if q.skip > 0 { // only the first buffer of a frame holds the header
+		q.skip--
+		q.multiBuffer(c, b, &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
+		return true
+	}
+	if c.Len < netHdrLen+nic.MinFrame {
+		q.recycle(b)
+		c.Err, c.Prov, c.Buf = cq.EIO, cq.ProvBadLen, 0
+		return true
 	}
 	if q.mrg {
-		b := q.pool.Buf(s.buf)
-		if nb := int(b[netHdrNumBuffers]) | int(b[netHdrNumBuffers+1])<<8; nb != 1 {
+		hdr := q.pool.Buf(b)
+		if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
+			e := &nic.MultiBufferError{Queue: q.vq.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 			if nb > 1 {
 				q.skip = min(nb-1, q.vq.nbufs)
 				q.span = q.skip + 1
-				return &nic.MultiBufferError{Queue: q.vq.name, Buffers: q.span, Bytes: int(length) - netHdrLen}
+				e.Buffers = q.span
 			}
-			return fmt.Errorf("%w: %s: num_buffers %d", nic.ErrMultiBuffer, q.vq.name, nb)
+			q.multiBuffer(c, b, e)
+			return true
 		}
 	}
-	return nil
+	q.state[b] = bufLent
+	c.Buf += netHdrLen
+	c.Len -= netHdrLen
+	return true
+}
+
+// multiBuffer turns c, whose buffer b holds part of a frame that spans
+// buffers, into an error completion and recycles the buffer. Cold path.
+func (q *RxQueue) multiBuffer(c *cqring.Completion, b uint32, e *nic.MultiBufferError) {
+	q.recycle(b)
+	q.mbErr = e
+	c.Err, c.Prov, c.Buf = cq.ETRUNC, cq.ProvMultiBuffer, 0
 }
 
 // SRead implements nic.Queue.
@@ -469,9 +517,15 @@ type TxQueue struct {
 
 var _ nic.TxQueue = (*TxQueue)(nil)
 
-func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) *TxQueue {
+func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*TxQueue, error) {
+	if err := v.setReader(usedTx); err != nil {
+		return nil, err
+	}
+	if pool.Cap() < int(v.size) {
+		return nil, fmt.Errorf("%w: %s: %d transmit buffers for %d descriptors", nic.ErrInvalid, v.name, pool.Cap(), v.size)
+	}
 	return &TxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
-		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.FrameOverhead)}
+		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.FrameOverhead)}, nil
 }
 
 // MaxFrame implements nic.TxQueue.
@@ -488,14 +542,15 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	if err := q.usable(); err != nil {
 		return err
 	}
-	id, ok := q.vq.allocID()
+	if q.vq.room() < 1 {
+		return errNoDesc
+	}
+	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg}, 1)
 	if !ok {
 		return errNoDesc
 	}
 	b := q.pool.Buf(uint32(id))
 	n := netHdrLen + copy(b[netHdrLen:], frame)
-	s := &q.vq.slots[id]
-	s.ctx, s.buf, s.len = ctx, uint32(id), uint32(n)
 	q.vq.add(id, q.pool.Addr(uint32(id)), uint32(n), 0)
 	return nil
 }
@@ -515,27 +570,23 @@ func (q *TxQueue) Poll(out []nic.Completion) int {
 	return q.poll(out)
 }
 
-// poll is Poll, called locked (also by the queue's CQ source).
+// poll is Poll, called locked.
 func (q *TxQueue) poll(out []nic.Completion) int {
 	n, errs := 0, 0
 	var bytes uint64
-	for n < len(out) {
-		id, _, err := q.vq.pop()
-		if err == errNotReady {
-			break
-		}
-		c := &out[n]
+	var c cqring.Completion
+	for n < len(out) && q.vq.next(&c) {
+		o := &out[n]
 		n++
-		if err != nil {
-			*c = nic.Completion{Queue: q.index, Err: err}
+		if c.Err != 0 {
+			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: nic.CompletionError(c.Prov, c.Err)}
 			errs++
 			break
 		}
-		s := q.vq.release(id)
-		l := int(s.len) - netHdrLen
-		*c = nic.Completion{Context: s.ctx, Len: l, Queue: q.index}
-		bytes += uint64(l)
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		bytes += uint64(c.Len)
 	}
+	q.vq.publishUsed()
 	q.finishPoll(n, bytes, errs)
 	return n
 }

@@ -1,7 +1,6 @@
 package virtio
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
@@ -9,42 +8,26 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
-// Provider error numbers (cq.ErrEntry.ProvErrno) of virtio error
-// completions that cq has no number for; bad ids, lengths and phases use
-// cq.ProvBadID, cq.ProvBadLen and cq.ProvBadPhase.
-const (
-	// ProvBadIndex: a split ring's used index moved past the outstanding
-	// buffers; the queue is broken until the device is reset.
-	ProvBadIndex = 1
-	// ProvMultiBuffer: a received frame spanned several buffers (Err is
-	// cq.ETRUNC); each of its buffers completes with this error.
-	ProvMultiBuffer = 2
-)
-
-// pollQueue is what a CQ source needs of a receive or transmit queue:
-// its validating reader, called with the queue locked.
-type pollQueue interface {
-	poll(out []nic.Completion) int
-}
-
 // cqSource feeds a cq.CQ from one virtio queue: the queue's used ring is
-// the completion ring, read by the same validating reader as Poll, and
-// its entries are converted to cq.Entry in batches. It implements
-// ring.Source; the CQ serialises the calls.
+// the completion ring, read entry by entry by the queue's next (cq/ring's
+// ring reader plus the queue's own checks, the same code as Poll), each
+// entry written straight into the caller's cq.Entry. It implements
+// ring.Source; the CQ serialises the calls. A refused entry reaches the
+// CQ with the ring reader's code (cq.Prov*), never as an error string.
 type cqSource struct {
-	dev   *Device
-	pq    pollQueue
-	q     *queue
-	qnum  uint32   // virtqueue index, reported as Entry.Queue
-	flags cq.Flags // FlagRecv|FlagMsg or FlagSend|FlagMsg
+	dev  *Device
+	rx   *RxQueue // one of rx and tx is set
+	tx   *TxQueue
+	q    *queue
+	qnum uint32 // virtqueue index, reported as Entry.Queue
 
 	attached bool
 	mFlags   cq.Flags // all ones for the fields the CQ's format has
 	mLen     int
 	mBuf     uintptr
 
-	scratch [32]nic.Completion
-	held    bool // scratch[0] is a success that ReadErr read and Poll owes
+	held    bool // one: a success that ReadErr read and Poll owes
+	one     ring.Completion
 	staged  bool // errEnt is an error completion waiting for ReadErr
 	errEnt  cq.ErrEntry
 	errData []byte
@@ -68,8 +51,18 @@ func (s *cqSource) Attach(f cq.Format) error {
 	return nil
 }
 
-func (s *cqSource) convert(e *cq.Entry, c *nic.Completion) {
-	*e = cq.Entry{Context: c.Context, Flags: s.flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.qnum}
+// next takes the queue's next completion (locked by the caller).
+func (s *cqSource) next(c *ring.Completion) bool {
+	if s.rx != nil {
+		return s.rx.next(c)
+	}
+	return s.tx.vq.next(c)
+}
+
+// store writes a good completion into the caller's entry, in the CQ's
+// format.
+func (s *cqSource) store(e *cq.Entry, c *ring.Completion) {
+	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.qnum}
 }
 
 // Poll implements ring.Source: successful completions up to the first error
@@ -83,28 +76,30 @@ func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, ring.State) {
 	}
 	n := 0
 	if s.held && len(ents) > 0 {
-		s.convert(&ents[0], &s.scratch[0])
+		s.store(&ents[0], &s.one)
 		s.held = false
 		n++
 	}
-	s.q.mu.Lock()
-	for n < len(ents) && !s.q.closed {
-		want := min(len(s.scratch), len(ents)-n)
-		k := s.pq.poll(s.scratch[:want])
-		for i := range k {
-			c := &s.scratch[i]
-			if c.Err != nil {
-				s.stage(c) // always the last of the batch
+	q := s.q
+	q.mu.Lock()
+	var bytes uint64
+	errs := 0
+	if !q.closed {
+		var c ring.Completion
+		for n < len(ents) && s.next(&c) {
+			if c.Err != 0 {
+				s.stage(&c)
+				errs++
 				break
 			}
-			s.convert(&ents[n], c)
+			s.store(&ents[n], &c)
+			bytes += uint64(c.Len)
 			n++
 		}
-		if s.staged || k < want {
-			break
-		}
+		q.vq.publishUsed()
+		q.finishPoll(n+errs, bytes, errs)
 	}
-	s.q.mu.Unlock()
+	q.mu.Unlock()
 	for i := range min(n, len(addrs)) {
 		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
 	}
@@ -114,21 +109,15 @@ func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, ring.State) {
 	return n, ring.StateOK
 }
 
-// stage turns an error completion into the pending cq.ErrEntry. Cold path.
-func (s *cqSource) stage(c *nic.Completion) {
-	prov, errno := cq.ProvBadID, cq.EIO
-	switch {
-	case errors.Is(c.Err, nic.ErrBadLen):
-		prov = cq.ProvBadLen
-	case errors.Is(c.Err, nic.ErrBadPhase):
-		prov = cq.ProvBadPhase
-	case errors.Is(c.Err, nic.ErrBadIndex):
-		prov = ProvBadIndex
-	case errors.Is(c.Err, nic.ErrMultiBuffer):
-		prov, errno = ProvMultiBuffer, cq.ETRUNC
+// stage makes a refused completion the pending cq.ErrEntry, with the ring
+// reader's code. Cold path.
+func (s *cqSource) stage(c *ring.Completion) {
+	s.errEnt = cq.ErrEntry{Entry: cq.Entry{Context: c.Context, Flags: c.Flags, Queue: s.qnum},
+		OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
+	if c.Prov == cq.ProvMultiBuffer && s.rx != nil && s.rx.mbErr != nil {
+		s.errEnt.Len = s.rx.mbErr.Bytes
 	}
-	s.errEnt = cq.ErrEntry{Entry: cq.Entry{Context: c.Context, Flags: s.flags, Queue: s.qnum}, Err: errno, ProvErrno: prov}
-	s.errData = append(s.errData[:0], c.Err.Error()...)
+	s.errData = s.errData[:0]
 	s.staged = true
 }
 
@@ -168,19 +157,20 @@ func (s *cqSource) peek() {
 	if s.staged || s.held {
 		return
 	}
-	s.q.mu.Lock()
-	k := 0
-	if !s.q.closed {
-		k = s.pq.poll(s.scratch[:1])
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || !s.next(&s.one) {
+		return
 	}
-	s.q.mu.Unlock()
-	if k == 1 {
-		if s.scratch[0].Err != nil {
-			s.stage(&s.scratch[0])
-		} else {
-			s.held = true
-		}
+	q.vq.publishUsed()
+	if s.one.Err != 0 {
+		s.stage(&s.one)
+		q.finishPoll(1, 0, 1)
+		return
 	}
+	s.held = true
+	q.finishPoll(1, uint64(s.one.Len), 0)
 }
 
 // Arm implements ring.Source with the ring's event suppression: the packed
@@ -197,21 +187,10 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements ring.Source for ProvBadIndex and ProvMultiBuffer.
+// StrError implements ring.Source: virtio reports only cq's own codes,
+// which the CQ describes itself.
 func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
-	var what string
-	switch provErrno {
-	case ProvBadIndex:
-		what = "used index beyond the posted buffers"
-	case ProvMultiBuffer:
-		what = "frame spans several receive buffers"
-	default:
-		return "", false
-	}
-	if len(errData) > 0 {
-		return fmt.Sprintf("virtio: %s (%s)", what, errData), true
-	}
-	return "virtio: " + what, true
+	return "", false
 }
 
 // Close implements ring.Source: the queue reads its own completions again,
@@ -241,10 +220,10 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	}
 	var srcs []*cqSource
 	if dir&nic.Recv != 0 {
-		srcs = append(srcs, &cqSource{dev: d, pq: d.rx[i], q: &d.rx[i].queue, flags: cq.FlagRecv | cq.FlagMsg})
+		srcs = append(srcs, &cqSource{dev: d, rx: d.rx[i], q: &d.rx[i].queue})
 	}
 	if dir&nic.Send != 0 {
-		srcs = append(srcs, &cqSource{dev: d, pq: d.tx[i], q: &d.tx[i].queue, flags: cq.FlagSend | cq.FlagMsg})
+		srcs = append(srcs, &cqSource{dev: d, tx: d.tx[i], q: &d.tx[i].queue})
 	}
 	for _, s := range srcs {
 		s.qnum = uint32(s.q.vq.qidx)

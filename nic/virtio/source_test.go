@@ -13,11 +13,17 @@ import (
 
 // bindTest binds a rig's queue to a new CQ the way Device.BindCQ does,
 // without a device (its Close then has no vector to rewire).
-func bindTest(t *testing.T, q *queue, pq pollQueue, flags cq.Flags, f cq.Format) *cq.CQ {
+func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	t.Helper()
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
-	s := &cqSource{dev: &Device{name: "test", closed: true}, pq: pq, q: q, qnum: uint32(q.vq.qidx), flags: flags}
+	s := &cqSource{dev: &Device{name: "test", closed: true}, q: q, qnum: uint32(q.vq.qidx)}
+	switch pq := pq.(type) {
+	case *RxQueue:
+		s.rx = pq
+	case *TxQueue:
+		s.tx = pq
+	}
 	require.NoError(t, ring.AddSource(c, s))
 	q.src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
@@ -28,7 +34,7 @@ func TestCQReceive(t *testing.T) {
 	forRings(t, func(t *testing.T, packed bool) {
 		r := newRig(t, 8, packed, true, 64<<10)
 		rx := r.rxQueue(t, 16, 2048, true)
-		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		c := bindTest(t, &rx.queue, rx, cq.FormatData)
 		ctx := postN(t, rx, 8)
 		var comps [4]nic.Completion
 		require.Equal(t, 1, rx.Poll(comps[:]), "a bound queue's own Poll says it is bound")
@@ -67,7 +73,7 @@ func TestCQErrorsInOrder(t *testing.T) {
 	forRings(t, func(t *testing.T, packed bool) {
 		r := newRig(t, 8, packed, true, 64<<10)
 		rx := r.rxQueue(t, 16, 2048, true)
-		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		c := bindTest(t, &rx.queue, rx, cq.FormatData)
 		ctx := postN(t, rx, 6)
 		d := r.dev
 		tk := d.takeN(5)
@@ -92,7 +98,7 @@ func TestCQErrorsInOrder(t *testing.T) {
 			_, err = c.Read(ents)
 			require.ErrorIs(t, err, cq.ErrAvail)
 			require.NoError(t, c.ReadErr(&ee))
-			require.Equal(t, ProvMultiBuffer, ee.ProvErrno)
+			require.Equal(t, cq.ProvMultiBuffer, ee.ProvErrno)
 			require.Equal(t, cq.ETRUNC, ee.Err)
 			require.Contains(t, c.StrError(ee.ProvErrno, ee.ErrData), "several receive buffers")
 		}
@@ -114,7 +120,7 @@ func TestCQErrorsInOrder(t *testing.T) {
 func TestCQReadErrKeepsSuccess(t *testing.T) {
 	r := newRig(t, 8, true, true, 64<<10)
 	rx := r.rxQueue(t, 16, 2048, true)
-	c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+	c := bindTest(t, &rx.queue, rx, cq.FormatData)
 	postN(t, rx, 4)
 	deliver(t, r.dev, frameFor(9, 64), 1)
 	var ee cq.ErrEntry
@@ -133,7 +139,7 @@ func TestCQReadErrKeepsSuccess(t *testing.T) {
 func TestCQSendAndFormats(t *testing.T) {
 	r := newRig(t, 8, false, true, 64<<10)
 	tx := r.txQueue(t, 1500)
-	c := bindTest(t, &tx.queue, tx, cq.FlagSend|cq.FlagMsg, cq.FormatContext)
+	c := bindTest(t, &tx.queue, tx, cq.FormatContext)
 	ctx := new(int)
 	require.NoError(t, tx.Send(frameFor(1, 200), ctx))
 	require.NoError(t, tx.Flush())
@@ -152,7 +158,7 @@ func TestCQSRead(t *testing.T) {
 	forRings(t, func(t *testing.T, packed bool) {
 		r := newRig(t, 8, packed, true, 64<<10)
 		rx := r.rxQueue(t, 16, 2048, true)
-		c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+		c := bindTest(t, &rx.queue, rx, cq.FormatData)
 		postN(t, rx, 8)
 		ents := make([]cq.Entry, 4)
 		_, err := c.SRead(context.Background(), ents, 0, 30*time.Millisecond)
@@ -175,7 +181,7 @@ func TestCQSRead(t *testing.T) {
 func TestCQReadNoAllocations(t *testing.T) {
 	r := newRig(t, 64, true, true, 512<<10)
 	rx := r.rxQueue(t, 128, 2048, true)
-	c := bindTest(t, &rx.queue, rx, cq.FlagRecv|cq.FlagMsg, cq.FormatData)
+	c := bindTest(t, &rx.queue, rx, cq.FormatData)
 	postN(t, rx, 64)
 	f := frameFor(1, 64)
 	ents := make([]cq.Entry, 32)

@@ -1,24 +1,16 @@
 package virtio
 
 import (
-	"errors"
 	"fmt"
+	"math/bits"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
 )
-
-// slot records one posted buffer under its buffer id. Buffers are tracked
-// by id, never by ring position: the device names the id it completes.
-type slot struct {
-	ctx    any
-	buf    uint32 // buffer index in the queue's pool
-	len    uint32 // bytes posted (device-writable or device-readable)
-	ndesc  uint16 // descriptors the buffer occupies
-	posted bool
-}
 
 // seg is one element of a descriptor chain.
 type seg struct {
@@ -61,9 +53,10 @@ func ringSizes(size int, packed bool) (desc, driver, device, align int) {
 
 // vq is one virtqueue: the driver's side of a packed or split ring. It
 // writes available descriptors in batches, publishes them with one release
-// store, decides whether the device wants a notification, and reads used
-// descriptors, validating every field the device wrote. It is not safe for
-// concurrent use; its queue serialises access.
+// store and decides whether the device wants a notification; its used
+// descriptors are read by cq/ring's ring reader (rd), which checks every
+// field the device wrote against the table of posted buffers (tab). It is
+// not safe for concurrent use; its queue serialises access.
 type vq struct {
 	name     string // for error messages: "rx0", "tx0", "ctrl"
 	qidx     uint16 // virtqueue index, written to the doorbell
@@ -75,15 +68,11 @@ type vq struct {
 
 	// Packed ring state. availBits is AVAIL|USED as an available
 	// descriptor carries them on the current lap (AVAIL = driver wrap
-	// counter, USED its inverse); usedBits is both bits as a used
-	// descriptor carries them on the lap being read (both equal to the
-	// used wrap counter). Both counters start at 1.
+	// counter, starting at 1, USED its inverse).
 	drvEvent  *uint32
 	devEvent  *uint32
 	availPos  uint16
 	availBits uint16
-	usedPos   uint16
-	usedBits  uint16
 	headWord  *uint32 // flags word of the first unpublished descriptor
 	headVal   uint32
 
@@ -95,14 +84,18 @@ type vq struct {
 	availIdx   uint16  // next available ring entry, published or not
 	pubIdx     uint16  // available index the device has seen
 	availFlags uint16
-	lastUsed   uint16
-	usedIdx    uint16 // last used index read from the device
 
 	batch     uint16 // descriptors added since the last publish
 	sinceKick uint16 // descriptors published since the last notify decision
 
-	slots  []slot
-	free   []uint16 // stack of free buffer ids
+	// The reading side: the ring reader over the used descriptors (packed)
+	// or the used ring (split), and the table of posted buffers whose ids
+	// it checks. Ids are table slots, below size: a split ring's id is the
+	// head descriptor's index.
+	rd     *cqring.RingSource
+	tab    *cqring.Table
+	mem    ringMem
+	ndesc  []uint16 // descriptors of the buffer posted under each id
 	ndescs int      // descriptors outstanding
 	nbufs  int      // buffers outstanding
 
@@ -129,16 +122,14 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 		return nil, fmt.Errorf("%w: %s: ring memory misaligned", nic.ErrInvalid, name)
 	}
 	q := &vq{name: name, qidx: qidx, size: uint16(size), packed: packed, eventIdx: eventIdx,
-		notify: notify, desc: unsafe.Pointer(&mem.desc[0]),
-		slots: make([]slot, size), free: make([]uint16, size)}
-	for i := range q.free {
-		q.free[i] = uint16(size - 1 - i) // id 0 comes out first
+		notify: notify, desc: unsafe.Pointer(&mem.desc[0]), mem: mem, ndesc: make([]uint16, size)}
+	if err := q.setReader(usedPlain); err != nil {
+		return nil, err
 	}
 	if packed {
 		q.drvEvent = (*uint32)(unsafe.Pointer(&mem.driver[0]))
 		q.devEvent = (*uint32)(unsafe.Pointer(&mem.device[0]))
 		q.availBits = descAvail
-		q.usedBits = descAvail | descUsed
 	} else {
 		q.avail = unsafe.Pointer(&mem.driver[0])
 		q.used = unsafe.Pointer(&mem.device[0])
@@ -152,27 +143,30 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 // room returns how many descriptors can still be posted.
 func (q *vq) room() int { return int(q.size) - q.ndescs }
 
-// allocID takes a free buffer id.
-func (q *vq) allocID() (uint16, bool) {
-	n := len(q.free)
-	if n == 0 {
+// reserve records a buffer of ndesc descriptors in the table of posted
+// buffers and returns its id; false when every id is outstanding (the
+// caller checked room, so only a table whose freed ids are not yet
+// published).
+func (q *vq) reserve(op cqring.Op, ndesc int) (uint16, bool) {
+	op.Span = ndesc
+	if !q.packed {
+		op.Span = 0 // the used ring has one element per buffer
+	}
+	id, err := q.tab.Post(op)
+	if err != nil {
 		return 0, false
 	}
-	id := q.free[n-1]
-	q.free = q.free[:n-1]
-	return id, true
+	q.ndesc[id] = uint16(ndesc)
+	q.ndescs += ndesc
+	q.nbufs++
+	return uint16(id), true
 }
 
-// add writes one available descriptor for buffer id. The first descriptor
-// of a batch keeps its flags back until publish, so the device never sees
-// part of a batch; the others are written in full (the device reads them
-// only after the first, in ring order). The slot must be filled in by the
-// caller.
+// add writes one available descriptor for buffer id (reserve). The first
+// descriptor of a batch keeps its flags back until publish, so the device
+// never sees part of a batch; the others are written in full (the device
+// reads them only after the first, in ring order).
 func (q *vq) add(id uint16, addr uint64, length uint32, flags uint16) {
-	s := &q.slots[id]
-	s.ndesc, s.posted = 1, true
-	q.ndescs++
-	q.nbufs++
 	if q.packed {
 		q.putPacked(id, addr, length, flags)
 		return
@@ -208,16 +202,13 @@ func (q *vq) putPacked(id uint16, addr uint64, length uint32, flags uint16) {
 	}
 }
 
-// addChain posts one buffer made of several elements. On a packed ring
-// the chain takes consecutive ring slots, each carrying the id; on a split
-// ring it uses table entries id, id+1, ..., which the caller keeps for it
-// (the control queue, the only user, posts id 0 alone).
+// addChain posts buffer id (reserved for len(segs) descriptors), made of
+// several elements. On a packed ring the chain takes consecutive ring
+// slots, each carrying the id; on a split ring it uses descriptor table
+// entries id, id+1, ... (modulo the size), which must be free: the control
+// queue, the only user, has one buffer outstanding at a time.
 func (q *vq) addChain(id uint16, segs []seg) {
 	n := len(segs)
-	s := &q.slots[id]
-	s.ndesc, s.posted = uint16(n), true
-	q.ndescs += n
-	q.nbufs++
 	if q.packed {
 		for i, sg := range segs {
 			f := sg.flags
@@ -229,11 +220,11 @@ func (q *vq) addChain(id uint16, segs []seg) {
 		return
 	}
 	for i, sg := range segs {
-		d := uint16(int(id) + i)
+		d := uint16((int(id) + i) % int(q.size))
 		f, next := uint32(sg.flags), uint32(0)
 		if i < n-1 {
 			f |= descNext
-			next = uint32(d + 1)
+			next = uint32((int(d) + 1) % int(q.size))
 		}
 		p := unsafe.Add(q.desc, uintptr(d)*descSize)
 		*(*uint64)(p) = sg.addr
@@ -348,9 +339,10 @@ func (q *vq) arm(threshold int) {
 // setEvent aims the used-buffer event (EVENT_IDX) at the t-th buffer from
 // the next one to read.
 func (q *vq) setEvent(t uint16) {
+	r := q.rd.Ring()
 	if q.packed {
-		pos := q.usedPos + t - 1
-		wrap := q.usedBits&descUsed != 0
+		pos := uint16(r.Head()) + t - 1
+		wrap := r.Phase() == 1
 		if pos >= q.size {
 			pos -= q.size
 			wrap = !wrap
@@ -362,7 +354,7 @@ func (q *vq) setEvent(t uint16) {
 		atomic.StoreUint32(q.drvEvent, v)
 		return
 	}
-	*q.usedEvent = q.lastUsed + t - 1
+	*q.usedEvent = uint16(r.Count()) + t - 1
 	doorbell.Mb() // the device must see the event before the ring is read again
 }
 
@@ -375,131 +367,119 @@ func (q *vq) disarm() {
 		return
 	}
 	if q.eventIdx {
-		*q.usedEvent = q.lastUsed + 0x8000
+		*q.usedEvent = uint16(q.rd.Ring().Count()) + 0x8000
 		return
 	}
 	q.availFlags = availNoInterrupt
 	atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
 }
 
-// errNotReady is pop's "nothing to read"; it never leaves the package.
-var errNotReady = errors.New("virtio: no used buffer")
+// Kinds of used ring, by what the reader checks.
+const (
+	usedPlain = iota // the control queue: id and length
+	usedRx           // receive: the length covers the virtio-net header and a frame (checked by RxQueue.next)
+	usedTx           // transmit: the device's length is reserved, not read
+)
 
-// pop reads and consumes the next used buffer. It returns the buffer id
-// and the length the device wrote, errNotReady when the device has not
-// used another buffer, or a completion error for an entry that does not
-// match what was posted (the entry is consumed, nothing is freed). The
-// ownership word (packed flags, split used index) is loaded atomically
-// before anything else of the entry is read.
-func (q *vq) pop() (uint16, uint32, error) {
-	if q.broken {
-		return 0, 0, errNotReady
+// PackedLayout describes a packed virtqueue of n descriptors as the device
+// writes used descriptors into it: 16-byte descriptors whose flags word
+// (at byte 12, with the buffer id in its low half) has AVAIL and USED both
+// equal to the driver's used wrap counter, which starts at 1; USED equal
+// to it while AVAIL is not is a state no device writes. Len is the bytes
+// written into the buffer.
+func PackedLayout(n int) cqring.Layout {
+	return cqring.Layout{
+		Name: "virtio-packed", EntrySize: descSize, Entries: n,
+		Convention: cqring.PackedWrap, OwnerOff: 12, OwnerMask: (descAvail | descUsed) << 16, InitPhase: 1,
+		WrongPhase: descAvail << 16,
+		Fields: cqring.Fields{
+			ID:  cqring.Field{Off: 12, Bits: 16},
+			Len: cqring.Field{Off: 8, Bits: 32},
+		},
 	}
-	if q.packed {
-		p := unsafe.Add(q.desc, uintptr(q.usedPos)*descSize)
-		w := atomic.LoadUint32((*uint32)(unsafe.Add(p, 12)))
-		f := uint16(w>>16) & (descAvail | descUsed)
-		if f != q.usedBits {
-			// An available descriptor not used yet, or the previous lap's
-			// used one, is normal. USED matching the wrap counter while
-			// AVAIL does not is a state only a broken device writes.
-			if f == q.usedBits^descAvail {
-				q.advance(1)
-				return 0, 0, fmt.Errorf("%w: %s: descriptor %d flags %#04x (expected used wrap %d)",
-					nic.ErrBadPhase, q.name, (q.usedPos+q.size-1)%q.size, uint16(w>>16), q.usedBits>>15)
-			}
-			return 0, 0, errNotReady
-		}
-		id := uint16(w)
-		length := *(*uint32)(unsafe.Add(p, 8))
-		if int(id) >= len(q.slots) || !q.slots[id].posted {
-			q.advance(1)
-			return 0, 0, fmt.Errorf("%w: %s: id %d at descriptor %d (%d outstanding)", nic.ErrBadID, q.name, id,
-				(q.usedPos+q.size-1)%q.size, q.nbufs)
-		}
-		s := &q.slots[id]
-		q.advance(s.ndesc)
-		q.ndescs -= int(s.ndesc)
-		q.nbufs--
-		return id, length, nil
-	}
-	if q.lastUsed == q.usedIdx {
-		q.usedIdx = uint16(atomic.LoadUint32((*uint32)(q.used)) >> 16)
-		if pending := q.usedIdx - q.lastUsed; int(pending) > q.nbufs {
-			q.broken = true
-			return 0, 0, fmt.Errorf("%w: %s: used index %d is %d past %d with %d buffers outstanding",
-				nic.ErrBadIndex, q.name, q.usedIdx, pending, q.lastUsed, q.nbufs)
-		}
-		if q.lastUsed == q.usedIdx {
-			return 0, 0, errNotReady
-		}
-	}
-	e := unsafe.Add(q.used, 4+8*uintptr(q.lastUsed&(q.size-1)))
-	id32 := *(*uint32)(e)
-	length := *(*uint32)(unsafe.Add(e, 4))
-	q.lastUsed++
-	if id32 >= uint32(len(q.slots)) || !q.slots[id32].posted {
-		return 0, 0, fmt.Errorf("%w: %s: id %d in used entry %d (%d outstanding)", nic.ErrBadID, q.name, id32, q.lastUsed-1, q.nbufs)
-	}
-	s := &q.slots[id32]
-	q.ndescs -= int(s.ndesc)
-	q.nbufs--
-	return uint16(id32), length, nil
 }
 
+// SplitLayout describes the used ring of a split virtqueue of n
+// descriptors: elements {id, len} of 32 bits each after a 4-byte header
+// whose upper half, idx, counts the elements written (RingRegs.Producer
+// is that header word).
+func SplitLayout(n int) cqring.Layout {
+	return cqring.Layout{
+		Name: "virtio-split", EntrySize: 8, Entries: n,
+		Convention: cqring.UsedIndex, IndexShift: 16, IndexBits: 16,
+		Fields: cqring.Fields{
+			ID:  cqring.Field{Off: 0, Bits: 32},
+			Len: cqring.Field{Off: 4, Bits: 32},
+		},
+	}
+}
+
+// setReader makes the ring reader for the queue's kind of used ring.
+// Called before the ring is used.
+func (q *vq) setReader(kind int) error {
+	n := int(q.size)
+	var l cqring.Layout
+	var cfg cqring.RingConfig
+	if q.packed {
+		l = PackedLayout(n)
+		cfg.Mem = q.mem.desc
+	} else {
+		l = SplitLayout(n)
+		cfg.Mem = q.mem.device[4 : 4+8*n]
+		w := doorbell.NewWindow(q.mem.device[:4])
+		var err error
+		if cfg.Regs.Producer, err = w.Reg32(0); err != nil {
+			return err
+		}
+	}
+	l.Name += "-" + q.name
+	if kind == usedTx {
+		l.Fields.Len = cqring.Field{} // reserved: the posted length is reported
+	}
+	cfg.Layout = l
+	rd, err := cqring.NewRingSource(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
+	}
+	// ids are table slots (the id bits are the slot bits), below size.
+	tab, err := cqring.NewTable(n, max(1, bits.Len(uint(n-1))))
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
+	}
+	if err := rd.BindTable(0, tab); err != nil {
+		return err
+	}
+	q.rd, q.tab = rd, tab
+	return nil
+}
+
+// next takes the next used buffer into c through the ring reader: false
+// when the device has used no further buffer. A refused entry comes back
+// with c.Err set (the buffer it named, if any, is complete: c.Done). A
+// split ring whose used index runs more than a ring ahead breaks the
+// queue. The caller ends a batch with publish.
+func (q *vq) next(c *cqring.Completion) bool {
+	if q.broken || !q.rd.Next(c) {
+		return false
+	}
+	if c.Prov == cq.ProvBadIndex {
+		q.broken = true
+	}
+	if c.Done {
+		q.ndescs -= int(q.ndesc[c.ID])
+		q.nbufs--
+	}
+	return true
+}
+
+// publishUsed ends a batch of next calls: the freed ids become postable.
+func (q *vq) publishUsed() { q.rd.Publish() }
+
 // pending counts the used entries ready to read, up to max, without
-// consuming them. An entry that pop would refuse counts (it is an error
-// completion waiting), and the count stops after it.
+// consuming them. An entry that the reader would refuse counts.
 func (q *vq) pending(max int) int {
 	if q.broken || max <= 0 {
 		return 0
 	}
-	if !q.packed {
-		idx := uint16(atomic.LoadUint32((*uint32)(q.used)) >> 16)
-		n := int(idx - q.lastUsed)
-		if n > q.nbufs {
-			return 1 // pop reports ErrBadIndex
-		}
-		return min(n, max)
-	}
-	pos, bits, n := q.usedPos, q.usedBits, 0
-	for n < max && n < int(q.size) {
-		p := unsafe.Add(q.desc, uintptr(pos)*descSize)
-		w := atomic.LoadUint32((*uint32)(unsafe.Add(p, 12)))
-		f := uint16(w>>16) & (descAvail | descUsed)
-		if f != bits {
-			if f == bits^descAvail {
-				n++ // out of phase: an error entry
-			}
-			return n
-		}
-		n++
-		id := uint16(w)
-		if int(id) >= len(q.slots) || !q.slots[id].posted {
-			return n
-		}
-		if pos += q.slots[id].ndesc; pos >= q.size {
-			pos -= q.size
-			bits ^= descAvail | descUsed
-		}
-	}
-	return n
-}
-
-// advance moves the packed ring's read position by n descriptors.
-func (q *vq) advance(n uint16) {
-	q.usedPos += n
-	if q.usedPos >= q.size {
-		q.usedPos -= q.size
-		q.usedBits ^= descAvail | descUsed
-	}
-}
-
-// release frees id after its completion was taken and returns the slot
-// as it was (context, buffer, length).
-func (q *vq) release(id uint16) slot {
-	s := q.slots[id]
-	q.slots[id] = slot{}
-	q.free = append(q.free, id)
-	return s
+	return q.rd.Pending(max)
 }
