@@ -59,11 +59,13 @@ fuzz: deps
 		done; \
 	done
 
-# The soak on the software device with random faults, for SOAKTIME (a
-# short one runs in make test).
+# The soaks with random faults, for SOAKTIME each (short ones run in make
+# test): the software device, and virtio's used rings driven in process
+# (packed and split, read through Poll and through a CQ).
 SOAKTIME ?= 60s
 soak: deps
 	VFNIC_SOAK=$(SOAKTIME) $(GO) test -count=1 -run '^TestSoak$$' -v ./tests/simcq
+	VFNIC_SOAK=$(SOAKTIME) $(GO) test -count=1 -timeout 0 -run '^TestSoakUsedRing$$' -v ./nic/virtio
 
 clean:
 	$(GO) clean -testcache
