@@ -74,7 +74,7 @@ func (c byteCode) value(b int) uint64 { return uint64(b) >> c.shift & c.mask }
 // compilePlan returns the fast path's plan for l and its code fields, or
 // false when the layout needs the generic loop.
 func compilePlan(l *Layout) (p fastPlan, st, op, fl byteCode, ok bool) {
-	if l.IDIsIndex || l.Convention == DescriptorDone {
+	if l.IDIsIndex || l.Convention == DescriptorDone || l.Convention == UsedIndex {
 		return fastPlan{}, st, op, fl, false
 	}
 	f, esz := &l.Fields, l.EntrySize

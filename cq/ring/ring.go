@@ -247,9 +247,6 @@ func (r *Ring) next(i, want uint32) (uint32, uint32) {
 func (r *Ring) pending(max int) int {
 	if r.used {
 		if !r.loadProd() {
-			if r.badIndex {
-				return min(max, 1) // the refusal waits to be read
-			}
 			return 0
 		}
 		return min(max, int((r.prod-r.count)&r.imask))

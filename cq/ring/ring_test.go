@@ -27,7 +27,7 @@ func conventionLayouts(entries int) []Layout {
 		},
 		{ // virtio packed descriptor: addr, len, id u16, flags u16 (AVAIL bit 7, USED bit 15).
 			Name: "virtio-packed", EntrySize: 16, Entries: entries, Convention: PackedWrap,
-			OwnerOff: 12, OwnerMask: 1<<(16+7) | 1<<(16+15), InitPhase: 1,
+			OwnerOff: 12, OwnerMask: 1<<(16+7) | 1<<(16+15), InitPhase: 1, WrongPhase: 1 << (16 + 7),
 			Fields: Fields{ID: Field{Off: 12, Bits: 16}, Len: Field{Off: 8, Bits: 32}},
 		},
 		{ // vmxnet3 rx completion: gen bit 31 of the last word.

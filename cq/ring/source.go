@@ -628,6 +628,9 @@ func (q *RingSource) Pending(max int) int {
 	if n == 0 && (q.ring.hole() || q.ring.overrun()) {
 		return max
 	}
+	if n == 0 && q.ring.badIndex && !q.badIndexSeen {
+		return min(max, 1) // the refusal waits to be read
+	}
 	return n
 }
 

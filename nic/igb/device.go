@@ -531,7 +531,6 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: transmit buffers of %s: %w", d.name, err)
 		}
 		tq.pool = tpool
-		tq.txLen = make([]uint32, n)
 		d.tx = append(d.tx, tq)
 
 		r.write(txReg(regTXDCTL0, i), 0)

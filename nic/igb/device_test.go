@@ -2,6 +2,7 @@ package igb
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -243,7 +244,10 @@ func TestBindCQ(t *testing.T) {
 	}
 	require.True(t, sawTx)
 	out := make([]nic.Completion, 4)
-	require.Zero(t, rx.Poll(out), "a bound queue's own Poll reads nothing")
+	require.Equal(t, 1, rx.Poll(out), "a bound queue's own Poll says it is bound")
+	require.ErrorIs(t, out[0].Err, nic.ErrBound)
+	_, err = rx.SRead(context.Background(), out, 1, 0)
+	require.ErrorIs(t, err, nic.ErrBound)
 	require.NoError(t, d.Close())
 	require.NoError(t, c.Close())
 }

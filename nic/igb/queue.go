@@ -76,15 +76,6 @@ type queue struct {
 	rss    bool     // RSS on: the write-back carries the hash
 	skip   bool     // the next frame is the rest of one without EOP
 
-	// transmit
-	txLen []uint32 // per descriptor: the frame length posted there
-
-	errPending bool // the reader holds an error entry for takeErr
-	errPos     uint32
-	ownErr     bool // errEnt is a continuation error made by the queue
-	errEnt     cq.ErrEntry
-	scratch    [32]cq.Entry
-
 	closed, broken bool
 	closeErr       error     // why the queue closed, once closed
 	src            *cqSource // set while the queue feeds a user CQ
@@ -198,7 +189,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	bound := q.src != nil
 	q.mu.Unlock()
 	if bound {
-		return fmt.Errorf("%w: queue %s feeds a completion queue: read it there", nic.ErrInvalid, q.name)
+		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
 	}
 	n, err := q.efd.Wait(ctx, deadline)
 	q.interrupts.Add(n)
@@ -234,117 +225,67 @@ func (q *queue) close(why error) {
 	q.mu.Unlock()
 }
 
-// pollEntries reads successful completions in ring order into ents (every
-// field filled, Queue set), does the queue's bookkeeping for them, and
-// reports StateError when an error entry waits for takeErr. Called locked;
-// it allocates nothing.
-func (q *queue) pollEntries(ents []cq.Entry) (int, cqring.State) {
-	if q.closed || q.broken {
-		return 0, cqring.StateOK
-	}
-	if q.errPending {
-		return 0, cqring.StateError
-	}
-	if q.skip && len(ents) > 1 {
-		// The next frame is the tail of one that had no EOP: read it
-		// alone, so that it can become an error completion in order.
-		ents = ents[:1]
-	}
-	h := q.r.head()
-	n, st := q.r.poll(ents)
-	var bytes uint64
-	for i := range ents[:n] {
-		e := &ents[i]
-		e.Queue = q.qnum
-		if q.rx {
-			b := q.posBuf[h]
-			q.state[b] = bufLent
-			// The offload bits, read once into a copy for Offload; length
-			// and status came from the reader's own read.
-			p := unsafe.Pointer(&q.desc[uintptr(h)*descSize])
-			q.meta[b] = rxMeta{atomic.LoadUint64((*uint64)(p)), atomic.LoadUint64((*uint64)(unsafe.Add(p, 8)))}
-		} else {
-			e.Len = int(q.txLen[h])
-		}
-		bytes += uint64(e.Len)
-		if h++; h == q.n {
-			h = 0
-		}
-	}
-	q.out -= n
-	if q.skip && n == 1 {
-		// The rest of a frame without EOP: an error, its buffer recycled.
-		q.skip = false
-		q.out++ // counted again below as the error entry
-		h = (h + q.n - 1) % q.n
-		q.errEnt = cq.ErrEntry{Entry: ents[0], Err: cq.ETRUNC, ProvErrno: provMultiBuffer}
-		q.errEnt.Buf = 0
-		q.ownErr = true
-		n, st = 0, cqring.StateError
-		bytes = 0
-	}
-	if st == cqring.StateError {
-		q.errPending, q.errPos = true, h
-	}
-	if n > 0 {
-		q.disarm()
-		q.packets.Add(uint64(n))
-		q.bytes.Add(bytes)
-	}
-	return n, st
-}
-
-// takeErr moves the pending error completion into ee (reading one from the
-// ring when none is pending) and recycles what it held: the receive
-// buffer of a refused entry goes back to the pool. An entry the device
-// wrote at a position that was not posted (or a hole) leaves the ring and
-// the posted descriptors out of step, so the queue is broken. Called
-// locked.
-func (q *queue) takeErr(ee *cq.ErrEntry) bool {
-	if q.closed || q.broken && !q.errPending {
+// next takes the next completion into c, for Poll and for the CQ the
+// queue feeds alike: cq/ring's single read and checks of the write-back
+// descriptor (DD, the length against the posted buffer, the EOP status,
+// and the offload words into c.Meta, all from one copy), then the queue's
+// bookkeeping. A descriptor without EOP and the rest of its frame complete
+// with cq.ETRUNC (provMultiBuffer); DD where nothing was posted, or a
+// hole, breaks the queue: the ring and the posted descriptors are out of
+// step. The buffer of a refused entry goes back to the pool (c.Buf is then
+// 0). Called locked; the caller ends a batch with finish.
+func (q *queue) next(c *cqring.Completion) bool {
+	if q.closed || q.broken || !q.r.src.Next(c) {
 		return false
 	}
-	pos, own := q.errPos, q.ownErr
-	if own {
-		*ee = q.errEnt
-		q.ownErr = false
-	} else {
-		if !q.errPending {
-			pos = q.r.head()
-		}
-		if !q.r.readErr(ee) {
-			q.errPending = false
-			return false
-		}
-	}
-	q.errPending = false
-	ee.Queue = q.qnum
-	q.errs.Add(1)
-	switch ee.ProvErrno {
-	case cq.ProvBadID, cq.ProvBadPhase, cq.ProvBadQueue:
-		q.broken = true
+	c.Queue = q.qnum
+	if !c.Done {
+		q.broken = true // an entry that named no posted descriptor
 		return true
-	case provMultiBuffer:
-		// A descriptor the device wrote without EOP: the rest of the
-		// frame follows and is refused too (pollEntries makes that
-		// error itself and clears skip).
-		q.skip = q.rx && !own
 	}
 	q.out--
-	if q.rx {
-		b := q.posBuf[pos]
-		if q.state[b] != bufFree {
-			q.state[b] = bufFree
-			_ = q.pool.Put(b) // a buffer this queue posted at pos
-		}
+	if !q.rx {
+		return true
 	}
-	ee.Buf = 0 // nothing is lent by an error completion
+	b := q.posBuf[c.Pos]
+	switch {
+	case c.Prov == provMultiBuffer:
+		q.skip = true // the rest of the frame follows
+	case c.Err == 0 && q.skip:
+		q.skip = false // the last part of a frame without EOP
+		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+	}
+	if c.Err != 0 {
+		q.state[b] = bufFree
+		_ = q.pool.Put(b) // a buffer this queue posted at c.Pos
+		c.Buf = 0
+		return true
+	}
+	q.state[b] = bufLent
+	q.meta[b] = rxMeta{c.Meta[0], c.Meta[1]}
 	return true
 }
 
-// errOf maps an error completion to the nic error it carries.
-func errOf(ee *cq.ErrEntry) error {
-	switch ee.ProvErrno {
+// finish ends a batch of n completions, errs of them errors: the ring
+// reader publishes what it freed, the counters move, and an armed vector
+// is masked again. Called locked.
+func (q *queue) finish(n, errs int, bytes uint64) {
+	q.r.src.Publish()
+	if n == 0 {
+		return
+	}
+	q.disarm()
+	q.packets.Add(uint64(n - errs))
+	q.bytes.Add(bytes)
+	if errs > 0 {
+		q.errs.Add(uint64(errs))
+	}
+}
+
+// errOf maps the code of a refused completion to the nic error it carries
+// (prepared errors: nothing is allocated).
+func errOf(prov int) error {
+	switch prov {
 	case cq.ProvBadID, cq.ProvBadQueue:
 		return errBadID
 	case cq.ProvBadLen:
@@ -357,36 +298,27 @@ func errOf(ee *cq.ErrEntry) error {
 	return errBadStatus
 }
 
-// poll implements Poll for both directions: completions through the ring
-// reader, converted to nic.Completion. Called locked.
+// poll implements Poll for both directions. Called locked.
 func (q *queue) poll(out []nic.Completion) int {
-	n := 0
-	for n < len(out) {
-		want := min(len(out)-n, len(q.scratch))
-		k, st := q.pollEntries(q.scratch[:want])
-		for i := range q.scratch[:k] {
-			e := &q.scratch[i]
-			c := &out[n]
-			*c = nic.Completion{Context: e.Context, Len: e.Len, Queue: q.index}
-			if q.rx {
-				c.Buf = e.Buf
-				c.Data = q.pool.Buf(uint32((e.Buf - q.base) / q.stride))[:e.Len]
-			}
-			e.Context = nil
-			n++
-		}
-		if st == cqring.StateError {
-			var ee cq.ErrEntry
-			if q.takeErr(&ee) {
-				out[n] = nic.Completion{Context: ee.Context, Len: ee.Len, Queue: q.index, Err: errOf(&ee)}
-				n++
-			}
+	n, errs := 0, 0
+	var bytes uint64
+	var c cqring.Completion
+	for n < len(out) && q.next(&c) {
+		o := &out[n]
+		n++
+		if c.Err != 0 {
+			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index, Err: errOf(c.Prov)}
+			errs++
 			break
 		}
-		if k < want {
-			break
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		if q.rx {
+			o.Buf = c.Buf
+			o.Data = q.pool.Buf(uint32((c.Buf - q.base) / q.stride))[:c.Len]
 		}
+		bytes += uint64(c.Len)
 	}
+	q.finish(n, errs, bytes)
 	return n
 }
 
@@ -394,14 +326,26 @@ func (q *queue) poll(out []nic.Completion) int {
 func (q *queue) Poll(out []nic.Completion) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.src != nil {
+	switch {
+	case q.closed:
 		return 0
+	case q.src != nil && len(out) > 0:
+		// A bound queue says so, instead of an empty read that looks
+		// like an idle queue.
+		out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+		return 1
 	}
 	return q.poll(out)
 }
 
 // SRead implements nic.Queue.
 func (q *queue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	q.mu.Lock()
+	bound := q.src != nil
+	q.mu.Unlock()
+	if bound {
+		return 0, fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
+	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
 
@@ -585,7 +529,6 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 		q.broken = true
 		return fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
 	}
-	q.txLen[pos] = uint32(n)
 	cmd := uint64(n) | txdDTypData | txdCmdDEXT | txdCmdIFCS | txdCmdEOP | txdCmdRS
 	olinfo := uint64(n) << txdPaylenSh
 	q.writeDesc(pos, q.pool.Addr(pos), cmd|olinfo<<32)

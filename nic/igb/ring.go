@@ -32,6 +32,9 @@ func rxLayout(n int) cqring.Layout {
 		Fields: cqring.Fields{
 			Status: cqring.Field{Off: 8, Bits: 2},
 			Len:    cqring.Field{Off: 12, Bits: 16},
+			// The whole write-back, for the offload status (offload.go),
+			// read in the same single pass as DD, status and length.
+			Meta: [2]cqring.Field{{Off: 0, Bits: 64}, {Off: 8, Bits: 64}},
 		},
 		IDIsIndex: true, DetectHoles: true,
 	}
@@ -100,20 +103,6 @@ func (r *ring) post(ctx any, buf uintptr, length int, recv bool) (uint32, error)
 	return r.tab.Post(cqring.Op{Context: ctx, Buf: buf, Len: length, Flags: fl})
 }
 
-// head is the position of the next entry the reader takes.
-func (r *ring) head() uint32 { return r.src.Ring().Head() }
-
-// poll reads up to len(ents) successful completions, in ring order from
-// head(); StateError means an error entry was consumed and waits for
-// readErr.
-func (r *ring) poll(ents []cq.Entry) (int, cqring.State) { return r.src.Poll(ents, nil) }
-
-// readErr takes the pending error entry.
-func (r *ring) readErr(ee *cq.ErrEntry) bool {
-	_, ok := r.src.ReadErr(ee)
-	return ok
-}
-
 // pending counts ready entries (an error counts) up to max.
 func (r *ring) pending(max int) int { return r.src.Pending(max) }
 
@@ -132,6 +121,11 @@ type cqSource struct {
 	mLen     int
 	mBuf     uintptr
 	closed   bool
+
+	held   bool // one: a success that ReadErr read and Poll owes
+	one    cqring.Completion
+	staged bool // errEnt waits for ReadErr
+	errEnt cq.ErrEntry
 }
 
 var _ cqring.Source = (*cqSource)(nil)
@@ -151,50 +145,109 @@ func (s *cqSource) Attach(f cq.Format) error {
 	return nil
 }
 
-// Poll implements cqring.Source.
+// store writes a good completion into the caller's entry, in the CQ's
+// format.
+func (s *cqSource) store(e *cq.Entry, c *cqring.Completion) {
+	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: c.Queue}
+}
+
+// Poll implements cqring.Source: the queue's next, entry by entry, written
+// straight into the caller's entries; a refused entry is staged for
+// ReadErr with the ring reader's code.
 func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cqring.State) {
+	if len(ents) == 0 && !s.held {
+		s.peek() // a probe: stage an error entry at the head
+	}
+	if s.staged {
+		return 0, cqring.StateError
+	}
+	n := 0
+	if s.held && len(ents) > 0 {
+		s.store(&ents[0], &s.one)
+		s.held = false
+		n++
+	}
 	q := s.q
 	q.mu.Lock()
-	n, st := q.pollEntries(ents)
-	q.mu.Unlock()
-	for i := range ents[:n] {
-		e := &ents[i]
-		e.Flags &= s.mFlags
-		e.Len &= s.mLen
-		e.Buf &= s.mBuf
-		e.Data, e.Tag = 0, 0
+	var c cqring.Completion
+	var bytes uint64
+	errs := 0
+	for n < len(ents) && q.next(&c) {
+		if c.Err != 0 {
+			s.stage(&c)
+			errs++
+			break
+		}
+		s.store(&ents[n], &c)
+		bytes += uint64(c.Len)
+		n++
 	}
+	q.finish(n+errs, errs, bytes)
+	q.mu.Unlock()
 	for i := range min(n, len(addrs)) {
 		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
 	}
-	return n, st
+	if s.staged {
+		return n, cqring.StateError
+	}
+	return n, cqring.StateOK
+}
+
+// stage makes a refused completion the pending error entry. Cold path.
+func (s *cqSource) stage(c *cqring.Completion) {
+	s.errEnt = cq.ErrEntry{Entry: c.Entry, OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
+	s.staged = true
+}
+
+// peek reads one entry when nothing is staged or held: an error is staged,
+// a success is held for the next Poll.
+func (s *cqSource) peek() {
+	if s.staged || s.held {
+		return
+	}
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.next(&s.one) {
+		q.finish(0, 0, 0)
+		return
+	}
+	if s.one.Err != 0 {
+		s.stage(&s.one)
+		q.finish(1, 1, 0)
+		return
+	}
+	s.held = true
+	q.finish(1, 0, uint64(s.one.Len))
 }
 
 // Pending implements cqring.Source.
 func (s *cqSource) Pending(max int) int {
+	n := 0
+	if s.staged || s.held {
+		n++
+	}
 	q := s.q
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed || q.broken {
-		return 0
+	if !q.closed && !q.broken {
+		n += q.r.pending(max - n)
 	}
-	n := q.r.pending(max)
-	if q.errPending && n == 0 {
-		n = 1
-	}
-	return n
+	q.mu.Unlock()
+	return min(n, max)
 }
 
 // ReadErr implements cqring.Source.
 func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
-	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	data := e.ErrData
-	if !q.takeErr(e) {
+	if !s.held {
+		s.peek()
+	}
+	if !s.staged {
 		return nil, false
 	}
+	data := e.ErrData
+	*e = s.errEnt
 	e.ErrData = data
+	s.staged = false
 	return nil, true
 }
 
