@@ -72,6 +72,7 @@ type Ring struct {
 	ishift   uint
 	badIndex bool
 	wrong    uint32 // Layout.WrongPhase
+	meta     bool   // the layout has Meta fields
 	regs     RingRegs
 	f        [numFields]cfield
 	srcOK    bool // SrcValid absent: Src valid whenever present
@@ -112,6 +113,7 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 		clear: l.Convention == DescriptorDone,
 		used:  l.Convention == UsedIndex,
 		wrong: l.WrongPhase,
+		meta:  l.Fields.Meta[0].Bits != 0 || l.Fields.Meta[1].Bits != 0,
 		holes: l.DetectHoles && l.Entries > 1,
 		idx:   l.IDIsIndex,
 		regs:  regs,

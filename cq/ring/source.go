@@ -391,18 +391,27 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	}
 	// The one read of the device's entry: a copy, decoded and decided
 	// from; a device that rewrites the entry later changes nothing.
-	copy(q.ent, r.entryBytes(pos))
+	copyEntry(unsafe.Pointer(&q.ent[0]), r.entry(pos), r.esz)
 	if decodeHook != nil {
 		decodeHook(pos)
 	}
-	var raw decoded
-	r.decodeAt(unsafe.Pointer(&q.ent[0]), pos, &raw)
-	*c = Completion{ID: raw.ID, Pos: pos, Src: cq.AddrNotAvail, Meta: raw.Meta}
-	c.Queue = raw.Queue
-	t := tableFor(tabs, raw.Queue)
+	// Fields are taken from the copy as they are needed; absent ones
+	// read as 0.
+	e := unsafe.Pointer(&q.ent[0])
+	id := uint32(r.f[fID].get(e))
+	if r.idx {
+		id = pos
+	}
+	qn := uint32(r.f[fQueue].get(e))
+	*c = Completion{ID: id, Pos: pos, Src: cq.AddrNotAvail}
+	c.Queue = qn
+	if r.meta {
+		c.Meta = [2]uint64{r.f[fMeta0].get(e), r.f[fMeta1].get(e)}
+	}
+	t := tableFor(tabs, qn)
 	var s *slot
 	if t != nil {
-		s = t.lookup(raw.ID)
+		s = t.lookup(id)
 	}
 	if s == nil {
 		c.Err, c.Prov = cq.EIO, cq.ProvBadID
@@ -412,39 +421,40 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		q.refused(pos, 1)
 		return true
 	}
-	sc, oc := q.codes(uint64(raw.Status), uint64(raw.Opcode))
-	fl := entryFlags(s.flags | oc.flags | q.bits[raw.Flags&0xff])
-	ln := raw.Len
+	status, bufOff := r.f[fStatus].get(e), uint32(r.f[fBufOff].get(e))
+	sc, oc := q.codes(status, r.f[fOpcode].get(e))
+	fl := entryFlags(s.flags | oc.flags | q.bits[r.f[fFlags].get(e)&0xff])
+	ln := uint32(r.f[fLen].get(e))
 	hasLen := r.f[fLen].mask != 0
 	if !hasLen {
 		ln = s.len
 	}
 	c.Context = s.ctx
 	c.Flags = fl
-	if fl&cq.FlagRecv != 0 && raw.BufOff <= s.len {
-		c.Buf = s.buf + uintptr(raw.BufOff)
+	if fl&cq.FlagRecv != 0 && bufOff <= s.len {
+		c.Buf = s.buf + uintptr(bufOff)
 	}
 	if fl&cq.FlagRemoteCQData != 0 {
-		c.Data = raw.Data
+		c.Data = r.f[fData].get(e)
 	}
 	if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-		c.Tag = raw.Tag
+		c.Tag = r.f[fTag].get(e)
 	}
-	if fl&cq.FlagRecv != 0 && raw.SrcValid && r.f[fSrc].mask != 0 {
-		c.Src = cq.Addr(raw.Src)
+	if fl&cq.FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
+		c.Src = cq.Addr(r.f[fSrc].get(e))
 	}
 	switch {
 	case !sc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadStatus
 	case sc.err != 0:
-		c.Err, c.Prov = sc.err, int(raw.Status)
+		c.Err, c.Prov = sc.err, int(status)
 		if ln > s.len {
 			c.OLen = int(ln - s.len)
 		}
 		ln = min(ln, s.len)
 	case !oc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadOpcode
-	case hasLen && !fits(ln, raw.BufOff, s.len):
+	case hasLen && !fits(ln, bufOff, s.len):
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 		ln = min(ln, s.len)
 	}
@@ -452,7 +462,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	span := uint32(s.span)
 	if c.Err != 0 {
 		c.Done = true
-		t.release(s, raw.ID)
+		t.release(s, id)
 		if !t.dirty {
 			q.markDirty(t)
 		}
@@ -464,7 +474,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	}
 	if !s.multi || fl&cq.FlagMultiRecv != 0 {
 		c.Done = true
-		t.release(s, raw.ID)
+		t.release(s, id)
 		if !t.dirty {
 			q.markDirty(t)
 		}
@@ -472,6 +482,18 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	r.advance()
 	r.skip(span)
 	return true
+}
+
+// copyEntry copies an entry of n bytes (a multiple of 4) in 8-byte words:
+// entries are small, and a call to memmove costs more than the copy.
+func copyEntry(dst, src unsafe.Pointer, n uintptr) {
+	i := uintptr(0)
+	for ; i+8 <= n; i += 8 {
+		*(*uint64)(unsafe.Add(dst, i)) = *(*uint64)(unsafe.Add(src, i))
+	}
+	if i < n {
+		*(*uint32)(unsafe.Add(dst, i)) = *(*uint32)(unsafe.Add(src, i))
+	}
 }
 
 // refused consumes the head entry, refused, keeping the copy it was

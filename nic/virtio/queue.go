@@ -400,105 +400,6 @@ func (q *RxQueue) Poll(out []nic.Completion) int {
 	return q.poll(out)
 }
 
-// poll is Poll, called locked.
-func (q *RxQueue) poll(out []nic.Completion) int {
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(out) && q.next(&c) {
-		o := &out[n]
-		n++
-		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: q.errOf(&c)}
-			errs++
-			break
-		}
-		frame := q.pool.Buf(q.bufOf(c.Buf - netHdrLen))[netHdrLen : netHdrLen+c.Len]
-		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
-		bytes += uint64(c.Len)
-	}
-	q.vq.publishUsed()
-	q.finishPoll(n, bytes, errs)
-	return n
-}
-
-// errOf is the queue API's error for a refused completion: the ring
-// reader's code, translated without allocating (a multi-buffer frame's
-// parts carry their place in the frame).
-func (q *RxQueue) errOf(c *cqring.Completion) error {
-	if c.Prov == cq.ProvMultiBuffer && q.mbErr != nil {
-		return q.mbErr
-	}
-	return nic.CompletionError(c.Prov, c.Err)
-}
-
-// bufOf is the pool index of a buffer from its address as posted, which
-// the ring reader reports from the posted operation (not from the device).
-func (q *RxQueue) bufOf(buf uintptr) uint32 {
-	return uint32((buf - q.base) / q.stride)
-}
-
-// next takes the next receive completion into c, for Poll and for the CQ
-// the queue feeds alike: the ring reader's single read and checks of the
-// used entry (id, length within the posted buffer), then virtio-net's own
-// on that copy: the length must cover the virtio-net header and an
-// Ethernet header (cq.ProvBadLen), and num_buffers, read once from the
-// header the device wrote, must be 1 (a frame spanning buffers completes
-// with ErrMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
-// the caller, with c.Buf and c.Len the frame's (past the header); the
-// buffer of a refused one is recycled (c.Buf is then 0). Called locked.
-func (q *RxQueue) next(c *cqring.Completion) bool {
-	if !q.vq.next(c) {
-		return false
-	}
-	if c.Err != 0 {
-		if c.Done && c.Buf != 0 {
-			q.recycle(q.bufOf(c.Buf))
-			if q.skip > 0 {
-				q.skip-- // a refused part of a frame is still one of its parts
-			}
-		}
-		c.Buf = 0
-		return true
-	}
-	b := q.bufOf(c.Buf)
-	if q.skip > 0 { // only the first buffer of a frame holds the header
-		q.skip--
-		q.multiBuffer(c, b, &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
-		return true
-	}
-	if c.Len < netHdrLen+nic.MinFrame {
-		q.recycle(b)
-		c.Err, c.Prov, c.Buf = cq.EIO, cq.ProvBadLen, 0
-		return true
-	}
-	if q.mrg {
-		hdr := q.pool.Buf(b)
-		if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
-			e := &nic.MultiBufferError{Queue: q.vq.name, Buffers: nb, Bytes: c.Len - netHdrLen}
-			if nb > 1 {
-				q.skip = min(nb-1, q.vq.nbufs)
-				q.span = q.skip + 1
-				e.Buffers = q.span
-			}
-			q.multiBuffer(c, b, e)
-			return true
-		}
-	}
-	q.state[b] = bufLent
-	c.Buf += netHdrLen
-	c.Len -= netHdrLen
-	return true
-}
-
-// multiBuffer turns c, whose buffer b holds part of a frame that spans
-// buffers, into an error completion and recycles the buffer. Cold path.
-func (q *RxQueue) multiBuffer(c *cqring.Completion, b uint32, e *nic.MultiBufferError) {
-	q.recycle(b)
-	q.mbErr = e
-	c.Err, c.Prov, c.Buf = cq.ETRUNC, cq.ProvMultiBuffer, 0
-}
-
 // SRead implements nic.Queue.
 func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
 	if q.isBound() {
@@ -568,27 +469,6 @@ func (q *TxQueue) Poll(out []nic.Completion) int {
 		return q.boundError(out)
 	}
 	return q.poll(out)
-}
-
-// poll is Poll, called locked.
-func (q *TxQueue) poll(out []nic.Completion) int {
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(out) && q.vq.next(&c) {
-		o := &out[n]
-		n++
-		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: nic.CompletionError(c.Prov, c.Err)}
-			errs++
-			break
-		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
-		bytes += uint64(c.Len)
-	}
-	q.vq.publishUsed()
-	q.finishPoll(n, bytes, errs)
-	return n
 }
 
 // SRead implements nic.Queue.

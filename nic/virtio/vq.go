@@ -2,11 +2,9 @@ package virtio
 
 import (
 	"fmt"
-	"math/bits"
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
@@ -372,114 +370,4 @@ func (q *vq) disarm() {
 	}
 	q.availFlags = availNoInterrupt
 	atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
-}
-
-// Kinds of used ring, by what the reader checks.
-const (
-	usedPlain = iota // the control queue: id and length
-	usedRx           // receive: the length covers the virtio-net header and a frame (checked by RxQueue.next)
-	usedTx           // transmit: the device's length is reserved, not read
-)
-
-// PackedLayout describes a packed virtqueue of n descriptors as the device
-// writes used descriptors into it: 16-byte descriptors whose flags word
-// (at byte 12, with the buffer id in its low half) has AVAIL and USED both
-// equal to the driver's used wrap counter, which starts at 1; USED equal
-// to it while AVAIL is not is a state no device writes. Len is the bytes
-// written into the buffer.
-func PackedLayout(n int) cqring.Layout {
-	return cqring.Layout{
-		Name: "virtio-packed", EntrySize: descSize, Entries: n,
-		Convention: cqring.PackedWrap, OwnerOff: 12, OwnerMask: (descAvail | descUsed) << 16, InitPhase: 1,
-		WrongPhase: descAvail << 16,
-		Fields: cqring.Fields{
-			ID:  cqring.Field{Off: 12, Bits: 16},
-			Len: cqring.Field{Off: 8, Bits: 32},
-		},
-	}
-}
-
-// SplitLayout describes the used ring of a split virtqueue of n
-// descriptors: elements {id, len} of 32 bits each after a 4-byte header
-// whose upper half, idx, counts the elements written (RingRegs.Producer
-// is that header word).
-func SplitLayout(n int) cqring.Layout {
-	return cqring.Layout{
-		Name: "virtio-split", EntrySize: 8, Entries: n,
-		Convention: cqring.UsedIndex, IndexShift: 16, IndexBits: 16,
-		Fields: cqring.Fields{
-			ID:  cqring.Field{Off: 0, Bits: 32},
-			Len: cqring.Field{Off: 4, Bits: 32},
-		},
-	}
-}
-
-// setReader makes the ring reader for the queue's kind of used ring.
-// Called before the ring is used.
-func (q *vq) setReader(kind int) error {
-	n := int(q.size)
-	var l cqring.Layout
-	var cfg cqring.RingConfig
-	if q.packed {
-		l = PackedLayout(n)
-		cfg.Mem = q.mem.desc
-	} else {
-		l = SplitLayout(n)
-		cfg.Mem = q.mem.device[4 : 4+8*n]
-		w := doorbell.NewWindow(q.mem.device[:4])
-		var err error
-		if cfg.Regs.Producer, err = w.Reg32(0); err != nil {
-			return err
-		}
-	}
-	l.Name += "-" + q.name
-	if kind == usedTx {
-		l.Fields.Len = cqring.Field{} // reserved: the posted length is reported
-	}
-	cfg.Layout = l
-	rd, err := cqring.NewRingSource(cfg)
-	if err != nil {
-		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
-	}
-	// ids are table slots (the id bits are the slot bits), below size.
-	tab, err := cqring.NewTable(n, max(1, bits.Len(uint(n-1))))
-	if err != nil {
-		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
-	}
-	if err := rd.BindTable(0, tab); err != nil {
-		return err
-	}
-	q.rd, q.tab = rd, tab
-	return nil
-}
-
-// next takes the next used buffer into c through the ring reader: false
-// when the device has used no further buffer. A refused entry comes back
-// with c.Err set (the buffer it named, if any, is complete: c.Done). A
-// split ring whose used index runs more than a ring ahead breaks the
-// queue. The caller ends a batch with publish.
-func (q *vq) next(c *cqring.Completion) bool {
-	if q.broken || !q.rd.Next(c) {
-		return false
-	}
-	if c.Prov == cq.ProvBadIndex {
-		q.broken = true
-	}
-	if c.Done {
-		q.ndescs -= int(q.ndesc[c.ID])
-		q.nbufs--
-	}
-	return true
-}
-
-// publishUsed ends a batch of next calls: the freed ids become postable.
-func (q *vq) publishUsed() { q.rd.Publish() }
-
-// pending counts the used entries ready to read, up to max, without
-// consuming them. An entry that the reader would refuse counts.
-func (q *vq) pending(max int) int {
-	if q.broken || max <= 0 {
-		return 0
-	}
-	return q.rd.Pending(max)
 }

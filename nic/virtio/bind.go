@@ -1,0 +1,88 @@
+package virtio
+
+import (
+	"fmt"
+
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// BindCQ implements nic.Device. Entry.Queue is the virtqueue index: 2i
+// for the receive queue of pair i, 2i+1 for its transmit queue.
+func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.closed:
+		return nic.ErrClosed
+	case c == nil:
+		return fmt.Errorf("%w: %s: nil CQ", nic.ErrInvalid, d.name)
+	case i < 0 || i >= len(d.rx):
+		return fmt.Errorf("%w: %s: queue pair %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
+	case dir == 0 || dir&^(nic.Recv|nic.Send) != 0:
+		return fmt.Errorf("%w: %s: direction %#x", nic.ErrInvalid, d.name, uint8(dir))
+	}
+	var srcs []*cqSource
+	if dir&nic.Recv != 0 {
+		srcs = append(srcs, &cqSource{dev: d, rx: d.rx[i], q: &d.rx[i].queue})
+	}
+	if dir&nic.Send != 0 {
+		srcs = append(srcs, &cqSource{dev: d, tx: d.tx[i], q: &d.tx[i].queue})
+	}
+	for _, s := range srcs {
+		s.qnum = uint32(s.q.vq.qidx)
+		s.q.mu.Lock()
+		bound := s.q.src != nil
+		s.q.mu.Unlock()
+		if bound {
+			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, s.q.vq.name)
+		}
+	}
+	for _, s := range srcs {
+		if err := ring.Bind(c); err != nil {
+			return err
+		}
+		if err := ring.AddSource(c, s); err != nil {
+			ring.Unbind(c)
+			return err
+		}
+		d.bound = append(d.bound, c)
+		s.q.mu.Lock()
+		s.q.src = s
+		s.q.vq.disarm()
+		s.q.mu.Unlock()
+		if efd := ring.Interrupt(c); efd != nil && s.q.vector >= 0 {
+			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unbind gives a queue its own completions and interrupt back.
+func (d *Device) unbind(s *cqSource) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.q.mu.Lock()
+	if s.q.src == s {
+		s.q.src = nil
+	}
+	s.q.mu.Unlock()
+	if d.closed || s.q.vector < 0 || s.q.efd == nil {
+		return nil
+	}
+	return d.wire(s.q.vector, s.q.efd.Fd())
+}
+
+// wire points MSI-X vector v at fd, rewiring all vectors in one SET_IRQS
+// call with the same count (MSI-X cannot be resized while enabled).
+// Called with d.mu held.
+func (d *Device) wire(v, fd int) error {
+	if v < 0 || v >= len(d.vectorFDs) {
+		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, d.name, v, len(d.vectorFDs))
+	}
+	d.vectorFDs[v] = fd
+	return d.vdev.EnableMSIX(d.vectorFDs)
+}

@@ -1,0 +1,442 @@
+package virtio
+
+// The read path, from the used ring the device writes to the caller's
+// records: cq/ring's ring reader takes each used entry once (vq.next), the
+// queue adds virtio-net's checks of the frame (RxQueue.next), and Poll
+// writes nic.Completion while a CQ the queue feeds writes cq.Entry
+// (cqSource.Poll), both from that one take.
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// Kinds of used ring, by what the reader checks.
+const (
+	usedPlain = iota // the control queue: id and length
+	usedRx           // receive: the length covers the virtio-net header and a frame (checked by RxQueue.next)
+	usedTx           // transmit: the device's length is reserved, not read
+)
+
+// PackedLayout describes a packed virtqueue of n descriptors as the device
+// writes used descriptors into it: 16-byte descriptors whose flags word
+// (at byte 12, with the buffer id in its low half) has AVAIL and USED both
+// equal to the driver's used wrap counter, which starts at 1; USED equal
+// to it while AVAIL is not is a state no device writes. Len is the bytes
+// written into the buffer.
+func PackedLayout(n int) cqring.Layout {
+	return cqring.Layout{
+		Name: "virtio-packed", EntrySize: descSize, Entries: n,
+		Convention: cqring.PackedWrap, OwnerOff: 12, OwnerMask: (descAvail | descUsed) << 16, InitPhase: 1,
+		WrongPhase: descAvail << 16,
+		Fields: cqring.Fields{
+			ID:  cqring.Field{Off: 12, Bits: 16},
+			Len: cqring.Field{Off: 8, Bits: 32},
+		},
+	}
+}
+
+// SplitLayout describes the used ring of a split virtqueue of n
+// descriptors: elements {id, len} of 32 bits each after a 4-byte header
+// whose upper half, idx, counts the elements written (RingRegs.Producer
+// is that header word).
+func SplitLayout(n int) cqring.Layout {
+	return cqring.Layout{
+		Name: "virtio-split", EntrySize: 8, Entries: n,
+		Convention: cqring.UsedIndex, IndexShift: 16, IndexBits: 16,
+		Fields: cqring.Fields{
+			ID:  cqring.Field{Off: 0, Bits: 32},
+			Len: cqring.Field{Off: 4, Bits: 32},
+		},
+	}
+}
+
+// setReader makes the ring reader for the queue's kind of used ring.
+// Called before the ring is used.
+func (q *vq) setReader(kind int) error {
+	n := int(q.size)
+	var l cqring.Layout
+	var cfg cqring.RingConfig
+	if q.packed {
+		l = PackedLayout(n)
+		cfg.Mem = q.mem.desc
+	} else {
+		l = SplitLayout(n)
+		cfg.Mem = q.mem.device[4 : 4+8*n]
+		w := doorbell.NewWindow(q.mem.device[:4])
+		var err error
+		if cfg.Regs.Producer, err = w.Reg32(0); err != nil {
+			return err
+		}
+	}
+	l.Name += "-" + q.name
+	if kind == usedTx {
+		l.Fields.Len = cqring.Field{} // reserved: the posted length is reported
+	}
+	cfg.Layout = l
+	rd, err := cqring.NewRingSource(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
+	}
+	// ids are table slots (the id bits are the slot bits), below size.
+	tab, err := cqring.NewTable(n, max(1, bits.Len(uint(n-1))))
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
+	}
+	if err := rd.BindTable(0, tab); err != nil {
+		return err
+	}
+	q.rd, q.tab = rd, tab
+	return nil
+}
+
+// next takes the next used buffer into c through the ring reader: false
+// when the device has used no further buffer. A refused entry comes back
+// with c.Err set (the buffer it named, if any, is complete: c.Done). A
+// split ring whose used index runs more than a ring ahead breaks the
+// queue. The caller ends a batch with publish.
+func (q *vq) next(c *cqring.Completion) bool {
+	if q.broken || !q.rd.Next(c) {
+		return false
+	}
+	if c.Prov == cq.ProvBadIndex {
+		q.broken = true
+	}
+	if c.Done {
+		q.ndescs -= int(q.ndesc[c.ID])
+		q.nbufs--
+	}
+	return true
+}
+
+// publishUsed ends a batch of next calls: the freed ids become postable.
+func (q *vq) publishUsed() { q.rd.Publish() }
+
+// pending counts the used entries ready to read, up to max, without
+// consuming them. An entry that the reader would refuse counts.
+func (q *vq) pending(max int) int {
+	if q.broken || max <= 0 {
+		return 0
+	}
+	return q.rd.Pending(max)
+}
+
+// poll is Poll, called locked.
+func (q *RxQueue) poll(out []nic.Completion) int {
+	n, errs := 0, 0
+	var bytes uint64
+	var c cqring.Completion
+	for n < len(out) && q.next(&c) {
+		o := &out[n]
+		n++
+		if c.Err != 0 {
+			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: q.errOf(&c)}
+			errs++
+			break
+		}
+		frame := q.pool.Buf(q.bufOf(c.Buf - netHdrLen))[netHdrLen : netHdrLen+c.Len]
+		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
+		bytes += uint64(c.Len)
+	}
+	q.vq.publishUsed()
+	q.finishPoll(n, bytes, errs)
+	return n
+}
+
+// errOf is the queue API's error for a refused completion: the ring
+// reader's code, translated without allocating (a multi-buffer frame's
+// parts carry their place in the frame).
+func (q *RxQueue) errOf(c *cqring.Completion) error {
+	if c.Prov == cq.ProvMultiBuffer && q.mbErr != nil {
+		return q.mbErr
+	}
+	return nic.CompletionError(c.Prov, c.Err)
+}
+
+// bufOf is the pool index of a buffer from its address as posted, which
+// the ring reader reports from the posted operation (not from the device).
+func (q *RxQueue) bufOf(buf uintptr) uint32 {
+	return uint32((buf - q.base) / q.stride)
+}
+
+// next takes the next receive completion into c, for Poll and for the CQ
+// the queue feeds alike: the ring reader's single read and checks of the
+// used entry (id, length within the posted buffer), then virtio-net's own
+// on that copy: the length must cover the virtio-net header and an
+// Ethernet header (cq.ProvBadLen), and num_buffers, read once from the
+// header the device wrote, must be 1 (a frame spanning buffers completes
+// with ErrMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
+// the caller, with c.Buf and c.Len the frame's (past the header); the
+// buffer of a refused one is recycled (c.Buf is then 0). Called locked.
+func (q *RxQueue) next(c *cqring.Completion) bool {
+	if !q.vq.next(c) {
+		return false
+	}
+	if c.Err != 0 {
+		if c.Done && c.Buf != 0 {
+			q.recycle(q.bufOf(c.Buf))
+			if q.skip > 0 {
+				q.skip-- // a refused part of a frame is still one of its parts
+			}
+		}
+		c.Buf = 0
+		return true
+	}
+	b := q.bufOf(c.Buf)
+	if q.skip > 0 { // only the first buffer of a frame holds the header
+		q.skip--
+		q.multiBuffer(c, b, &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
+		return true
+	}
+	if c.Len < netHdrLen+nic.MinFrame {
+		q.recycle(b)
+		c.Err, c.Prov, c.Buf = cq.EIO, cq.ProvBadLen, 0
+		return true
+	}
+	if q.mrg {
+		hdr := q.pool.Buf(b)
+		if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
+			e := &nic.MultiBufferError{Queue: q.vq.name, Buffers: nb, Bytes: c.Len - netHdrLen}
+			if nb > 1 {
+				q.skip = min(nb-1, q.vq.nbufs)
+				q.span = q.skip + 1
+				e.Buffers = q.span
+			}
+			q.multiBuffer(c, b, e)
+			return true
+		}
+	}
+	q.state[b] = bufLent
+	c.Buf += netHdrLen
+	c.Len -= netHdrLen
+	return true
+}
+
+// multiBuffer turns c, whose buffer b holds part of a frame that spans
+// buffers, into an error completion and recycles the buffer. Cold path.
+func (q *RxQueue) multiBuffer(c *cqring.Completion, b uint32, e *nic.MultiBufferError) {
+	q.recycle(b)
+	q.mbErr = e
+	c.Err, c.Prov, c.Buf = cq.ETRUNC, cq.ProvMultiBuffer, 0
+}
+
+// poll is Poll, called locked.
+func (q *TxQueue) poll(out []nic.Completion) int {
+	n, errs := 0, 0
+	var bytes uint64
+	var c cqring.Completion
+	for n < len(out) && q.vq.next(&c) {
+		o := &out[n]
+		n++
+		if c.Err != 0 {
+			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: nic.CompletionError(c.Prov, c.Err)}
+			errs++
+			break
+		}
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		bytes += uint64(c.Len)
+	}
+	q.vq.publishUsed()
+	q.finishPoll(n, bytes, errs)
+	return n
+}
+
+// cqSource feeds a cq.CQ from one virtio queue: the queue's used ring is
+// the completion ring, read entry by entry by the queue's next (cq/ring's
+// ring reader plus the queue's own checks, the same code as Poll), each
+// entry written straight into the caller's cq.Entry. It implements
+// cqring.Source; the CQ serialises the calls. A refused entry reaches the
+// CQ with the ring reader's code (cq.Prov*), never as an error stcqring.
+type cqSource struct {
+	dev  *Device
+	rx   *RxQueue // one of rx and tx is set
+	tx   *TxQueue
+	q    *queue
+	qnum uint32 // virtqueue index, reported as Entry.Queue
+
+	attached bool
+	mFlags   cq.Flags // all ones for the fields the CQ's format has
+	mLen     int
+	mBuf     uintptr
+
+	held    bool // one: a success that ReadErr read and Poll owes
+	one     cqring.Completion
+	staged  bool // errEnt is an error completion waiting for ReadErr
+	errEnt  cq.ErrEntry
+	errData []byte
+	closed  bool
+}
+
+var _ cqring.Source = (*cqSource)(nil)
+
+// Attach implements cqring.Source.
+func (s *cqSource) Attach(f cq.Format) error {
+	if s.attached {
+		return fmt.Errorf("%w: virtio queue %s already feeds a CQ", cq.ErrInvalid, s.q.vq.name)
+	}
+	s.attached = true
+	if f >= cq.FormatMsg {
+		s.mFlags, s.mLen = ^cq.Flags(0), -1
+	}
+	if f >= cq.FormatData {
+		s.mBuf = ^uintptr(0)
+	}
+	return nil
+}
+
+// next takes the queue's next completion (locked by the caller).
+func (s *cqSource) next(c *cqring.Completion) bool {
+	if s.rx != nil {
+		return s.rx.next(c)
+	}
+	return s.tx.vq.next(c)
+}
+
+// store writes a good completion into the caller's entry, in the CQ's
+// format.
+func (s *cqSource) store(e *cq.Entry, c *cqring.Completion) {
+	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.qnum}
+}
+
+// Poll implements cqring.Source: successful completions up to the first error
+// entry, which is staged for ReadErr.
+func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cqring.State) {
+	if len(ents) == 0 && !s.held {
+		s.peek() // a probe: stage an error entry at the head
+	}
+	if s.staged {
+		return 0, cqring.StateError
+	}
+	n := 0
+	if s.held && len(ents) > 0 {
+		s.store(&ents[0], &s.one)
+		s.held = false
+		n++
+	}
+	q := s.q
+	q.mu.Lock()
+	var bytes uint64
+	errs := 0
+	if !q.closed {
+		var c cqring.Completion
+		for n < len(ents) && s.next(&c) {
+			if c.Err != 0 {
+				s.stage(&c)
+				errs++
+				break
+			}
+			s.store(&ents[n], &c)
+			bytes += uint64(c.Len)
+			n++
+		}
+		q.vq.publishUsed()
+		q.finishPoll(n+errs, bytes, errs)
+	}
+	q.mu.Unlock()
+	for i := range min(n, len(addrs)) {
+		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
+	}
+	if s.staged {
+		return n, cqring.StateError
+	}
+	return n, cqring.StateOK
+}
+
+// stage makes a refused completion the pending cq.ErrEntry, with the ring
+// reader's code. Cold path.
+func (s *cqSource) stage(c *cqring.Completion) {
+	s.errEnt = cq.ErrEntry{Entry: cq.Entry{Context: c.Context, Flags: c.Flags, Queue: s.qnum},
+		OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
+	if c.Prov == cq.ProvMultiBuffer && s.rx != nil && s.rx.mbErr != nil {
+		s.errEnt.Len = s.rx.mbErr.Bytes
+	}
+	s.errData = s.errData[:0]
+	s.staged = true
+}
+
+// Pending implements cqring.Source.
+func (s *cqSource) Pending(max int) int {
+	n := 0
+	if s.staged || s.held {
+		n++
+	}
+	s.q.mu.Lock()
+	if !s.q.closed {
+		n += s.q.vq.pending(max - n)
+	}
+	s.q.mu.Unlock()
+	return min(n, max)
+}
+
+// ReadErr implements cqring.Source. When nothing is staged it reads one entry:
+// an error is returned, a success is kept for the next Poll.
+func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
+	if !s.held {
+		s.peek()
+	}
+	if !s.staged {
+		return nil, false
+	}
+	buf := e.ErrData
+	*e = s.errEnt
+	e.ErrData = buf
+	s.staged = false
+	return s.errData, true
+}
+
+// peek reads one entry when nothing is staged or held: an error is staged,
+// a success is held for the next Poll.
+func (s *cqSource) peek() {
+	if s.staged || s.held {
+		return
+	}
+	q := s.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || !s.next(&s.one) {
+		return
+	}
+	q.vq.publishUsed()
+	if s.one.Err != 0 {
+		s.stage(&s.one)
+		q.finishPoll(1, 0, 1)
+		return
+	}
+	s.held = true
+	q.finishPoll(1, uint64(s.one.Len), 0)
+}
+
+// Arm implements cqring.Source with the ring's event suppression: the packed
+// ring's descriptor event (or the split ring's used_event) aimed at the
+// threshold, else used-buffer notifications on. solicitedOnly has no
+// virtio equivalent: every completion is solicited.
+func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
+	s.q.mu.Lock()
+	defer s.q.mu.Unlock()
+	if err := s.q.usable(); err != nil {
+		return err
+	}
+	s.q.vq.arm(threshold)
+	return nil
+}
+
+// StrError implements cqring.Source: virtio reports only cq's own codes,
+// which the CQ describes itself.
+func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
+	return "", false
+}
+
+// Close implements cqring.Source: the queue reads its own completions again,
+// with its own interrupt, if the device is still open.
+func (s *cqSource) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.dev.unbind(s)
+}
