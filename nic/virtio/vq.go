@@ -308,8 +308,13 @@ func (q *vq) flush() {
 // waiting for a threshold does), that position is behind the device and
 // would never fire, so the event goes to the threshold, which buffers
 // posted later reach. The caller polls again afterwards: a buffer used
-// before the device saw the arm raises nothing.
+// before the device saw the arm raises nothing. Threshold 0 asks for the
+// buffer after those already used (verbs' request-notify: completions
+// present at the arm raise no event).
 func (q *vq) arm(threshold int) {
+	if threshold <= 0 {
+		threshold = q.pending(int(q.size)) + 1
+	}
 	thr := min(max(threshold, 1), int(q.size))
 	t := thr
 	if q.nbufs > 0 {
