@@ -83,7 +83,9 @@ type Queue interface {
 	// every outstanding operation completed when fewer are outstanding.
 	// Poll turns interrupts off again when it returns completions. Callers
 	// poll once more after Arm: entries written before it raise no
-	// interrupt.
+	// interrupt. Threshold 0 asks for the completion after those ready
+	// now, where the device can count (virtio with EVENT_IDX); elsewhere
+	// it means 1.
 	Arm(threshold int) error
 	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
 	// loops that poll(2) it themselves; the queue keeps ownership.

@@ -268,13 +268,16 @@ func (q *queue) next(c *cqring.Completion) bool {
 
 // finish ends a batch of n completions, errs of them errors: the ring
 // reader publishes what it freed, the counters move, and an armed vector
-// is masked again. Called locked.
+// is masked again, unless the queue feeds a CQ, whose request-notify lasts
+// until the interrupt fires (a read must not cancel it). Called locked.
 func (q *queue) finish(n, errs int, bytes uint64) {
 	q.r.src.Publish()
 	if n == 0 {
 		return
 	}
-	q.disarm()
+	if q.src == nil {
+		q.disarm()
+	}
 	q.packets.Add(uint64(n - errs))
 	q.bytes.Add(bytes)
 	if errs > 0 {

@@ -52,7 +52,8 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		s.q.src = s
 		s.q.vq.disarm()
 		s.q.mu.Unlock()
-		if efd := ring.Interrupt(c); efd != nil && s.q.vector >= 0 {
+		s.irq = ring.Interrupt(c)
+		if efd := s.irq; efd != nil && s.q.vector >= 0 {
 			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
 				return err
 			}

@@ -167,12 +167,14 @@ func (q *queue) Stats() nic.QueueStats {
 }
 
 // finishPoll updates the counters and turns notifications off again after
-// an armed queue returned completions. Called locked.
+// an armed queue returned completions. A queue that feeds a CQ keeps its
+// arm: the CQ's request-notify lasts until the device fires it, and a
+// read must not cancel it. Called locked.
 func (q *queue) finishPoll(n int, bytes uint64, errs int) {
 	if n == 0 {
 		return
 	}
-	if q.vq.armed {
+	if q.vq.armed && q.src == nil {
 		q.vq.disarm()
 	}
 	q.packets.Add(uint64(n - errs))

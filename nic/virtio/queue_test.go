@@ -563,3 +563,31 @@ func TestPostRecvBufAndReady(t *testing.T) {
 		require.ErrorIs(t, err, nic.ErrFull)
 	})
 }
+
+// TestArmNextBeyondReady: Arm(0) (verbs' request-notify) aims the event at
+// the buffer after those already used and unread, so that completions
+// present at the arm raise nothing and the next one does.
+func TestArmNextBeyondReady(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		r := newRig(t, 8, packed, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, false)
+		postN(t, rx, 6)
+		event := func() uint16 {
+			if packed {
+				_, off, _ := r.dev.driverEvent()
+				return off
+			}
+			return r.dev.usedEvent()
+		}
+		require.NoError(t, rx.Arm(0))
+		require.Equal(t, uint16(0), event(), "none used: the first")
+		deliver(t, r.dev, frameFor(0, 64), 1)
+		deliver(t, r.dev, frameFor(1, 64), 1)
+		require.NoError(t, rx.Arm(0))
+		require.Equal(t, uint16(2), event(), "two used and unread: the third")
+		var comps [4]nic.Completion
+		require.Equal(t, 2, rx.Poll(comps[:]))
+		require.NoError(t, rx.Arm(0))
+		require.Equal(t, uint16(2), event(), "read: the next is still the third")
+	})
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -264,7 +265,8 @@ type cqSource struct {
 	mLen     int
 	mBuf     uintptr
 
-	held    bool // one: a success that ReadErr read and Poll owes
+	irq     *eventfd.FD // the CQ's interrupt eventfd (nil: none)
+	held    bool        // one: a success that ReadErr read and Poll owes
 	one     cqring.Completion
 	staged  bool // errEnt is an error completion waiting for ReadErr
 	errEnt  cq.ErrEntry
@@ -421,7 +423,13 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	if err := s.q.usable(); err != nil {
 		return err
 	}
-	s.q.vq.arm(threshold)
+	if s.q.vq.arm(threshold) && s.irq != nil {
+		// The completion after those present came while arming: the
+		// device may have passed the event before it saw it, and an arm
+		// that never fires would lose verbs' request-notify event. A
+		// spurious wake-up is allowed; a lost one is not.
+		return s.irq.Add(1)
+	}
 	return nil
 }
 

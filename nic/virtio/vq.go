@@ -308,30 +308,41 @@ func (q *vq) flush() {
 // waiting for a threshold does), that position is behind the device and
 // would never fire, so the event goes to the threshold, which buffers
 // posted later reach. The caller polls again afterwards: a buffer used
-// before the device saw the arm raises nothing.
-func (q *vq) arm(threshold int) {
+// before the device saw the arm raises nothing. Threshold 0 asks for the
+// buffer after those already used (verbs' request-notify: completions
+// present at the arm raise no event); it reports late when the device used
+// that buffer while the arm was being made, so that the event may never
+// come (the device passed the event before it saw it): the caller then
+// raises it itself.
+func (q *vq) arm(threshold int) (late bool) {
+	next := threshold <= 0
+	if next {
+		threshold = q.pending(int(q.size)) + 1
+	}
 	thr := min(max(threshold, 1), int(q.size))
 	t := thr
 	if q.nbufs > 0 {
 		t = min(t, q.nbufs)
 	}
 	q.armed = true
-	if q.packed && !q.eventIdx {
+	switch {
+	case q.packed && !q.eventIdx:
 		atomic.StoreUint32(q.drvEvent, eventEnable<<16)
-		return
-	}
-	if !q.packed && !q.eventIdx {
+	case !q.packed && !q.eventIdx:
 		q.availFlags = 0
 		atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
-		return
+	default:
+		q.setEvent(uint16(t))
+		// The event is published before the ring is read again (a full
+		// barrier), so either this read sees the device's last used
+		// entry or the device sees the event.
+		if t < thr && q.pending(t) >= t {
+			q.setEvent(uint16(thr))
+		}
 	}
-	q.setEvent(uint16(t))
-	// The event is published before the ring is read again (a full
-	// barrier), so either this read sees the device's last used entry or
-	// the device sees the event.
-	if t < thr && q.pending(t) >= t {
-		q.setEvent(uint16(thr))
-	}
+	// Read again after the store (a full barrier): a buffer used beyond
+	// those counted may have been used before the device saw the arm.
+	return next && q.pending(threshold) >= threshold
 }
 
 // setEvent aims the used-buffer event (EVENT_IDX) at the t-th buffer from

@@ -105,7 +105,12 @@ func TestVM(t *testing.T) {
 		run = r // for working on one guest test: its raw output is shown
 		cfg.Output = os.Stderr
 	}
-	rep := qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/tests/virtiovm", Run: run, AllowSkip: true})
+	var env []string
+	if r := os.Getenv("VFNIC_VERBS_ROUNDS"); r != "" {
+		env = append(env, "VFNIC_VERBS_ROUNDS="+r) // the verbs event-loop rounds (TestGuestVerbs*)
+		cfg.Timeout = 20 * time.Minute
+	}
+	rep := qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/tests/virtiovm", Run: run, AllowSkip: true, Env: env})
 	if rep != nil {
 		for _, tr := range rep.Tests {
 			if tr.Status == qemu.TestSkip && !gatedConformance.MatchString(tr.Name) {

@@ -1,0 +1,54 @@
+// Package nicverbs adapts an open NIC (package nic: virtio, igb) to
+// package verbs: a verbs CQ is a cq.CQ that the device's queues feed once
+// they are bound to it (nic.Device.BindCQ with verbs.CQ.FI), so the verbs
+// iterator, request-notify and completion channels run over the same ring
+// reader as the NIC's fi_cq CQs.
+package nicverbs
+
+import (
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/verbs"
+)
+
+// MaxCQE is the largest verbs CQ a NIC gets here: the CQ buffers entries
+// read from the queues' rings, which hold at most a few thousand each.
+const MaxCQE = 1 << 16
+
+// Provider is a nic.Device as a verbs.Provider.
+type Provider struct {
+	// Dev is the device whose queues feed the CQs.
+	Dev nic.Device
+}
+
+// New returns the provider for d.
+func New(d nic.Device) *Provider { return &Provider{Dev: d} }
+
+// QueryDevice implements verbs.Provider. A NIC completion carries the byte
+// count and the queue (the QP number is the queue pair); it has no
+// immediate data or source QP. Its interrupts are per queue, wired when a
+// queue is bound, so each queue pair is a completion vector.
+func (p *Provider) QueryDevice() verbs.DeviceAttr {
+	return verbs.DeviceAttr{
+		MaxCQE:         MaxCQE,
+		NumCompVectors: max(1, p.Dev.QueuePairs()),
+		Fields:         verbs.FieldByteLen | verbs.FieldQPNum,
+		Flags:          verbs.SingleThreaded,
+	}
+}
+
+// OpenCQ implements verbs.Provider. The CQ has no queue yet: bind the
+// device's queues to it with Dev.BindCQ(verbsCQ.FI(), pair, dir).
+func (p *Provider) OpenCQ(entries, vector int, single bool) (*cq.CQ, error) {
+	return cq.New(cq.Attr{Size: entries, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: single},
+		cq.Limits{MaxSize: MaxCQE, Vectors: max(1, p.Dev.QueuePairs())})
+}
+
+// VendorErr implements verbs.Provider: the code of the ring reader or the
+// device status that refused the entry (cq.ErrEntry.ProvErrno), as a
+// 32-bit two's complement.
+func (p *Provider) VendorErr(e *cq.ErrEntry) uint32 { return uint32(int32(e.ProvErrno)) }
+
+// QueueShift implements verbs.Provider: queue pair k's queues are 2k
+// (receive) and 2k+1 (transmit) in cq.Entry.Queue, for virtio and igb.
+func (p *Provider) QueueShift() uint { return 1 }
