@@ -49,42 +49,50 @@ func (c *CQ) sread(ctx context.Context, ents []Entry, addrs []Addr, cond int, ti
 	if c.attr.WaitCond == CondThreshold && cond > 1 {
 		thr = min(cond, len(ents))
 	}
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
-	}
-	for {
-		if c.signal.Swap(false) {
-			n, err := c.read(ents, addrs)
-			if err == ErrAgain {
-				err = ErrSignaled
-			}
-			return n, err
-		}
-		if n, done, err := c.tryRead(ents, addrs, thr); done {
-			return n, err
-		}
-		if timeout == 0 || (!deadline.IsZero() && !time.Now().Before(deadline)) {
-			return c.finalRead(ents, addrs)
-		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		// Arm, then poll again: an entry written between the first poll
-		// and the arm raises no interrupt on every device, so the second
-		// poll is what closes the race.
-		gen := c.generation()
-		if err := c.arm(thr); err != nil {
-			return 0, err
-		}
-		if n, done, err := c.tryRead(ents, addrs, thr); done {
-			return n, err
-		}
-		if err := c.park(ctx, deadline, gen); err != nil {
-			return 0, err
-		}
-	}
+	return eventfd.Block(ctx, cqRead{c: c, ents: ents, addrs: addrs, thr: thr}, timeout)
 }
+
+// cqRead is one SRead, for eventfd.Block (the loop a NIC queue's SRead
+// runs too). Its reads are all or nothing: Poll moves entries only when
+// it ends the call.
+type cqRead struct {
+	c     *CQ
+	ents  []Entry
+	addrs []Addr
+	thr   int
+}
+
+// Poll implements eventfd.Reader: a Signal, even one sent before the call,
+// ends it (ErrSignaled when nothing is queued); otherwise a read once thr
+// entries are queued.
+func (r cqRead) Poll(int) (int, bool, error) {
+	if r.c.signal.Swap(false) {
+		n, err := r.c.read(r.ents, r.addrs)
+		if err == ErrAgain {
+			err = ErrSignaled
+		}
+		return n, true, err
+	}
+	return r.c.tryRead(r.ents, r.addrs, r.thr)
+}
+
+// Arm implements eventfd.Reader; the token is the wake-up generation taken
+// before arming (park).
+func (r cqRead) Arm(int) (uint64, error) {
+	gen := r.c.generation()
+	return gen, r.c.arm(r.thr)
+}
+
+// Sleep implements eventfd.Reader.
+func (r cqRead) Sleep(ctx context.Context, deadline time.Time, gen uint64) error {
+	return r.c.park(ctx, deadline, gen)
+}
+
+// Expire implements eventfd.Reader: the queue is read once more.
+func (r cqRead) Expire(int) (int, error) { return r.c.finalRead(r.ents, r.addrs) }
+
+// Stop implements eventfd.Reader.
+func (r cqRead) Stop(_ int, err error) (int, error) { return 0, err }
 
 // tryRead reads when enough entries are queued; done says whether the
 // result is final.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/vfnic/vfnic/eventfd"
 )
 
 // Waitable is the part of a queue that a blocking read uses.
@@ -28,42 +30,43 @@ func SRead(ctx context.Context, q Waitable, out []Completion, threshold int, tim
 	if len(out) == 0 {
 		return 0, nil
 	}
-	thr := min(max(threshold, 1), len(out))
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
+	return eventfd.Block(ctx, queueRead{q: q, out: out, thr: min(max(threshold, 1), len(out))}, timeout)
+}
+
+// queueRead is one SRead on a queue, for eventfd.Block (the loop a cq.CQ's
+// SRead runs too).
+type queueRead struct {
+	q   Waitable
+	out []Completion
+	thr int
+}
+
+// Poll implements eventfd.Reader: done at the threshold or after an error
+// completion (always the last of a Poll).
+func (r queueRead) Poll(n int) (int, bool, error) {
+	k := r.q.Poll(r.out[n:])
+	n += k
+	return k, n >= r.thr || (k > 0 && r.out[n-1].Err != nil), nil
+}
+
+// Arm implements eventfd.Reader.
+func (r queueRead) Arm(n int) (uint64, error) { return 0, r.q.Arm(r.thr - n) }
+
+// Sleep implements eventfd.Reader.
+func (r queueRead) Sleep(ctx context.Context, deadline time.Time, _ uint64) error {
+	return r.q.WaitInterrupt(ctx, deadline)
+}
+
+// Expire implements eventfd.Reader.
+func (r queueRead) Expire(n int) (int, error) { return finish(n, ErrTimeout) }
+
+// Stop implements eventfd.Reader: a queue closed under the reader may still
+// report what happened to its operations (ErrCanceled completions).
+func (r queueRead) Stop(n int, err error) (int, error) {
+	if errors.Is(err, ErrClosed) {
+		n += r.q.Poll(r.out[n:])
 	}
-	n := 0
-	done := func() bool { return n >= thr || (n > 0 && out[n-1].Err != nil) }
-	for {
-		n += q.Poll(out[n:])
-		if done() {
-			return n, nil
-		}
-		if timeout == 0 || (!deadline.IsZero() && !time.Now().Before(deadline)) {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return finish(n, err)
-		}
-		if err := q.Arm(thr - n); err != nil {
-			return finish(n, err)
-		}
-		n += q.Poll(out[n:])
-		if done() {
-			return n, nil
-		}
-		err := q.WaitInterrupt(ctx, deadline)
-		if errors.Is(err, ErrClosed) {
-			// A queue closed under the reader may still report what
-			// happened to its operations (ErrCanceled completions).
-			n += q.Poll(out[n:])
-		}
-		if err != nil && !errors.Is(err, ErrTimeout) {
-			return finish(n, err)
-		}
-	}
-	return finish(n, ErrTimeout)
+	return finish(n, err)
 }
 
 // finish returns what was read, or err when nothing was.
