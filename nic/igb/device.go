@@ -788,7 +788,7 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		if err := cqring.Bind(c); err != nil {
 			return err
 		}
-		if err := cqring.AddSource(c, s); err != nil {
+		if err := cqring.AddSource(c, s.source()); err != nil {
 			cqring.Unbind(c)
 			return err
 		}

@@ -109,152 +109,60 @@ func (r *ring) pending(max int) int { return r.src.Pending(max) }
 // strError names the device status values of error entries.
 func (r *ring) strError(prov int, data []byte) (string, bool) { return r.src.StrError(prov, data) }
 
-// cqSource lets a user's cq.CQ read a queue (BindCQ). It goes through the
-// queue's own reader, so the queue keeps its bookkeeping (buffers lent,
-// lengths, error recycling) whichever way it is read; it applies the CQ's
-// format and the queue number.
+// cqSource is an igb queue as the cq.CQ it feeds reads it (BindCQ): the
+// QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
+// and error order. Its batch read is the queue's next, the same take per
+// entry as Poll's, so the queue keeps its bookkeeping (buffers lent,
+// error recycling) whichever way it is read.
 type cqSource struct {
-	q        *queue
-	dev      *Device
-	attached bool
-	mFlags   cq.Flags
-	mLen     int
-	mBuf     uintptr
-	closed   bool
-
-	held   bool // one: a success that ReadErr read and Poll owes
-	one    cqring.Completion
-	staged bool // errEnt waits for ReadErr
-	errEnt cq.ErrEntry
+	q   *queue
+	dev *Device
 }
 
-var _ cqring.Source = (*cqSource)(nil)
+var _ cqring.QueueReader = (*cqSource)(nil)
 
-// Attach implements cqring.Source.
-func (s *cqSource) Attach(f cq.Format) error {
-	if s.attached {
-		return fmt.Errorf("%w: igb queue %s already feeds a CQ", cq.ErrInvalid, s.q.name)
-	}
-	s.attached = true
-	if f >= cq.FormatMsg {
-		s.mFlags, s.mLen = ^cq.Flags(0), -1
-	}
-	if f >= cq.FormatData {
-		s.mBuf = ^uintptr(0)
-	}
-	return nil
+// source wraps s for a CQ.
+func (s *cqSource) source() *cqring.QueueSource {
+	return cqring.NewQueueSource(s, s.q.name, s.q.qnum)
 }
 
-// store writes a good completion into the caller's entry, in the CQ's
-// format.
-func (s *cqSource) store(e *cq.Entry, c *cqring.Completion) {
-	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: c.Queue}
-}
-
-// Poll implements cqring.Source: the queue's next, entry by entry, written
-// straight into the caller's entries; a refused entry is staged for
-// ReadErr with the ring reader's code.
-func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cqring.State) {
-	if len(ents) == 0 && !s.held {
-		s.peek() // a probe: stage an error entry at the head
-	}
-	if s.staged {
-		return 0, cqring.StateError
-	}
-	n := 0
-	if s.held && len(ents) > 0 {
-		s.store(&ents[0], &s.one)
-		s.held = false
-		n++
-	}
+// ReadBatch implements cqring.QueueReader.
+func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
 	q.mu.Lock()
-	var c cqring.Completion
+	defer q.mu.Unlock()
+	n, errs := 0, 0
 	var bytes uint64
-	errs := 0
+	var c cqring.Completion
 	for n < len(ents) && q.next(&c) {
 		if c.Err != 0 {
-			s.stage(&c)
-			errs++
+			*bad = c
+			errs = 1
 			break
 		}
-		s.store(&ents[n], &c)
+		qs.Store(&ents[n], &c)
 		bytes += uint64(c.Len)
 		n++
 	}
 	q.finish(n+errs, errs, bytes)
-	q.mu.Unlock()
-	for i := range min(n, len(addrs)) {
-		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
-	}
-	if s.staged {
-		return n, cqring.StateError
-	}
-	return n, cqring.StateOK
+	return n, errs > 0
 }
 
-// stage makes a refused completion the pending error entry. Cold path.
-func (s *cqSource) stage(c *cqring.Completion) {
-	s.errEnt = cq.ErrEntry{Entry: c.Entry, OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
-	s.staged = true
-}
-
-// peek reads one entry when nothing is staged or held: an error is staged,
-// a success is held for the next Poll.
-func (s *cqSource) peek() {
-	if s.staged || s.held {
-		return
-	}
+// Pending implements cqring.QueueReader.
+func (s *cqSource) Pending(max int) int {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.next(&s.one) {
-		q.finish(0, 0, 0)
-		return
+	if q.closed || q.broken {
+		return 0
 	}
-	if s.one.Err != 0 {
-		s.stage(&s.one)
-		q.finish(1, 1, 0)
-		return
-	}
-	s.held = true
-	q.finish(1, 0, uint64(s.one.Len))
+	return q.r.pending(max)
 }
 
-// Pending implements cqring.Source.
-func (s *cqSource) Pending(max int) int {
-	n := 0
-	if s.staged || s.held {
-		n++
-	}
-	q := s.q
-	q.mu.Lock()
-	if !q.closed && !q.broken {
-		n += q.r.pending(max - n)
-	}
-	q.mu.Unlock()
-	return min(n, max)
-}
-
-// ReadErr implements cqring.Source.
-func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
-	if !s.held {
-		s.peek()
-	}
-	if !s.staged {
-		return nil, false
-	}
-	data := e.ErrData
-	*e = s.errEnt
-	e.ErrData = data
-	s.staged = false
-	return nil, true
-}
-
-// Arm implements cqring.Source: unmask the queue's vector. The device has no
-// completion counter, so the threshold is served by sleeping through
-// moderated interrupts (EITR) and polling again; every completion is
-// solicited.
+// Arm implements cqring.QueueReader: unmask the queue's vector. The device
+// has no completion counter, so the threshold is served by sleeping
+// through moderated interrupts (EITR) and polling again; every completion
+// is solicited.
 func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	q := s.q
 	q.mu.Lock()
@@ -266,16 +174,11 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements cqring.Source.
+// StrError implements cqring.QueueReader.
 func (s *cqSource) StrError(prov int, data []byte) (string, bool) {
 	return s.q.r.strError(prov, data)
 }
 
-// Close implements cqring.Source: the queue reads its own completions again.
-func (s *cqSource) Close() error {
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	return s.dev.unbind(s)
-}
+// Unbind implements cqring.QueueReader: the queue reads its own
+// completions again.
+func (s *cqSource) Unbind() error { return s.dev.unbind(s) }

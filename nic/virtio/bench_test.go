@@ -61,7 +61,7 @@ func benchBind(b *testing.B, rx *RxQueue) *cq.CQ {
 		b.Fatal(err)
 	}
 	s := &cqSource{dev: &Device{name: "test", closed: true}, rx: rx, q: &rx.queue, qnum: uint32(rx.vq.qidx)}
-	if err := ring.AddSource(c, s); err != nil {
+	if err := ring.AddSource(c, s.source()); err != nil {
 		b.Fatal(err)
 	}
 	rx.src = s

@@ -43,7 +43,7 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		if err := ring.Bind(c); err != nil {
 			return err
 		}
-		if err := ring.AddSource(c, s); err != nil {
+		if err := ring.AddSource(c, s.source()); err != nil {
 			ring.Unbind(c)
 			return err
 		}

@@ -247,48 +247,25 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 	return n
 }
 
-// cqSource feeds a cq.CQ from one virtio queue: the queue's used ring is
-// the completion ring, read entry by entry by the queue's next (cq/ring's
-// ring reader plus the queue's own checks, the same code as Poll), each
-// entry written straight into the caller's cq.Entry. It implements
-// cqring.Source; the CQ serialises the calls. A refused entry reaches the
-// CQ with the ring reader's code (cq.Prov*), never as an error stcqring.
+// cqSource is a virtio queue as the cq.CQ it feeds reads it (BindCQ): the
+// QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
+// and error order. Its batch read is next, the same take per entry as
+// Poll's, each good completion written straight into the caller's
+// cq.Entry; a refused one reaches the CQ with the ring reader's code.
 type cqSource struct {
 	dev  *Device
 	rx   *RxQueue // one of rx and tx is set
 	tx   *TxQueue
 	q    *queue
-	qnum uint32 // virtqueue index, reported as Entry.Queue
-
-	attached bool
-	mFlags   cq.Flags // all ones for the fields the CQ's format has
-	mLen     int
-	mBuf     uintptr
-
-	irq     *eventfd.FD // the CQ's interrupt eventfd (nil: none)
-	held    bool        // one: a success that ReadErr read and Poll owes
-	one     cqring.Completion
-	staged  bool // errEnt is an error completion waiting for ReadErr
-	errEnt  cq.ErrEntry
-	errData []byte
-	closed  bool
+	qnum uint32      // virtqueue index, reported as Entry.Queue
+	irq  *eventfd.FD // the CQ's interrupt eventfd (nil: none)
 }
 
-var _ cqring.Source = (*cqSource)(nil)
+var _ cqring.QueueReader = (*cqSource)(nil)
 
-// Attach implements cqring.Source.
-func (s *cqSource) Attach(f cq.Format) error {
-	if s.attached {
-		return fmt.Errorf("%w: virtio queue %s already feeds a CQ", cq.ErrInvalid, s.q.vq.name)
-	}
-	s.attached = true
-	if f >= cq.FormatMsg {
-		s.mFlags, s.mLen = ^cq.Flags(0), -1
-	}
-	if f >= cq.FormatData {
-		s.mBuf = ^uintptr(0)
-	}
-	return nil
+// source wraps s for a CQ.
+func (s *cqSource) source() *cqring.QueueSource {
+	return cqring.NewQueueSource(s, s.q.vq.name, s.qnum)
 }
 
 // next takes the queue's next completion (locked by the caller).
@@ -299,121 +276,46 @@ func (s *cqSource) next(c *cqring.Completion) bool {
 	return s.tx.vq.next(c)
 }
 
-// store writes a good completion into the caller's entry, in the CQ's
-// format.
-func (s *cqSource) store(e *cq.Entry, c *cqring.Completion) {
-	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.qnum}
-}
-
-// Poll implements cqring.Source: successful completions up to the first error
-// entry, which is staged for ReadErr.
-func (s *cqSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cqring.State) {
-	if len(ents) == 0 && !s.held {
-		s.peek() // a probe: stage an error entry at the head
-	}
-	if s.staged {
-		return 0, cqring.StateError
-	}
-	n := 0
-	if s.held && len(ents) > 0 {
-		s.store(&ents[0], &s.one)
-		s.held = false
-		n++
-	}
-	q := s.q
-	q.mu.Lock()
-	var bytes uint64
-	errs := 0
-	if !q.closed {
-		var c cqring.Completion
-		for n < len(ents) && s.next(&c) {
-			if c.Err != 0 {
-				s.stage(&c)
-				errs++
-				break
-			}
-			s.store(&ents[n], &c)
-			bytes += uint64(c.Len)
-			n++
-		}
-		q.vq.publishUsed()
-		q.finishPoll(n+errs, bytes, errs)
-	}
-	q.mu.Unlock()
-	for i := range min(n, len(addrs)) {
-		addrs[i] = cq.AddrNotAvail // raw Ethernet: no fabric addresses
-	}
-	if s.staged {
-		return n, cqring.StateError
-	}
-	return n, cqring.StateOK
-}
-
-// stage makes a refused completion the pending cq.ErrEntry, with the ring
-// reader's code. Cold path.
-func (s *cqSource) stage(c *cqring.Completion) {
-	s.errEnt = cq.ErrEntry{Entry: cq.Entry{Context: c.Context, Flags: c.Flags, Queue: s.qnum},
-		OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
-	if c.Prov == cq.ProvMultiBuffer && s.rx != nil && s.rx.mbErr != nil {
-		s.errEnt.Len = s.rx.mbErr.Bytes
-	}
-	s.errData = s.errData[:0]
-	s.staged = true
-}
-
-// Pending implements cqring.Source.
-func (s *cqSource) Pending(max int) int {
-	n := 0
-	if s.staged || s.held {
-		n++
-	}
-	s.q.mu.Lock()
-	if !s.q.closed {
-		n += s.q.vq.pending(max - n)
-	}
-	s.q.mu.Unlock()
-	return min(n, max)
-}
-
-// ReadErr implements cqring.Source. When nothing is staged it reads one entry:
-// an error is returned, a success is kept for the next Poll.
-func (s *cqSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
-	if !s.held {
-		s.peek()
-	}
-	if !s.staged {
-		return nil, false
-	}
-	buf := e.ErrData
-	*e = s.errEnt
-	e.ErrData = buf
-	s.staged = false
-	return s.errData, true
-}
-
-// peek reads one entry when nothing is staged or held: an error is staged,
-// a success is held for the next Poll.
-func (s *cqSource) peek() {
-	if s.staged || s.held {
-		return
-	}
+// ReadBatch implements cqring.QueueReader.
+func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || !s.next(&s.one) {
-		return
+	if q.closed {
+		return 0, false
+	}
+	n, errs := 0, 0
+	var bytes uint64
+	var c cqring.Completion
+	for n < len(ents) && s.next(&c) {
+		if c.Err != 0 {
+			*bad = c
+			if c.Prov == cq.ProvMultiBuffer && s.rx != nil && s.rx.mbErr != nil {
+				bad.Len = s.rx.mbErr.Bytes
+			}
+			errs = 1
+			break
+		}
+		qs.Store(&ents[n], &c)
+		bytes += uint64(c.Len)
+		n++
 	}
 	q.vq.publishUsed()
-	if s.one.Err != 0 {
-		s.stage(&s.one)
-		q.finishPoll(1, 0, 1)
-		return
-	}
-	s.held = true
-	q.finishPoll(1, uint64(s.one.Len), 0)
+	q.finishPoll(n+errs, bytes, errs)
+	return n, errs > 0
 }
 
-// Arm implements cqring.Source with the ring's event suppression: the packed
+// Pending implements cqring.QueueReader.
+func (s *cqSource) Pending(max int) int {
+	s.q.mu.Lock()
+	defer s.q.mu.Unlock()
+	if s.q.closed {
+		return 0
+	}
+	return s.q.vq.pending(max)
+}
+
+// Arm implements cqring.QueueReader with the ring's event suppression: the packed
 // ring's descriptor event (or the split ring's used_event) aimed at the
 // threshold, else used-buffer notifications on. solicitedOnly has no
 // virtio equivalent: every completion is solicited.
@@ -433,18 +335,12 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements cqring.Source: virtio reports only cq's own codes,
-// which the CQ describes itself.
+// StrError implements cqring.QueueReader: virtio reports only cq's own
+// codes, which the CQ describes itself.
 func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
 	return "", false
 }
 
-// Close implements cqring.Source: the queue reads its own completions again,
-// with its own interrupt, if the device is still open.
-func (s *cqSource) Close() error {
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	return s.dev.unbind(s)
-}
+// Unbind implements cqring.QueueReader: the queue reads its own
+// completions again, with its own interrupt, if the device is still open.
+func (s *cqSource) Unbind() error { return s.dev.unbind(s) }

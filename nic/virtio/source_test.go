@@ -24,7 +24,7 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	case *TxQueue:
 		s.tx = pq
 	}
-	require.NoError(t, ring.AddSource(c, s))
+	require.NoError(t, ring.AddSource(c, s.source()))
 	q.src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
