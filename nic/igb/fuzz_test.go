@@ -1,12 +1,15 @@
 package igb
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/hugepage"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -70,13 +73,33 @@ type fuzzSide struct {
 	good int       // good completions read
 }
 
+// fuzzMAC is the 82576 without the reset's settle delays: the fake
+// register file clears CTRL.RST at once, and the 2 ms per reset would be
+// most of an exec's time (two devices, each brought up and closed).
+var fuzzMAC = func() mac { m := macs[0]; m.rstDelayMs = 0; return m }()
+
+// newFuzzDevice is newFakeDevice with fuzzMAC and the fuzzed queue sizes.
+func newFuzzDevice(t *testing.T) (*Device, *fakeRegs) {
+	f := newFakeRegs(t)
+	cfg := Config{Config: nic.Config{QueueSize: fuzzRing, RxBuffers: 2 * fuzzRing}}
+	cfg.Memory = hugepage.Options{PageSize: hugepage.Size4K}
+	require.NoError(t, normalize(&cfg))
+	d := &Device{name: "fuzz", mac: &fuzzMAC, regs: f, win: f.w, space: dma.NewIdentitySpace(), nVectors: 10}
+	if err := d.start(context.Background(), cfg); err != nil {
+		_ = d.teardown(nic.ErrClosed)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d, f
+}
+
 // newFuzzSide brings a device up, moves the ring's head to in.head with
 // well-behaved traffic read through Poll (so the fuzzed bytes land on a
 // ring that has wrapped), binds a CQ if viaCQ, posts in.posts operations
 // (receive buffers, or frames to send when tx) and writes in.body over the
 // descriptors from the head on.
 func newFuzzSide(t *testing.T, in wbInput, tx, viaCQ bool) *fuzzSide {
-	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: fuzzRing, RxBuffers: 2 * fuzzRing}})
+	d, f := newFuzzDevice(t)
 	n := newFakeNIC(t, d, f)
 	rx, txq := d.rx[0], d.tx[0]
 	s := &fuzzSide{d: d, q: &rx.queue}
