@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Op is an operation a driver posts to a device queue: what its completion
@@ -154,28 +155,61 @@ func (t *Table) Post(op Op) (uint32, error) {
 	return id, nil
 }
 
-// lookup returns the outstanding slot for id, or nil. Completer side.
-func (t *Table) lookup(id uint32) *slot {
-	i := id & t.slotMask
-	if i >= uint32(len(t.slots)) {
+// completer is the completing side of a Table as a value: what looking up
+// and releasing a slot read, so that a read loop can hold it (the fast
+// path's tableCursor) and keep the free queue's tail in a register.
+// Table.lookup and Table.release go through it: there is one
+// implementation of each.
+type completer struct {
+	slots []slot // nil: every id is refused
+	smask uint32
+	qmask uint32
+	freeq *uint32 // &freeq[0]: qmask+1 ids
+}
+
+// completer returns t's completing side.
+func (t *Table) completer() completer {
+	return completer{slots: t.slots, smask: t.slotMask, qmask: t.qmask, freeq: unsafe.SliceData(t.freeq)}
+}
+
+// lookup returns the outstanding slot for id, or nil.
+func (c *completer) lookup(id uint32) *slot {
+	i := id & c.smask
+	if i >= uint32(len(c.slots)) {
 		return nil
 	}
-	s := &t.slots[i]
+	s := &c.slots[i]
 	if atomic.LoadUint32(&s.state) != slotPosted || s.id != id {
 		return nil
 	}
 	return s
 }
 
-// release frees a slot; the id becomes visible to posters at flush.
-// Completer side.
-func (t *Table) release(s *slot, id uint32) {
+// release frees slot s into the free queue at local tail ftl and returns
+// the next tail; the id becomes visible to posters when the table's tail
+// is published (flush).
+func (c *completer) release(s *slot, ftl uint32) uint32 {
 	s.ctx = nil
 	// A plain store: posters see the slot again only after taking its id
 	// from the free queue, which flush publishes with an atomic store.
 	s.state = slotFree
-	t.freeq[t.ftailLocal&t.qmask] = id & t.slotMask
-	t.ftailLocal++
+	// The free queue holds qmask+1 ids: the index is in range.
+	*(*uint32)(unsafe.Add(unsafe.Pointer(c.freeq), uintptr(ftl&c.qmask)*4)) = s.id & c.smask
+	return ftl + 1
+}
+
+// lookup returns the outstanding slot for id, or nil. Completer side.
+func (t *Table) lookup(id uint32) *slot {
+	c := t.completer()
+	return c.lookup(id)
+}
+
+// release frees a slot; the id becomes visible to posters at flush.
+// Completer side.
+func (t *Table) release(s *slot, id uint32) {
+	_ = id // s.id is the id it was posted under (lookup checked it)
+	c := t.completer()
+	t.ftailLocal = c.release(s, t.ftailLocal)
 }
 
 // flush publishes the ids released since the last flush.
