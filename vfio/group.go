@@ -110,7 +110,11 @@ func (g *Group) Close() error {
 	g.mu.Unlock()
 
 	errs := []error{g.closeDevices()}
-	if _, err := ioctl(g.fd, ioctlGroupUnsetContainer, 0); err != nil {
+	// EINVAL is the kernel's "not attached to a container": when the
+	// kernel took the device back (an unbind), it may have detached the
+	// group itself once the device fd closed. The group ends detached
+	// either way.
+	if _, err := ioctl(g.fd, ioctlGroupUnsetContainer, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		errs = append(errs, fmt.Errorf("vfio: VFIO_GROUP_UNSET_CONTAINER on group %d (%s): %w", g.num, g.path, err))
 	}
 	if err := unix.Close(g.fd); err != nil {
