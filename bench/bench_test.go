@@ -54,15 +54,23 @@ func parseLine(t *testing.T, line string) map[string]string {
 
 // expectDigest is the digest both readers must report with -k for
 // completions 0..n-1: per completion the buffer index, the flags cq gives
-// a RECV with HAS_DATA on a posted FlagRecv|FlagMsg buffer, the length,
-// the buffer offset and the data, as producer.c writes them (ring.h).
-func expectDigest(n uint64, entries uint64) string {
+// a RECV (with HAS_DATA on sim's layout) on a posted FlagRecv|FlagMsg
+// buffer, the length, the buffer offset and the data, as producer.c writes
+// them (ring.h); the virtio layouts carry no data.
+func expectDigest(n uint64, entries uint64, layout string) string {
 	const postLen, prime = 2048, 0x100000001b3
 	flags := uint64(cq.FlagRecv | cq.FlagMsg | cq.FlagRemoteCQData)
+	if layout != "sim" {
+		flags = uint64(cq.FlagRecv | cq.FlagMsg)
+	}
 	h := uint64(0xcbf29ce484222325)
 	for s := uint64(0); s < n; s++ {
 		slot := s % entries
-		for _, x := range []uint64{slot, flags, 64 + s&1023, slot * postLen, s} {
+		data := s
+		if layout != "sim" {
+			data = 0
+		}
+		for _, x := range []uint64{slot, flags, 64 + s&1023, slot * postLen, data} {
 			h = (h ^ x) * prime
 		}
 	}
@@ -70,23 +78,25 @@ func expectDigest(n uint64, entries uint64) string {
 }
 
 // runPair runs the producer and one reader on a fresh file; for mode
-// "local" the reader alone.
-func runPair(ctx context.Context, t *testing.T, out, reader, mode string, batch int) string {
+// "local" the reader alone. extra are the reader's locking flags.
+func runPair(ctx context.Context, t *testing.T, out, reader, layout, mode string, batch int, extra ...string) string {
 	t.Helper()
 	bin := filepath.Join(out, reader)
 	b := strconv.Itoa(batch)
 	if mode == "local" {
-		o, err := exec.CommandContext(ctx, bin, "-l", "-n", strconv.Itoa(testEntries), "-c", strconv.Itoa(testCount), "-b", b, "-k").CombinedOutput()
+		args := append([]string{"-l", "-L", layout, "-n", strconv.Itoa(testEntries), "-c", strconv.Itoa(testCount), "-b", b, "-k"}, extra...)
+		o, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 		require.NoError(t, err, "%s: %s", reader, o)
 		return strings.TrimSpace(string(o))
 	}
 	f := filepath.Join(t.TempDir(), "ring")
 	var perr bytes.Buffer
-	prod := exec.CommandContext(ctx, filepath.Join(out, "producer"), "-f", f, "-n", strconv.Itoa(testEntries),
+	prod := exec.CommandContext(ctx, filepath.Join(out, "producer"), "-f", f, "-L", layout, "-n", strconv.Itoa(testEntries),
 		"-m", mode, "-c", strconv.Itoa(testCount), "-t", "10")
 	prod.Stderr = &perr
 	require.NoError(t, prod.Start())
-	o, rerr := exec.CommandContext(ctx, bin, "-f", f, "-b", b, "-k", "-t", "10").CombinedOutput()
+	args := append([]string{"-f", f, "-b", b, "-k", "-t", "10"}, extra...)
+	o, rerr := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 	werr := prod.Wait()
 	require.NoError(t, rerr, "%s: %s (producer: %s)", reader, o, perr.String())
 	require.NoError(t, werr, "producer: %s", perr.String())
@@ -95,12 +105,13 @@ func runPair(ctx context.Context, t *testing.T, out, reader, mode string, batch 
 
 // TestReadersAgree builds the benchmark with run.sh (which also runs a
 // tiny table: its output is checked for every row), then runs the C and
-// the Go reader in every mode with the digest on and checks that both
-// report every completion, in order, with the same converted fields, equal
-// to what the producer wrote. Correctness only: no timing is asserted.
+// the Go reader on every layout, in every mode, with and without locking,
+// with the digest on and checks that both report every completion, in
+// order, with the same converted fields, equal to what the producer wrote.
+// Correctness only: no timing is asserted.
 func TestReadersAgree(t *testing.T) {
 	needGCC(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	out := t.TempDir()
 
@@ -110,32 +121,55 @@ func TestReadersAgree(t *testing.T) {
 		"GO="+filepath.Join(runtime.GOROOT(), "bin", "go"))
 	table, err := cmd.CombinedOutput()
 	require.NoError(t, err, "run.sh:\n%s", table)
-	for _, mode := range []string{"filled", "stream", "local"} {
-		for _, batch := range []string{"1", "32"} {
-			require.Regexp(t, `(?m)^`+mode+` +`+batch+` +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +0\.0000$`, string(table),
-				"run.sh's table has no row for %s batch %s with zero Go allocations", mode, batch)
+	layouts := []string{"sim", "packed", "split"}
+	for _, layout := range layouts {
+		for _, mode := range []string{"filled", "stream", "local", "stream-mutex"} {
+			m, lock := strings.TrimSuffix(mode, "-mutex"), "none"
+			if m != mode {
+				lock = "mutex"
+			}
+			for _, batch := range []string{"1", "32"} {
+				require.Regexp(t, `(?m)^`+layout+` +`+m+` +`+lock+` +`+batch+` +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +0\.0000$`, string(table),
+					"run.sh's table has no row for %s %s lock %s batch %s with zero Go allocations", layout, m, lock, batch)
+			}
+			require.Regexp(t, `(?m)^batch 32, `+layout+` `+m+`, lock `+lock+`: Go [0-9.]+ ns, C [0-9.]+ ns per completion: Go/C = [0-9.]+x, (within|above) the 1\.(10|25)x target$`,
+				string(table))
 		}
-		require.Regexp(t, `(?m)^batch 32, `+mode+`: Go [0-9.]+ ns, C [0-9.]+ ns per completion: Go/C = [0-9.]+x, (within|above) the 1.25x target$`,
-			string(table))
 	}
 
-	for _, mode := range []string{"filled", "stream", "local"} {
-		want := uint64(testCount)
-		if mode != "stream" { // whole laps
-			want = (want + testEntries - 1) / testEntries * testEntries
-		}
-		digest := expectDigest(want, testEntries)
-		for _, batch := range []int{1, 8, 256} {
-			for _, reader := range []string{"reader", "goreader"} {
-				kv := parseLine(t, runPair(ctx, t, out, reader, mode, batch))
-				name := fmt.Sprintf("%s mode=%s batch=%d", reader, mode, batch)
-				require.Equal(t, mode, kv["mode"], name)
-				require.Equal(t, strconv.Itoa(batch), kv["batch"], name)
-				require.Equal(t, "ok", kv["order"], name)
-				require.Equal(t, strconv.FormatUint(want, 10), kv["completions"], name)
-				require.Equal(t, digest, kv["digest"], name)
-				if reader == "goreader" {
-					require.Equal(t, "0.0000", kv["allocs_per_completion"], name)
+	for _, layout := range layouts {
+		for _, mode := range []string{"filled", "stream", "local"} {
+			want := uint64(testCount)
+			if mode != "stream" { // whole laps
+				want = (want + testEntries - 1) / testEntries * testEntries
+			}
+			digest := expectDigest(want, testEntries, layout)
+			for _, batch := range []int{1, 8, 256} {
+				for _, reader := range []string{"reader", "goreader"} {
+					for _, locked := range []bool{false, true} {
+						var extra []string
+						lock := "none"
+						switch {
+						case locked && reader == "reader":
+							extra, lock = []string{"-T"}, "mutex"
+						case locked:
+							lock = "mutex"
+						case reader == "goreader":
+							extra = []string{"-s"}
+						}
+						kv := parseLine(t, runPair(ctx, t, out, reader, layout, mode, batch, extra...))
+						name := fmt.Sprintf("%s layout=%s mode=%s batch=%d lock=%s", reader, layout, mode, batch, lock)
+						require.Equal(t, layout, kv["layout"], name)
+						require.Equal(t, lock, kv["locking"], name)
+						require.Equal(t, mode, kv["mode"], name)
+						require.Equal(t, strconv.Itoa(batch), kv["batch"], name)
+						require.Equal(t, "ok", kv["order"], name)
+						require.Equal(t, strconv.FormatUint(want, 10), kv["completions"], name)
+						require.Equal(t, digest, kv["digest"], name)
+						if reader == "goreader" {
+							require.Equal(t, "0.0000", kv["allocs_per_completion"], name)
+						}
+					}
 				}
 			}
 		}

@@ -2,16 +2,27 @@
 # run.sh: vfnic's completion path against a C reference (see README.md).
 #
 # Builds bench/c/producer.c and bench/c/reader.c with gcc -O2 and
-# bench/goreader with go, then for each mode (filled, stream, local) and
-# batch size runs the producer with the C reader and with the Go reader
-# (local: the readers alone), REPEAT times each, alternating, and prints one
-# table of medians: C and Go ns per completion and the Go/C ratio, then the
-# batch-32 ratios against the target.
+# bench/goreader with go, then for each ring layout (sim: nic/sim's CQE;
+# packed: the virtio packed ring; split: the virtio split used ring), mode
+# (filled, stream, local) and batch size runs the producer with the C reader
+# and with the Go reader (local: the readers alone), REPEAT times each,
+# alternating, and prints one table of medians: C and Go ns per completion
+# and the Go/C ratio, then the batch-32 ratios against the targets.
+#
+# Locking, like for like: a mode name without a suffix runs the Go reader
+# with a SingleThreaded cq.CQ and a ring.NewSingleThreadedTable (no locked
+# instruction per completion) against the C reader in a process of one
+# thread, where glibc's pthread mutexes execute no locked instruction
+# either (locking "none"); a mode with the suffix -mutex ("stream-mutex")
+# runs the thread-safe CQ and Table (a mutex per Read and per Post) against
+# the C reader with an idle second thread, so that its mutexes really lock
+# (locking "mutex").
 #
 # Settings (environment): OUT (build folder, default bench/out), ENTRIES
 # (ring size, 4096), COUNT (completions per run, 2000000), REPEAT (7),
-# BATCHES ("1 8 32 256"), MODES ("filled stream local"), SHM (folder for the ring
-# file, /dev/shm), GO (go command).
+# BATCHES ("1 8 32 256"), LAYOUTS ("sim packed split"), MODES ("filled
+# stream local stream-mutex"), SHM (folder for the ring file, /dev/shm),
+# GO (go command).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,9 +32,11 @@ ENTRIES=${ENTRIES:-4096}
 COUNT=${COUNT:-2000000}
 REPEAT=${REPEAT:-7}
 BATCHES=${BATCHES:-"1 8 32 256"}
-MODES=${MODES:-"filled stream local"}
+MODES=${MODES:-"filled stream local stream-mutex"}
+LAYOUTS=${LAYOUTS:-"sim packed split"}
 SHM=${SHM:-/dev/shm}
-TARGET=1.25
+# Targets at batch 32 (issue 8): filled and local 1.10x, stream 1.25x.
+target() { case $1 in filled* | local*) echo 1.10 ;; *) echo 1.25 ;; esac; }
 TIMEOUT=30
 
 die() { echo "run.sh: $*" >&2; exit 1; }
@@ -36,7 +49,7 @@ GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 mkdir -p "$OUT"
 cflags=(-O2 -std=c11 -Wall -Wextra -Werror)
 gcc "${cflags[@]}" -o "$OUT/producer" "$here/c/producer.c"
-gcc "${cflags[@]}" -o "$OUT/reader" "$here/c/reader.c"
+gcc "${cflags[@]}" -o "$OUT/reader" "$here/c/reader.c" -lpthread
 (cd "$root" && CGO_ENABLED=0 "$GO" build -o "$OUT/goreader" ./bench/goreader)
 
 # Producer and reader on different CPUs when there are two to pin to.
@@ -54,32 +67,36 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# run_one BIN MODE BATCH: one producer + reader pair; prints the reader's
-# line.
+# run_one BIN LAYOUT MODE BATCH: one producer + reader pair; prints the
+# reader's line. MODE may carry the suffix -mutex (see the top).
 run_one() {
-	local bin=$1 mode=$2 batch=$3 f line
+	local bin=$1 layout=$2 mode=${3%-mutex} batch=$4 f line lock=()
+	case "$3" in
+	*-mutex) [ "$bin" = reader ] && lock=(-T) ;;
+	*) [ "$bin" = goreader ] && lock=(-s) ;;
+	esac
 	if [ "$mode" = local ]; then
-		line=$("${read_pin[@]}" "$OUT/$bin" -l -n "$ENTRIES" -c "$COUNT" -b "$batch" 2>"$tmp/reader.err") ||
-			{ cat "$tmp/reader.err" >&2; die "$bin failed (mode local, batch $batch)"; }
+		line=$("${read_pin[@]}" "$OUT/$bin" -l -L "$layout" -n "$ENTRIES" -c "$COUNT" -b "$batch" "${lock[@]}" 2>"$tmp/reader.err") ||
+			{ cat "$tmp/reader.err" >&2; die "$bin failed (layout $layout, mode $3, batch $batch)"; }
 		case "$line" in
 		*" order=ok "*) echo "$line" && return ;;
 		*) die "$bin: unexpected output: $line" ;;
 		esac
 	fi
 	f="$SHM/vfnic-bench-$$-$RANDOM"
-	"${prod_pin[@]}" "$OUT/producer" -f "$f" -n "$ENTRIES" -m "$mode" -c "$COUNT" -t "$TIMEOUT" \
+	"${prod_pin[@]}" "$OUT/producer" -f "$f" -L "$layout" -n "$ENTRIES" -m "$mode" -c "$COUNT" -t "$TIMEOUT" \
 		>"$tmp/producer.out" 2>"$tmp/producer.err" &
 	prod_pid=$!
-	if ! line=$("${read_pin[@]}" "$OUT/$bin" -f "$f" -b "$batch" -t "$TIMEOUT" 2>"$tmp/reader.err"); then
+	if ! line=$("${read_pin[@]}" "$OUT/$bin" -f "$f" -b "$batch" -t "$TIMEOUT" "${lock[@]}" 2>"$tmp/reader.err"); then
 		wait "$prod_pid" || true
 		prod_pid=
 		cat "$tmp/reader.err" "$tmp/producer.err" >&2
-		die "$bin failed (mode $mode, batch $batch)"
+		die "$bin failed (layout $layout, mode $3, batch $batch)"
 	fi
 	if ! wait "$prod_pid"; then
 		prod_pid=
 		cat "$tmp/producer.err" >&2
-		die "producer failed (mode $mode, batch $batch, reader $bin)"
+		die "producer failed (layout $layout, mode $3, batch $batch, reader $bin)"
 	fi
 	prod_pid=
 	rm -f "$f" "$f.tmp"
@@ -95,24 +112,31 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 
 median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
-echo "vfnic completion path: Go (cq.CQ.Read over nic/sim's ring layout) vs C reference"
+echo "vfnic completion path: Go (cq.CQ.Read over cq/ring) vs C reference, same C producer"
 echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs, $pinning"
-echo "ring: $ENTRIES x 64-byte entries in $SHM; $COUNT completions per run; $REPEAT runs of each"
+echo "ring: $ENTRIES entries in $SHM; $COUNT completions per run; $REPEAT runs of each"
+echo "layouts: sim = nic/sim's 64-byte CQE (phase bit); packed = virtio packed ring (16-byte descriptors,"
+echo "         AVAIL/USED wrap bits); split = virtio split used ring (8-byte elements, 16-bit used index)"
 echo "filled: reader alone on a ring the producer wrote for a whole lap (reads only; re-posts untimed)"
 echo "stream: end to end, producer writing while the reader reads and re-posts each completion"
 echo "local:  no producer; the reader fills each lap itself (untimed), then times its reads: CPU cost alone"
+echo "lock none:  Go SingleThreaded cq.CQ + ring.NewSingleThreadedTable vs C reader, one thread (no locked instruction)"
+echo "lock mutex: Go thread-safe cq.CQ + ring.NewTable (mutexes) vs C reader with an idle 2nd thread (mutexes lock)"
 echo
 
 # Each pass runs every cell once, so that a burst of load from elsewhere on
 # the machine spoils one sample of many cells rather than all of one.
 for ((i = 0; i < REPEAT; i++)); do
-	for mode in $MODES; do
-		for batch in $BATCHES; do
-			line=$(run_one reader "$mode" "$batch")
-			field ns_per_completion "$line" >>"$tmp/c.$mode.$batch"
-			line=$(run_one goreader "$mode" "$batch")
-			field ns_per_completion "$line" >>"$tmp/go.$mode.$batch"
-			field allocs_per_completion "$line" >>"$tmp/alloc.$mode.$batch"
+	for layout in $LAYOUTS; do
+		for mode in $MODES; do
+			for batch in $BATCHES; do
+				cell=$layout.$mode.$batch
+				line=$(run_one reader "$layout" "$mode" "$batch")
+				field ns_per_completion "$line" >>"$tmp/c.$cell"
+				line=$(run_one goreader "$layout" "$mode" "$batch")
+				field ns_per_completion "$line" >>"$tmp/go.$cell"
+				field allocs_per_completion "$line" >>"$tmp/alloc.$cell"
+			done
 		done
 	done
 	printf '.' >&2
@@ -121,29 +145,34 @@ printf '\n' >&2
 
 declare -A cns gons
 ratio() { awk -v g="$1" -v c="$2" 'BEGIN {printf "%.2f", g/c}'; }
-printf '%-7s %6s %12s %12s %7s %12s %16s\n' mode batch "C ns/compl" "Go ns/compl" "Go/C" "Go/C (best)" "Go allocs/compl"
-for mode in $MODES; do
-	for batch in $BATCHES; do
-		c=$(median <"$tmp/c.$mode.$batch") g=$(median <"$tmp/go.$mode.$batch")
-		cmin=$(sort -g "$tmp/c.$mode.$batch" | head -1) gmin=$(sort -g "$tmp/go.$mode.$batch" | head -1)
-		cns[$mode/$batch]=$c gons[$mode/$batch]=$g
-		printf '%-7s %6s %12.2f %12.2f %6sx %11sx %16s\n' "$mode" "$batch" "$c" "$g" "$(ratio "$g" "$c")" \
-			"$(ratio "$gmin" "$cmin")" "$(sort -g "$tmp/alloc.$mode.$batch" | tail -1)"
+lockname() { case $1 in *-mutex) echo mutex ;; *) echo none ;; esac; }
+printf '%-7s %-7s %-6s %6s %12s %12s %7s %12s %16s\n' layout mode lock batch "C ns/compl" "Go ns/compl" "Go/C" "Go/C (best)" "Go allocs/compl"
+for layout in $LAYOUTS; do
+	for mode in $MODES; do
+		for batch in $BATCHES; do
+			cell=$layout.$mode.$batch
+			c=$(median <"$tmp/c.$cell") g=$(median <"$tmp/go.$cell")
+			cmin=$(sort -g "$tmp/c.$cell" | head -1) gmin=$(sort -g "$tmp/go.$cell" | head -1)
+			cns[$cell]=$c gons[$cell]=$g
+			printf '%-7s %-7s %-6s %6s %12.2f %12.2f %6sx %11sx %16s\n' "$layout" "${mode%-mutex}" "$(lockname "$mode")" \
+				"$batch" "$c" "$g" "$(ratio "$g" "$c")" "$(ratio "$gmin" "$cmin")" "$(sort -g "$tmp/alloc.$cell" | tail -1)"
+		done
 	done
 done
 echo "(medians of $REPEAT runs; \"best\" is the ratio of the fastest runs, the least disturbed by other load)"
 echo
 echo "The C reader does the Go path's checks and conversion; it differs in: a refused entry"
 echo "stops the run (Go stages an error completion for ReadErr); fields are read through a C"
-echo "struct with constant offsets (Go loads them at cq.Layout's offsets); it fills a 40-byte"
-echo "fi_cq_data_entry (cq.Entry is 64 bytes: interface Context, Tag, Queue); its release"
-echo "stores are plain stores (Go's atomic.StoreUint32 is an XCHG)."
+echo "struct with constant offsets (Go loads them at cq/ring Layout offsets); it fills a 40-byte"
+echo "fi_cq_data_entry (cq.Entry is 64 bytes: interface Context, Tag, Queue)."
 echo
-for mode in $MODES; do
-	c=${cns[$mode/32]:-} g=${gons[$mode/32]:-}
-	[ -n "$c" ] || continue
-	awk -v m="$mode" -v g="$g" -v c="$c" -v t="$TARGET" 'BEGIN {
-		r = g / c
-		printf "batch 32, %s: Go %.2f ns, C %.2f ns per completion: Go/C = %.2fx, %s the %.2fx target\n",
-			m, g, c, r, (r <= t ? "within" : "above"), t }'
+for layout in $LAYOUTS; do
+	for mode in $MODES; do
+		c=${cns[$layout.$mode.32]:-} g=${gons[$layout.$mode.32]:-}
+		[ -n "$c" ] || continue
+		awk -v l="$layout" -v m="${mode%-mutex}" -v k="$(lockname "$mode")" -v g="$g" -v c="$c" -v t="$(target "$mode")" 'BEGIN {
+			r = g / c
+			printf "batch 32, %s %s, lock %s: Go %.2f ns, C %.2f ns per completion: Go/C = %.2fx, %s the %.2fx target\n",
+				l, m, k, g, c, r, (r <= t ? "within" : "above"), t }'
+	done
 done

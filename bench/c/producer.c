@@ -25,7 +25,10 @@
  * burst's fields first keeps it from pulling that line back between the
  * producer's stores to it.
  *
- * Usage: producer -f PATH -n ENTRIES -m filled|stream [-c COUNT] [-b BURST] [-t SECONDS]
+ * -L picks the ring layout (ring.h): sim (default, nic/sim's CQE), packed
+ * (virtio packed ring) or split (virtio split used ring).
+ *
+ * Usage: producer -f PATH -n ENTRIES -m filled|stream [-L LAYOUT] [-c COUNT] [-b BURST] [-t SECONDS]
  * The file is created as PATH.tmp and renamed to PATH once initialised, so
  * a reader never maps a half-made file; it is unlinked on exit. Prints one
  * line of statistics on stdout.
@@ -88,7 +91,8 @@ static void waiter_spin(struct waiter *w, const char *what)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: producer -f PATH -n ENTRIES -m filled|stream [-c COUNT] [-b BURST] [-t SECONDS]\n");
+	fprintf(stderr, "usage: producer -f PATH -n ENTRIES -m filled|stream [-L sim|packed|split] [-c COUNT] [-b BURST] "
+			"[-t SECONDS]\n");
 	exit(2);
 }
 
@@ -98,9 +102,15 @@ int main(int argc, char **argv)
 	uint64_t count = 0;
 	uint32_t mode = 0;
 	uint32_t burst = 16;
+	int layout = VB_LAYOUT_SIM;
 	int c;
-	while ((c = getopt(argc, argv, "f:n:m:c:b:t:")) != -1) {
+	while ((c = getopt(argc, argv, "f:n:m:c:b:t:L:")) != -1) {
 		switch (c) {
+		case 'L':
+			layout = vb_parse_layout(optarg);
+			if (layout < 0)
+				usage();
+			break;
 		case 'f':
 			path = optarg;
 			break;
@@ -144,7 +154,11 @@ int main(int argc, char **argv)
 	if (mode == VB_MODE_FILLED)
 		count = (count + n - 1) / n * n;
 
-	size_t size = VB_CTRL_SIZE + (size_t)n * VB_ENTRY_SIZE;
+	if (layout != VB_LAYOUT_SIM && n > 1u << 15) {
+		fprintf(stderr, "producer: %u entries: a virtio ring has at most 32768\n", n);
+		return 2;
+	}
+	size_t size = VB_CTRL_SIZE + vb_ring_size((uint32_t)layout, n);
 	char tmp[4096];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
 		fail("path too long");
@@ -168,8 +182,8 @@ int main(int argc, char **argv)
 	/* A new file reads as zeros: every owner bit is 0, so no entry looks
 	 * written on the first lap, whose phase is 1. */
 	ctrl = mem;
-	struct vb_cqe *ring = (struct vb_cqe *)((char *)mem + VB_CTRL_SIZE);
-	vb_init_header(ctrl, n, mode, count);
+	void *ring = (char *)mem + VB_CTRL_SIZE;
+	vb_init_header(ctrl, n, mode, count, (uint32_t)layout);
 	atomic_thread_fence(memory_order_seq_cst);
 	if (rename(tmp, path) != 0) {
 		perror("rename");
@@ -207,7 +221,7 @@ int main(int argc, char **argv)
 				k = burst;
 			if (k > count - s)
 				k = count - s;
-			vb_put(ring, s, (uint32_t)k, n, shift);
+			vb_put_any(ring, (uint32_t)layout, s, (uint32_t)k, n, shift);
 			s += k;
 		}
 	} else {
@@ -220,15 +234,15 @@ int main(int argc, char **argv)
 			if (c32 != (uint32_t)((uint64_t)lap * n))
 				fail("reader finished a lap without publishing its consumer index");
 			for (uint64_t s = (uint64_t)lap * n; s < (uint64_t)(lap + 1) * n; s += burst)
-				vb_put(ring, s, burst, n, shift);
+				vb_put_any(ring, (uint32_t)layout, s, burst, n, shift);
 			atomic_store_explicit(&ctrl->produced, (uint64_t)(lap + 1) * n, memory_order_release);
 		}
 	}
 	double el = vb_now_s() - t0;
 	atomic_store_explicit(&ctrl->producer, (uint32_t)count, memory_order_relaxed);
 	atomic_store_explicit(&ctrl->produced, count, memory_order_release);
-	printf("producer mode=%s entries=%u completions=%" PRIu64 " full_waits=%" PRIu64 " ns_per_completion=%.3f\n",
-	       mode == VB_MODE_STREAM ? "stream" : "filled", n, count, waits, el * 1e9 / (double)count);
+	printf("producer layout=%s mode=%s entries=%u completions=%" PRIu64 " full_waits=%" PRIu64 " ns_per_completion=%.3f\n",
+	       (const char *[]){"sim", "packed", "split"}[layout], mode == VB_MODE_STREAM ? "stream" : "filled", n, count, waits, el * 1e9 / (double)count);
 	/* The reader attached (reader_ready) before we wrote anything, so it
 	 * holds its own mapping: the name can go now. */
 	unlink(path);

@@ -11,6 +11,19 @@
  * The entry is nic/sim's CQE, little-endian; the owner word at 60 holds the
  * phase bit (bit 31), NVMe style: phase 1 on the first lap, flipping each
  * lap, stored last with a release store.
+ *
+ * Other ring layouts (the header's layout word), the formats a virtio NIC
+ * writes, each after the same control page:
+ *   VB_LAYOUT_PACKED  N 16-byte virtio packed-ring descriptors (struct
+ *                     vb_desc): the device writes id and len, then the
+ *                     flags with AVAIL (bit 7) and USED (bit 15) both equal
+ *                     to the wrap counter (1 on the first lap), last, with
+ *                     a release store.
+ *   VB_LAYOUT_SPLIT   a virtio split used ring: flags u16, idx u16, then N
+ *                     8-byte elements {id u32, len u32} (struct vb_used);
+ *                     the device writes elements, then the free-running
+ *                     16-bit idx with a release store.
+ * Neither carries data: sequence s is told by its id (s % N) and length.
  */
 #ifndef VFNIC_BENCH_RING_H
 #define VFNIC_BENCH_RING_H
@@ -21,10 +34,17 @@
 #include <time.h>
 
 #define VB_MAGIC 0x51434656u /* "VFCQ" */
-#define VB_VERSION 1u
+#define VB_VERSION 2u
 #define VB_CTRL_SIZE 4096u
 #define VB_ENTRY_SIZE 64u
 #define VB_OWNER_BIT 0x80000000u
+
+/* Ring layouts (header word layout). */
+#define VB_LAYOUT_SIM 0u    /* nic/sim's 64-byte CQE, phase bit */
+#define VB_LAYOUT_PACKED 1u /* virtio packed ring, 16-byte descriptors */
+#define VB_LAYOUT_SPLIT 2u  /* virtio split used ring, 8-byte elements after a 4-byte header */
+#define VB_PACKED_AVAIL 0x80u
+#define VB_PACKED_USED 0x8000u
 
 /* Modes written in the header by the producer. */
 #define VB_MODE_FILLED 1u /* one whole lap at a time, then wait until read */
@@ -73,6 +93,27 @@ struct vb_cqe {
 	_Atomic uint32_t owner; /* 60: phase bit 31, written last */
 };
 
+/* struct vb_desc is a virtio packed-ring descriptor as the device writes a
+ * used one. */
+struct vb_desc {
+	uint64_t addr;          /* 0: not written for a used descriptor */
+	uint32_t len;           /* 8 */
+	uint16_t id;            /* 12 */
+	_Atomic uint16_t flags; /* 14: AVAIL and USED = wrap counter, last */
+};
+
+/* struct vb_used is a virtio split used ring's header; its N elements
+ * follow it. */
+struct vb_used_elem {
+	uint32_t id;
+	uint32_t len;
+};
+struct vb_used {
+	uint16_t flags;
+	_Atomic uint16_t idx; /* free-running count of elements written */
+	struct vb_used_elem ring[];
+};
+
 /* Each side's words sit on their own cache line, so that a reader spinning
  * on one does not steal the line the other side is writing. */
 struct vb_ctrl {
@@ -92,7 +133,8 @@ struct vb_ctrl {
 	uint32_t mode;       /* 80 */
 	uint32_t slack;      /* 84 */
 	uint64_t total;      /* 88: completions the producer will write */
-	uint8_t pad2[32];
+	uint32_t layout;     /* 96: VB_LAYOUT_* */
+	uint8_t pad2[28];
 	/* line 2: reader -> producer, set once the reader has posted its ops */
 	_Atomic uint32_t reader_ready; /* 128 */
 	uint8_t pad3[60];
@@ -108,6 +150,9 @@ struct vb_ctrl {
 };
 
 _Static_assert(sizeof(struct vb_cqe) == VB_ENTRY_SIZE, "entry size");
+_Static_assert(sizeof(struct vb_desc) == 16 && offsetof(struct vb_desc, flags) == 14, "packed descriptor");
+_Static_assert(sizeof(struct vb_used) == 4 && offsetof(struct vb_used, ring) == 4, "split used ring");
+_Static_assert(offsetof(struct vb_ctrl, layout) == 96, "layout offset");
 _Static_assert(offsetof(struct vb_cqe, data) == 16, "data offset");
 _Static_assert(offsetof(struct vb_cqe, buf_off) == 44, "buf_off offset");
 _Static_assert(offsetof(struct vb_cqe, owner) == 60, "owner offset");
@@ -130,13 +175,48 @@ static inline int vb_entries_ok(uint32_t n)
 	return n >= 2 * VB_SLACK && n <= (1u << 24) && (n & (n - 1)) == 0;
 }
 
+/* vb_entry_size is the size of one entry of layout (0: no such layout). */
+static inline uint32_t vb_entry_size(uint32_t layout)
+{
+	switch (layout) {
+	case VB_LAYOUT_SIM:
+		return VB_ENTRY_SIZE;
+	case VB_LAYOUT_PACKED:
+		return sizeof(struct vb_desc);
+	case VB_LAYOUT_SPLIT:
+		return sizeof(struct vb_used_elem);
+	}
+	return 0;
+}
+
+/* vb_ring_size is the size of the ring after the control page. */
+static inline size_t vb_ring_size(uint32_t layout, uint32_t n)
+{
+	return (layout == VB_LAYOUT_SPLIT ? sizeof(struct vb_used) : 0) + (size_t)n * vb_entry_size(layout);
+}
+
+/* vb_parse_layout returns the layout named s, or -1. */
+static inline int vb_parse_layout(const char *s)
+{
+	static const char *const names[] = {"sim", "packed", "split"};
+	for (unsigned i = 0; i < 3; i++) {
+		const char *a = names[i], *b = s;
+		while (*a && *a == *b)
+			a++, b++;
+		if (!*a && !*b)
+			return (int)i;
+	}
+	return -1;
+}
+
 /* vb_init_header writes the header of a new ring (line 1 of vb_ctrl). */
-static inline void vb_init_header(struct vb_ctrl *c, uint32_t n, uint32_t mode, uint64_t total)
+static inline void vb_init_header(struct vb_ctrl *c, uint32_t n, uint32_t mode, uint64_t total, uint32_t layout)
 {
 	c->magic = VB_MAGIC;
 	c->version = VB_VERSION;
 	c->entries = n;
-	c->entry_size = VB_ENTRY_SIZE;
+	c->layout = layout;
+	c->entry_size = vb_entry_size(layout);
 	c->mode = mode;
 	c->slack = VB_SLACK;
 	c->total = total;
@@ -180,6 +260,50 @@ static inline void vb_put(struct vb_cqe *ring, uint64_t s, uint32_t k, uint32_t 
 		vb_fill(ring, s + j, n);
 	for (uint32_t j = 0; j < k; j++)
 		vb_publish(ring, s + j, n, shift);
+}
+
+/* vb_put_packed is vb_put for the packed layout: id and len of each
+ * descriptor of the burst, then their flags in order, release. */
+static inline void vb_put_packed(struct vb_desc *ring, uint64_t s, uint32_t k, uint32_t n, unsigned shift)
+{
+	for (uint32_t j = 0; j < k; j++) {
+		struct vb_desc *d = &ring[(s + j) & (n - 1)];
+		d->id = (uint16_t)((s + j) & (n - 1));
+		d->len = VB_LEN(s + j);
+	}
+	for (uint32_t j = 0; j < k; j++) {
+		uint16_t wrap = (uint16_t)(1u ^ ((uint32_t)((s + j) >> shift) & 1u));
+		atomic_store_explicit(&ring[(s + j) & (n - 1)].flags, wrap ? VB_PACKED_AVAIL | VB_PACKED_USED : 0,
+				      memory_order_release);
+	}
+}
+
+/* vb_put_split is vb_put for the split used ring: the burst's elements,
+ * then the used index once, release. */
+static inline void vb_put_split(struct vb_used *u, uint64_t s, uint32_t k, uint32_t n)
+{
+	for (uint32_t j = 0; j < k; j++) {
+		struct vb_used_elem *e = &u->ring[(s + j) & (n - 1)];
+		e->id = (uint32_t)((s + j) & (n - 1));
+		e->len = VB_LEN(s + j);
+	}
+	atomic_store_explicit(&u->idx, (uint16_t)(s + k), memory_order_release);
+}
+
+/* vb_put_any is vb_put for any layout; ring is the memory after the
+ * control page. */
+static inline void vb_put_any(void *ring, uint32_t layout, uint64_t s, uint32_t k, uint32_t n, unsigned shift)
+{
+	switch (layout) {
+	case VB_LAYOUT_PACKED:
+		vb_put_packed(ring, s, k, n, shift);
+		break;
+	case VB_LAYOUT_SPLIT:
+		vb_put_split(ring, s, k, n);
+		break;
+	default:
+		vb_put(ring, s, k, n, shift);
+	}
 }
 
 /* vb_now_s is the monotonic clock in seconds. */

@@ -8,14 +8,28 @@
 // completion is checked (data = sequence number) and its buffer re-posted
 // through the Table.
 //
+// The ring's layout is the producer's (the header's layout word, ring.h):
+// nic/sim's, or the virtio packed ring (virtio.PackedLayout) or split used
+// ring (virtio.SplitLayout, its used index the RingRegs.Producer word),
+// the formats a virtio NIC writes, read with no Codes as nic/virtio reads
+// them. The benchmark's consumer-count doorbell (sim's) is kept for the
+// virtio layouts too: the producer needs it to know which slots are free,
+// where a virtio device learns it from the re-posted buffers.
+//
 // Usage:
 //
-//	goreader -f PATH -b BATCH [-k] [-t SECONDS] [-cpuprofile FILE]
-//	goreader -l [-n ENTRIES] [-c COUNT] -b BATCH [-k] [-cpuprofile FILE]
+//	goreader -f PATH -b BATCH [-s] [-k] [-t SECONDS] [-cpuprofile FILE]
+//	goreader -l [-L sim|packed|split] [-n ENTRIES] [-c COUNT] -b BATCH [-s] [-k] [-cpuprofile FILE]
 //
 // -l is local mode: no producer; goreader writes each lap itself (untimed)
 // and times its reads of the full ring, with the entries hot in its own
 // cache: the CPU cost of the read path alone.
+//
+// -s opens the CQ SingleThreaded and makes the Table with
+// NewSingleThreadedTable: a read and a re-post execute no locked
+// instruction, like the C reader in a process of one thread. Without it the
+// CQ and the Table are the thread-safe ones (a mutex per Read and per
+// Post), which compare with the C reader run with -T.
 //
 // It prints one line in the format of bench/c/reader.c, with the heap
 // allocations per completion (runtime.MemStats.Mallocs over the run).
@@ -36,6 +50,7 @@ import (
 	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/nic/virtio"
 )
 
 // rxBuf is a posted receive buffer; a pointer to it is the operation's
@@ -56,8 +71,16 @@ func main() {
 	local := flag.Bool("l", false, "local mode: no producer, fill each lap in this thread (untimed) and time the reads")
 	localN := flag.Int("n", 4096, "ring entries in local mode")
 	localCount := flag.Uint64("c", 2000000, "completions in local mode (rounded up to whole laps)")
+	localLayout := flag.String("L", "sim", "ring layout in local mode: sim, packed or split")
+	single := flag.Bool("s", false, "SingleThreaded CQ and single-threaded Table (no lock per read or post)")
 	flag.Parse()
-	if (*path == "") == !*local || *batch < 1 {
+	layout := -1
+	for i, name := range layoutNames {
+		if name == *localLayout {
+			layout = i
+		}
+	}
+	if (*path == "") == !*local || *batch < 1 || layout < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -79,12 +102,12 @@ func main() {
 	var s *shm
 	var err error
 	if *local {
-		s, err = newLocal(*localN, *localCount)
+		s, err = newLocal(*localN, *localCount, uint32(layout))
 	} else {
 		s, err = openShm(*path, time.Duration(*timeout*float64(time.Second)))
 	}
 	if err == nil {
-		err = run(s, *batch, *check, time.Duration(*timeout*float64(time.Second)))
+		err = run(s, *batch, *check, *single, time.Duration(*timeout*float64(time.Second)))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "goreader:", err)
@@ -93,7 +116,45 @@ func main() {
 	}
 }
 
-func run(s *shm, batch int, check bool, timeout time.Duration) error {
+// source makes the ring source for s's layout and adds it to c.
+func source(s *shm, c *cq.CQ) (*ring.RingSource, error) {
+	n := s.entries
+	win := doorbell.NewWindow(s.mem[:ctrlSize])
+	cons, err := win.Reg32(offConsumer)
+	if err != nil {
+		return nil, err
+	}
+	cfg := ring.RingConfig{Mem: s.ring(), Regs: ring.RingRegs{Doorbell: doorbell.NewDoorbell(cons)}}
+	switch s.layout {
+	case layoutSim:
+		cfg.Layout, cfg.Codes = sim.Layout(n), sim.Codes()
+		if cfg.Regs.Overrun, err = win.Reg32(offOverrun); err != nil {
+			return nil, err
+		}
+		cfg.Regs.OverrunMask = 1
+	case layoutPacked:
+		cfg.Layout = virtio.PackedLayout(n)
+	case layoutSplit:
+		cfg.Layout = virtio.SplitLayout(n)
+		cfg.Mem = s.ring()[splitHeader:]
+		if cfg.Regs.Producer, err = doorbell.NewWindow(s.ring()[:splitHeader]).Reg32(0); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("layout %d", s.layout)
+	}
+	if s.layout != layoutSim {
+		// The benchmark's producer learns free slots from the count.
+		cfg.Layout.Doorbell = ring.DoorbellCount
+	}
+	src, err := ring.NewRingSource(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return src, ring.AddSource(c, src)
+}
+
+func run(s *shm, batch int, check, single bool, timeout time.Duration) error {
 	defer s.close()
 	abort := s.p32(offAbort)
 	fail := func(err error) error {
@@ -105,7 +166,7 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 	}
 	n := s.entries
 
-	c, err := cq.New(cq.Attr{Size: n, Format: cq.FormatData}, sim.Limits())
+	c, err := cq.New(cq.Attr{Size: n, Format: cq.FormatData, SingleThreaded: single}, sim.Limits())
 	if err != nil {
 		return fail(err)
 	}
@@ -113,28 +174,17 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 	if c.Attr().Size != n {
 		return fail(fmt.Errorf("CQ of %d entries for a ring of %d", c.Attr().Size, n))
 	}
-	win := doorbell.NewWindow(s.mem[:ctrlSize])
-	cons, err := win.Reg32(offConsumer)
+	src, err := source(s, c)
 	if err != nil {
-		return fail(err)
-	}
-	over, err := win.Reg32(offOverrun)
-	if err != nil {
-		return fail(err)
-	}
-	src, err := ring.NewRingSource(ring.RingConfig{
-		Mem: s.ring(), Layout: sim.Layout(n), Codes: sim.Codes(),
-		Regs: ring.RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: over, OverrunMask: 1},
-	})
-	if err != nil {
-		return fail(err)
-	}
-	if err := ring.AddSource(c, src); err != nil {
 		return fail(err)
 	}
 	// Ids are the slot index (log2(N) id bits, no generation), so the
 	// producer, which completes ids in sequence, can name them.
-	tab, err := ring.NewTable(n, bits.TrailingZeros(uint(n)))
+	newTable := ring.NewTable
+	if single {
+		newTable = ring.NewSingleThreadedTable
+	}
+	tab, err := newTable(n, bits.TrailingZeros(uint(n)))
 	if err != nil {
 		return fail(err)
 	}
@@ -210,10 +260,11 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 			}
 			for i := range ents[:k] {
 				e := &ents[i]
-				if e.Data != seq {
-					return fail(fmt.Errorf("out of order: expected data %d, got %d", seq, e.Data))
-				}
 				b := e.Context.(*rxBuf)
+				if s.layout == layoutSim && e.Data != seq ||
+					s.layout != layoutSim && (b.idx != uint32(seq)&uint32(n-1) || e.Len != int(byteLen(seq))) {
+					return fail(fmt.Errorf("out of order at completion %d: data %d, buffer %d, len %d", seq, e.Data, b.idx, e.Len))
+				}
 				if check {
 					digest = fnv(digest, uint64(b.idx))
 					digest = fnv(digest, uint64(e.Flags))
@@ -253,8 +304,12 @@ func run(s *shm, batch int, check bool, timeout time.Duration) error {
 	if check {
 		dig = fmt.Sprintf("%016x", digest)
 	}
-	fmt.Printf("reader=go mode=%s batch=%d entries=%d completions=%d ns_per_completion=%.3f reads=%d empty_reads=%d allocs_per_completion=%.4f order=ok digest=%s\n",
-		mode, batch, n, seq, float64(timed.Nanoseconds())/float64(seq), reads, empty,
+	locking := "mutex"
+	if single {
+		locking = "none"
+	}
+	fmt.Printf("reader=go layout=%s locking=%s mode=%s batch=%d entries=%d completions=%d ns_per_completion=%.3f reads=%d empty_reads=%d allocs_per_completion=%.4f order=ok digest=%s\n",
+		layoutNames[s.layout], locking, mode, batch, n, seq, float64(timed.Nanoseconds())/float64(seq), reads, empty,
 		float64(m1.Mallocs-m0.Mallocs)/float64(seq), dig)
 	return nil
 }

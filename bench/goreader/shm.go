@@ -34,6 +34,7 @@ const (
 	offMode      = 80 // u32 modeFilled or modeStream
 	offSlack     = 84 // u32 entries the producer leaves free
 	offTotal     = 88 // u64 completions the producer writes
+	offLayout    = 96 // u32 layoutSim, layoutPacked or layoutSplit
 
 	// Lines 2 to 5: the handshake words, one line each.
 	offReaderReady = 128 // u32, reader -> producer: ops posted, go
@@ -42,7 +43,19 @@ const (
 	offAbort       = 320 // u32, either side gave up
 
 	vbMagic   = 0x51434656 // "VFCQ"
-	vbVersion = 1
+	vbVersion = 2
+
+	// Ring layouts (ring.h VB_LAYOUT_*): nic/sim's CQE, the virtio packed
+	// ring's descriptors, the virtio split used ring.
+	layoutSim    = 0
+	layoutPacked = 1
+	layoutSplit  = 2
+	// The split used ring's header (flags u16, idx u16) before its
+	// elements.
+	splitHeader = 4
+	// The packed ring's AVAIL and USED flag bits.
+	packedAvail = 1 << 7
+	packedUsed  = 1 << 15
 
 	modeFilled = 1
 	modeStream = 2
@@ -60,9 +73,34 @@ const (
 var _ = [1]struct{}{}[offConsumer] // offConsumer must be 0
 var _ = [1]struct{}{}[offOverrun-16]
 
+// layoutNames are the layouts' names, as ring.h and run.sh spell them.
+var layoutNames = []string{"sim", "packed", "split"}
+
+// entrySizeOf is the size of one entry of layout.
+func entrySizeOf(layout uint32) int {
+	switch layout {
+	case layoutSim:
+		return entrySize
+	case layoutPacked:
+		return 16
+	case layoutSplit:
+		return 8
+	}
+	return 0
+}
+
+// ringSize is the size of the ring after the control page.
+func ringSize(layout uint32, n int) int {
+	if layout == layoutSplit {
+		return splitHeader + n*8
+	}
+	return n * entrySizeOf(layout)
+}
+
 // shm is the mapped benchmark file.
 type shm struct {
 	mem     []byte
+	layout  uint32
 	entries int
 	mode    uint32
 	slack   int
@@ -99,8 +137,10 @@ func openShm(path string, timeout time.Duration) (*shm, error) {
 	}
 	s := &shm{mem: mem}
 	n := int(s.u32(offEntries))
-	if s.u32(offMagic) != vbMagic || s.u32(offVersion) != vbVersion || s.u32(offEntrySize) != uint32(entrySize) ||
-		n == 0 || n&(n-1) != 0 || int64(ctrlSize+n*entrySize) > st.Size() {
+	s.layout = s.u32(offLayout)
+	esz := entrySizeOf(s.layout)
+	if s.u32(offMagic) != vbMagic || s.u32(offVersion) != vbVersion || esz == 0 || s.u32(offEntrySize) != uint32(esz) ||
+		n == 0 || n&(n-1) != 0 || n > 1<<24 || int64(ctrlSize+ringSize(s.layout, n)) > st.Size() {
 		_ = unix.Munmap(mem)
 		return nil, fmt.Errorf("%s: bad header (magic, version, entry size or entries)", path)
 	}
@@ -115,22 +155,31 @@ func (s *shm) u32(off int) uint32  { return atomic.LoadUint32(s.p32(off)) }
 
 // newLocal makes a private ring for local mode, with the header a
 // producer would write.
-func newLocal(n int, count uint64) (*shm, error) {
-	if n < 2*slack || n > 1<<24 || n&(n-1) != 0 {
-		return nil, fmt.Errorf("%d entries: need a power of two in [%d, 2^24]", n, 2*slack)
+func newLocal(n int, count uint64, layout uint32) (*shm, error) {
+	if n < 2*slack || n > 1<<24 || n&(n-1) != 0 || (layout != layoutSim && n > 1<<15) {
+		return nil, fmt.Errorf("%d entries: need a power of two in [%d, 2^24] (2^15 for virtio)", n, 2*slack)
 	}
-	mem, err := unix.Mmap(-1, 0, ctrlSize+n*entrySize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	size := ctrlSize + ringSize(layout, n)
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %d bytes: %w", ctrlSize+n*entrySize, err)
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
 	}
 	total := (count + uint64(n) - 1) / uint64(n) * uint64(n)
-	return &shm{mem: mem, entries: n, mode: modeLocal, slack: slack, total: total}, nil
+	return &shm{mem: mem, layout: layout, entries: n, mode: modeLocal, slack: slack, total: total}, nil
 }
 
 // fill writes the completions for sequences [from, to) as producer.c
 // does: every field, then, for all of them in order, the owner word with
 // the lap's phase, last, with an atomic store.
 func (s *shm) fill(from, to uint64) {
+	switch s.layout {
+	case layoutPacked:
+		s.fillPacked(from, to)
+		return
+	case layoutSplit:
+		s.fillSplit(from, to)
+		return
+	}
 	n := uint64(s.entries)
 	shift := uint(bits.TrailingZeros64(n))
 	ring := s.ring()
@@ -156,11 +205,50 @@ func (s *shm) fill(from, to uint64) {
 	}
 }
 
+// fillPacked is fill for the packed layout (ring.h vb_put_packed): id and
+// len of each descriptor, then the flags words in order, AVAIL and USED
+// equal to the lap's wrap counter, with an atomic store of the aligned
+// 32-bit word that holds id and flags (this thread writes both).
+func (s *shm) fillPacked(from, to uint64) {
+	n := uint64(s.entries)
+	shift := uint(bits.TrailingZeros64(n))
+	ring := s.ring()
+	le := binary.LittleEndian
+	for q := from; q < to; q++ {
+		e := ring[int(q&(n-1))*16:][:16]
+		le.PutUint64(e[0:], 0)
+		le.PutUint32(e[8:], byteLen(q))
+	}
+	for q := from; q < to; q++ {
+		var fl uint32
+		if uint32(q>>shift)&1 == 0 { // wrap counter 1 on the first lap
+			fl = packedAvail | packedUsed
+		}
+		atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[int(q&(n-1))*16+12])), uint32(q&(n-1))|fl<<16)
+	}
+}
+
+// fillSplit is fill for the split used ring (ring.h vb_put_split): the
+// elements, then the used index once, with an atomic store of the header
+// word (flags 0, idx in the upper half).
+func (s *shm) fillSplit(from, to uint64) {
+	n := uint64(s.entries)
+	ring := s.ring()
+	le := binary.LittleEndian
+	for q := from; q < to; q++ {
+		e := ring[splitHeader+int(q&(n-1))*8:][:8]
+		le.PutUint32(e[0:], uint32(q&(n-1)))
+		le.PutUint32(e[4:], byteLen(q))
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[0])), uint32(uint16(to))<<16)
+}
+
 // byteLen is the length the producer reports for sequence q (VB_LEN).
 func byteLen(q uint64) uint32 { return 64 + uint32(q&1023) }
 
-// ring returns the entries.
-func (s *shm) ring() []byte { return s.mem[ctrlSize : ctrlSize+s.entries*entrySize] }
+// ring returns the memory after the control page: the entries, after the
+// split used ring's header.
+func (s *shm) ring() []byte { return s.mem[ctrlSize : ctrlSize+ringSize(s.layout, s.entries)] }
 
 // close unmaps the file.
 func (s *shm) close() error {

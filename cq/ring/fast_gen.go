@@ -15,6 +15,7 @@ import (
 func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -34,7 +35,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -45,13 +50,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -65,11 +78,11 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -101,6 +114,7 @@ run:
 func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -120,7 +134,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -131,13 +149,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -151,11 +177,110 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, fp.plan.tag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Queue = c.queue
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = c.comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, fp.esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseContextIDLen is readPhaseRun for FormatContext, entries of an id and a length alone (virtio's used rings), read with a mask.
+//
+//go:noinline
+func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+				why = runStopped
+				break run
+			}
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			id := word(ow, fp.plan.id, nat)
+			s := c.comp.lookup(id)
+			if s == nil {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				if fl&cq.FlagRecv != 0 {
+					eBuf = s.buf + uintptr(off)
+				}
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, fp.plan.data, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -187,6 +312,7 @@ run:
 func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -206,7 +332,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -217,13 +347,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -237,11 +375,11 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -273,6 +411,7 @@ run:
 func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -292,7 +431,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -303,13 +446,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -323,11 +474,110 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, fp.plan.tag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Queue = c.queue
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = c.comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, fp.esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseMsgIDLen is readPhaseRun for FormatMsg, entries of an id and a length alone (virtio's used rings), read with a mask.
+//
+//go:noinline
+func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+				why = runStopped
+				break run
+			}
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			id := word(ow, fp.plan.id, nat)
+			s := c.comp.lookup(id)
+			if s == nil {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				if fl&cq.FlagRecv != 0 {
+					eBuf = s.buf + uintptr(off)
+				}
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, fp.plan.data, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -359,6 +609,7 @@ run:
 func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -378,7 +629,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -389,13 +644,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -409,11 +672,11 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -445,6 +708,7 @@ run:
 func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -464,7 +728,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -475,13 +743,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -495,11 +771,110 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, fp.plan.tag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Queue = c.queue
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = c.comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, fp.esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseDataIDLen is readPhaseRun for FormatData, entries of an id and a length alone (virtio's used rings), read with a mask.
+//
+//go:noinline
+func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+				why = runStopped
+				break run
+			}
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			id := word(ow, fp.plan.id, nat)
+			s := c.comp.lookup(id)
+			if s == nil {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				if fl&cq.FlagRecv != 0 {
+					eBuf = s.buf + uintptr(off)
+				}
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, fp.plan.data, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -531,6 +906,7 @@ run:
 func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -550,7 +926,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -561,13 +941,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -581,11 +969,11 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx
@@ -617,6 +1005,7 @@ run:
 func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -636,7 +1025,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -647,13 +1040,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -667,11 +1068,110 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, fp.plan.tag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Queue = c.queue
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = c.comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, fp.esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseTaggedIDLen is readPhaseRun for FormatTagged, entries of an id and a length alone (virtio's used rings), read with a mask.
+//
+//go:noinline
+func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+				why = runStopped
+				break run
+			}
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			id := word(ow, fp.plan.id, nat)
+			s := c.comp.lookup(id)
+			if s == nil {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				if fl&cq.FlagRecv != 0 {
+					eBuf = s.buf + uintptr(off)
+				}
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, fp.plan.data, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx

@@ -65,6 +65,7 @@ type diffSide struct {
 	tabs map[uint32]*Table
 	cons doorbell.Reg32
 	over doorbell.Reg32
+	prod doorbell.Reg32 // UsedIndex: the producer index word (control page, byte 20)
 }
 
 // diffRun drives a fast and a generic CQ over the same layout with the
@@ -103,8 +104,12 @@ func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool
 	require.NoError(t, err)
 	over, err := w.Reg32(16)
 	require.NoError(t, err)
-	src, err := NewRingSource(RingConfig{Mem: mem[4096:], Layout: l, Codes: codes,
-		Regs: RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: over, OverrunMask: 1}})
+	regs := RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: over, OverrunMask: 1}
+	if l.Convention == UsedIndex {
+		regs.Producer, err = w.Reg32(20)
+		require.NoError(t, err)
+	}
+	src, err := NewRingSource(RingConfig{Mem: mem[4096:], Layout: l, Codes: codes, Regs: regs})
 	require.NoError(t, err)
 	src.Ring().Reset() // no entry looks written on the first lap
 	if generic {
@@ -115,7 +120,7 @@ func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool
 	require.NoError(t, err)
 	require.NoError(t, AddSource(c, src))
 	t.Cleanup(func() { _ = c.Close() })
-	return &diffSide{c: c, src: src, dev: &fakeDev{mem: mem[4096:], l: l}, tabs: map[uint32]*Table{}, cons: cons, over: over}
+	return &diffSide{c: c, src: src, dev: &fakeDev{mem: mem[4096:], l: l}, tabs: map[uint32]*Table{}, cons: cons, over: over, prod: regs.Producer}
 }
 
 func newDiffRun(t *testing.T, seed uint64, l Layout, codes Codes, attr cq.Attr) *diffRun {

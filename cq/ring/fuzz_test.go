@@ -10,10 +10,10 @@ import (
 )
 
 // fuzzLayouts are the ring formats FuzzRingSource decodes: the software
-// device's and one of each ownership convention (virtio packed among
-// them).
+// device's, one of each ownership convention (virtio packed among them)
+// and virtio's split used ring.
 func fuzzLayouts(entries int) []Layout {
-	return append([]Layout{simLayout(entries)}, conventionLayouts(entries)...)
+	return append(append([]Layout{simLayout(entries)}, conventionLayouts(entries)...), splitLayout(entries))
 }
 
 // FuzzRingSource fills a ring with arbitrary bytes, as a device that
@@ -24,9 +24,11 @@ func fuzzLayouts(entries int) []Layout {
 // operation table must account for each slot exactly once afterwards: no
 // slot leaked (free but never handed out again) and none handed out twice.
 //
-// Input: byte 0 picks the layout, byte 1 the CQ format, byte 2 how many
-// operations are posted per queue, byte 3 whether the device flags an
-// overrun at the end; the rest is the ring's memory.
+// Input: byte 0 picks the layout, byte 1 the CQ format (bits 0-1) and
+// the codes (bit 2: none, as virtio has, else the software device's), byte
+// 2 how many operations are posted per queue, byte 3 whether the device
+// flags an overrun at the end (bit 0) and, on a UsedIndex ring, its
+// producer index (bits 1-7); the rest is the ring's memory.
 func FuzzRingSource(f *testing.F) {
 	for _, seed := range ringSeeds() {
 		f.Add(seed)
@@ -49,12 +51,21 @@ func ringSeeds() [][]byte {
 			// posting of slot i is 1<<4 | i in a 16-slot table.
 			dev.write(rawEntry{id: 1<<4 | uint32(i), ln: 8, opcode: 1}, false)
 		}
-		seeds = append(seeds, append([]byte{byte(li), 3, 8, 0}, mem...))
+		var used byte // UsedIndex: the producer index says 6 entries
+		if l.Convention == UsedIndex {
+			used = 6 << 1
+		}
+		seeds = append(seeds, append([]byte{byte(li), 3, 8, used}, mem...))
 		bad := append([]byte(nil), mem...)
 		for i := 3; i < len(bad); i += 7 {
 			bad[i] ^= 0x5a
 		}
-		seeds = append(seeds, append([]byte{byte(li), 2, 6, 1}, bad...))
+		seeds = append(seeds, append([]byte{byte(li), 2, 6, used | 1}, bad...))
+		if l.Convention == UsedIndex || l.Name == "virtio-packed" {
+			// No codes, as nic/virtio reads them: the id-and-length loop.
+			seeds = append(seeds, append([]byte{byte(li), 2 | 4, 8, used}, mem...),
+				append([]byte{byte(li), 2 | 4, 6, used | 1}, bad...))
+		}
 	}
 	return seeds
 }
@@ -68,13 +79,17 @@ func readFuzzedRing(t *testing.T, data []byte) (good, bad int) {
 	ls := fuzzLayouts(fuzzEntries)
 	l := ls[int(data[0])%len(ls)]
 	format := cq.Format(1 + int(data[1])%4)
+	codes := simCodes()
+	if data[1]&4 != 0 {
+		codes = Codes{}
+	}
 	posts := int(data[2]) % (fuzzEntries + 1)
 	overrun := data[3]&1 != 0
 	body := data[4:]
 
 	var sides [2]*diffSide
 	for i := range sides {
-		sides[i] = newDiffSide(t, l, simCodes(), cq.Attr{Format: format}, i == 1)
+		sides[i] = newDiffSide(t, l, codes, cq.Attr{Format: format}, i == 1)
 	}
 	idBits := min(32, l.Fields.ID.Bits)
 	if l.IDIsIndex {
@@ -101,6 +116,9 @@ func readFuzzedRing(t *testing.T, data []byte) (good, bad int) {
 		copy(s.dev.mem, body)
 		if overrun {
 			s.over.Write(1)
+		}
+		if l.Convention == UsedIndex {
+			s.prod.Write(uint32(data[3]>>1) << 16)
 		}
 	}
 

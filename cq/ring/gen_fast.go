@@ -1,7 +1,8 @@
 //go:build ignore
 
 // gen_fast.go writes fast_gen.go: readPhaseRun, the fast path's per-entry
-// loop (the body below), once per CQ format and field width, each a named
+// loop (the body below), once per CQ format and kind of entry (fields of
+// natural widths, masked fields, an id and a length alone), each a named
 // function a profile shows. Fields outside the format are stored as
 // constant zeros and natural-width fields are read with plain loads, which
 // the compiler folds from the constants each copy declares. Run it with
@@ -22,6 +23,7 @@ type loop struct {
 	Name, Doc string
 	Size      int  // 1, 2, 4, 8: FormatContext, Msg, Data, Tagged
 	Natural   bool // id, length, buffer offset and data are 32, 32, 32 and 64 bits
+	IDLen     bool // the entry has an id and a length and nothing else (virtio)
 }
 
 func main() {
@@ -30,13 +32,14 @@ func main() {
 		name string
 		size int
 	}{{"Context", 1}, {"Msg", 2}, {"Data", 4}, {"Tagged", 8}} {
-		for _, nat := range []bool{true, false} {
-			w, doc := "Masked", "fields read with a mask"
-			if nat {
-				w, doc = "Natural", "fields of natural widths"
-			}
-			loops = append(loops, loop{Name: "readPhase" + f.name + w, Size: f.size, Natural: nat,
-				Doc: "FormatContext"[:0] + "Format" + f.name + ", " + doc})
+		for _, w := range []string{"Natural", "Masked", "IDLen"} {
+			doc := map[string]string{
+				"Natural": "fields of natural widths",
+				"Masked":  "fields read with a mask",
+				"IDLen":   "entries of an id and a length alone (virtio's used rings), read with a mask",
+			}[w]
+			loops = append(loops, loop{Name: "readPhase" + f.name + w, Size: f.size, Natural: w == "Natural",
+				IDLen: w == "IDLen", Doc: "Format" + f.name + ", " + doc})
 		}
 	}
 	var b bytes.Buffer
@@ -80,6 +83,7 @@ import (
 func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
 	const fsize = {{.Size}} // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = {{.Natural}}
+	const idlen = {{.IDLen}} // no queue, codes, buffer offset, data or tag: constants 0
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -99,7 +103,11 @@ run:
 				why = runStopped
 				break run
 			}
-			if load32(ow, fp.plan.queue) != c.queue {
+			var qn uint32
+			if !idlen {
+				qn = load32(ow, fp.plan.queue)
+			}
+			if qn != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
@@ -110,13 +118,21 @@ run:
 				why = runFailed
 				break run
 			}
-			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-			ln, off := word(ow, fp.plan.ln, nat), word(ow, fp.plan.bufOff, nat)
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+				off = word(ow, fp.plan.bufOff, nat)
+			}
+			ln := word(ow, fp.plan.ln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
-			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
+			if !idlen {
+				codes |= fp.bits[code(ow, fp.plan.fl)]
+			}
+			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -130,11 +146,11 @@ run:
 				if fl&cq.FlagRecv != 0 {
 					eBuf = s.buf + uintptr(off)
 				}
-				if fl&cq.FlagRemoteCQData != 0 {
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
 			}
-			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = load64(ow, fp.plan.tag)
 			}
 			ent.Context = s.ctx

@@ -91,7 +91,11 @@ func newHarness(t testing.TB, attr cq.Attr, entries, tableSize int) *harness {
 	c, err := cq.New(attr, cq.Limits{MaxSize: 1 << 16, DefaultFormat: cq.FormatTagged})
 	require.NoError(t, err)
 	require.NoError(t, AddSource(c, src))
-	tab, err := NewTable(tableSize, 32)
+	newTable := NewTable
+	if attr.SingleThreaded {
+		newTable = NewSingleThreadedTable
+	}
+	tab, err := newTable(tableSize, 32)
 	require.NoError(t, err)
 	require.NoError(t, src.BindTable(h.queue, tab))
 	h.c, h.src, h.tab = c, src, tab

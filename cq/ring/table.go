@@ -55,8 +55,13 @@ type slot struct {
 // mutex); completions are taken by the ring source the table is bound to,
 // under its CQ's lock. The two sides meet through a single-producer
 // single-consumer queue of free ids, so completing takes no lock.
+//
+// A table made by NewSingleThreadedTable drops the mutex and the atomic
+// stores: with a cq.CQ opened SingleThreaded, one goroutine at a time posts
+// and reads, so a post and a completion execute no locked instruction.
 type Table struct {
 	// Read-only after NewTable.
+	single   bool // NewSingleThreadedTable
 	slots    []slot
 	slotMask uint32
 	slotBits uint
@@ -110,6 +115,22 @@ func NewTable(n, idBits int) (*Table, error) {
 	return t, nil
 }
 
+// NewSingleThreadedTable is NewTable for a table that one goroutine at a
+// time uses: Post, and the reads of the CQ its ring source feeds (a cq.CQ
+// opened with Attr.SingleThreaded), come from the same goroutine or are
+// ordered by the caller. It takes no lock and publishes with plain stores,
+// which that ordering makes sufficient (the Go memory model orders a
+// goroutine's own accesses; on amd64 an atomic store is an XCHG, a locked
+// instruction, that a single-threaded reader has no use for).
+func NewSingleThreadedTable(n, idBits int) (*Table, error) {
+	t, err := NewTable(n, idBits)
+	if err != nil {
+		return nil, err
+	}
+	t.single = true
+	return t, nil
+}
+
 // Cap returns the number of operations the table holds.
 func (t *Table) Cap() int { return len(t.slots) }
 
@@ -130,9 +151,13 @@ func (t *Table) Post(op Op) (uint32, error) {
 	if op.Span < 0 || op.Span > 1<<16-1 {
 		return 0, fmt.Errorf("%w: operation spanning %d ring positions", cq.ErrInvalid, op.Span)
 	}
-	t.mu.Lock()
+	if !t.single {
+		t.mu.Lock()
+	}
 	if t.fhead == atomic.LoadUint32(&t.ftail) {
-		t.mu.Unlock()
+		if !t.single {
+			t.mu.Unlock()
+		}
 		return 0, ErrFull
 	}
 	i := t.freeq[t.fhead&t.qmask]
@@ -146,6 +171,12 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.flags = op.Flags &^ cq.FlagMultiRecv
 	s.buf = op.Buf
 	s.ctx = op.Context
+	if t.single {
+		// The completer runs in this goroutine, or after it in an order
+		// the caller made: program order publishes the slot.
+		s.state = slotPosted
+		return s.id, nil
+	}
 	// The atomic store publishes the slot to the completer; the device's
 	// path (doorbell, DMA, ownership word) is invisible to the Go memory
 	// model and to the race detector.
@@ -214,6 +245,11 @@ func (t *Table) release(s *slot, id uint32) {
 
 // flush publishes the ids released since the last flush.
 func (t *Table) flush() {
+	if t.single {
+		t.ftail = t.ftailLocal // posters run in this goroutine (NewSingleThreadedTable)
+		t.dirty = false
+		return
+	}
 	atomic.StoreUint32(&t.ftail, t.ftailLocal)
 	t.dirty = false
 }
