@@ -9,7 +9,7 @@ GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all setup deps build vet test test-host test-vm demo bench fuzz soak clean
+.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm fuzz soak clean
 
 all: build
 
@@ -47,6 +47,15 @@ demo: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The side-by-side packet-rate benchmark in one guest (bench/vm): vfnic's
+# polling modes against DPDK testpmd (Debian's packages, fetched into the
+# cache and put into the guest) and the guest's Linux drivers, on virtio
+# packed, split and igb, A B A B. About 10 minutes; not part of make test.
+# BENCHVM_FLAGS are passed on (e.g. -reps 3 -dur 10s -nics igb -v).
+BENCHVM_FLAGS ?=
+bench-vm: deps
+	$(GO) run ./bench/vm $(BENCHVM_FLAGS)
 
 # Every fuzz target for FUZZTIME each (their seed corpora run in make test).
 FUZZTIME ?= 60s

@@ -271,9 +271,12 @@ func toKernel(addr string) (string, error) {
 		return "", err
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		ents, _ := os.ReadDir(filepath.Join("/sys/bus/pci/devices", addr, "net"))
-		if len(ents) == 1 {
-			name := ents[0].Name()
+		// A virtio NIC's interface hangs off its virtio device.
+		dev := filepath.Join("/sys/bus/pci/devices", addr)
+		m, _ := filepath.Glob(dev + "/net/*")
+		v, _ := filepath.Glob(dev + "/virtio*/net/*")
+		if m = append(m, v...); len(m) == 1 {
+			name := filepath.Base(m[0])
 			return name, sh("ip", "link", "set", "dev", name, "up")
 		}
 	}
