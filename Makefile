@@ -41,9 +41,10 @@ test: vet
 	{ $(GO) test -p 1 -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... ; \
 	  $(GO) test -race -count=1 -json -tags vfnictest -run 'OneDecode' ./nic/virtio ; } | /tmp/vfnic-testsum
 
-# The main job: boot a guest with emulated NICs and run vfnic against them.
+# The main job: boot a guest with emulated NICs and run vfnic against them
+# (virtio-net; NIC=igb for the Intel 82576).
 demo: deps
-	$(GO) run ./cmd/vfnic-demo
+	$(GO) run ./cmd/vfnic-demo $(if $(NIC),-nic $(NIC))
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...
