@@ -113,6 +113,10 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	default:
 		return fmt.Errorf("%w: -nic %q: want virtio or igb", errUsage, *model)
 	}
+	linuxSlot := 5
+	if nicModel == qemu.IGB {
+		linuxSlot = 6 // an igb's SR-IOV functions take the slot after its own
+	}
 	if err := qemu.Available(ctx); err != nil {
 		return err
 	}
@@ -134,7 +138,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	cfg := qemu.Config{
 		NICs: []qemu.NIC{
 			{Model: nicModel, Packed: nicModel == qemu.VirtioNet && !*split, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
-			{Model: nicModel, Packed: nicModel == qemu.VirtioNet, Slot: 5, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
+			{Model: nicModel, Packed: nicModel == qemu.VirtioNet, Slot: linuxSlot, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
 		},
 		Files: []qemu.File{
 			{Host: bin, Guest: "/vfnic/bin/vfnic", Mode: 0o755},
@@ -155,7 +159,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	fmt.Fprintf(out, "  %s driven by vfnic through VFIO (%s), answering for %s\n", demoVfnicAddr, how, demoVfnicIP)
-	fmt.Fprintf(out, "  0000:00:05.0 left to the guest's Linux %s driver, %s\n", linux, demoLinuxIP)
+	fmt.Fprintf(out, "  %s left to the guest's Linux %s driver, %s\n", cfg.NICs[1].GuestAddr(), linux, demoLinuxIP)
 	res, err := qemu.Run(ctx, cfg, qemu.Command{GuestPath: "/bin/sh", Args: []string{"/vfnic/demo.sh"}})
 	if res != nil {
 		fmt.Fprintf(out, "vfnic demo: guest kernel %s, boot %v, whole run %v, exit status %d\n",
