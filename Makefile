@@ -9,7 +9,7 @@ GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all setup deps build vet test test-host test-vm demo bench fuzz soak clean
+.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm fuzz soak clean
 
 all: build
 
@@ -41,12 +41,22 @@ test: vet
 	{ $(GO) test -p 1 -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... ; \
 	  $(GO) test -race -count=1 -json -tags vfnictest -run 'OneDecode' ./nic/virtio ; } | /tmp/vfnic-testsum
 
-# The main job: boot a guest with emulated NICs and run vfnic against them.
+# The main job: boot a guest with emulated NICs and run vfnic against them
+# (virtio-net; NIC=igb for the Intel 82576).
 demo: deps
-	$(GO) run ./cmd/vfnic-demo
+	$(GO) run ./cmd/vfnic-demo $(if $(NIC),-nic $(NIC))
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The side-by-side packet-rate benchmark in one guest (bench/vm): vfnic's
+# polling modes against DPDK testpmd (Debian's packages, fetched into the
+# cache and put into the guest) and the guest's Linux drivers, on virtio
+# packed, split and igb, A B A B. About 10 minutes; not part of make test.
+# BENCHVM_FLAGS are passed on (e.g. -reps 3 -dur 10s -nics igb -v).
+BENCHVM_FLAGS ?=
+bench-vm: deps
+	$(GO) run ./bench/vm $(BENCHVM_FLAGS)
 
 # Every fuzz target for FUZZTIME each (their seed corpora run in make test).
 FUZZTIME ?= 60s

@@ -329,8 +329,9 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// linuxModules lists the guest modules that drive a model under BindLinux.
-func linuxModules(m NICModel) []string {
+// LinuxModules lists the guest kernel modules that drive a model (loaded
+// for BindLinux NICs, or by a caller that hands a NIC to Linux later).
+func LinuxModules(m NICModel) []string {
 	switch m {
 	case VirtioNet:
 		return []string{"virtio_pci", "virtio_net"}

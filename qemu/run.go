@@ -282,7 +282,7 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 	want := append([]string{}, vfioModules...)
 	for _, n := range nics {
 		if n.Bind == BindLinux {
-			want = append(want, linuxModules(n.Model)...)
+			want = append(want, LinuxModules(n.Model)...)
 		}
 	}
 	if len(c.Collect) > 0 {

@@ -1,10 +1,12 @@
-// Command vfnic-demo boots a QEMU guest with two virtio-net NICs on one
-// emulated wire and runs vfnic against real traffic in it: 'vfnic echo'
-// drives one NIC through VFIO, the guest's Linux pings it and sends UDP
-// from the other. 'make demo' runs it. It lives apart from cmd/vfnic so
-// that the operator's binary carries no VM harness.
+// Command vfnic-demo boots a QEMU guest with two NICs of one model
+// (virtio-net, or the Intel 82576 with -nic igb) on one emulated wire and
+// runs vfnic against real traffic in it: 'vfnic echo' drives one NIC
+// through VFIO, the guest's Linux pings it and sends UDP from the other
+// with its own driver (virtio_net, igb). 'make demo' runs it ('make demo
+// NIC=igb' for igb). It lives apart from cmd/vfnic so that the operator's
+// binary carries no VM harness.
 //
-//	vfnic-demo [-console] [-split]
+//	vfnic-demo [-console] [-nic virtio|igb] [-split]
 //
 // Exit status: 0 when every ping and datagram was answered, 1 otherwise,
 // 2 for a malformed command line.
@@ -26,7 +28,7 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
-// The demo topology: two virtio-net NICs on one emulated wire (a QEMU hub).
+// The demo topology: two NICs on one emulated wire (a QEMU hub).
 // vfnic drives the first through VFIO; the guest's Linux drives the second.
 const (
 	demoVfnicAddr = "0000:00:04.0"
@@ -51,7 +53,7 @@ while ! grep -q ready /tmp/echo.log 2>/dev/null; do
 	fi
 	sleep 0.1
 done
-echo '$ ping -c 20 -i 0.2 ` + demoVfnicIP + `   (Linux virtio_net on the other NIC)'
+echo '$ ping -c 20 -i 0.2 ` + demoVfnicIP + `   (the Linux driver on the other NIC)'
 ping -c 20 -i 0.2 ` + demoVfnicIP + `
 ping_status=$?
 echo '$ vfnic udpping -count 20 -size 512 ` + demoVfnicIP + `:7   (UDP through the Linux stack)'
@@ -88,7 +90,8 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("vfnic-demo", flag.ContinueOnError)
 	fs.SetOutput(out) // -h prints to stdout
 	console := fs.Bool("console", false, "also show the guest's serial console")
-	split := fs.Bool("split", false, "give vfnic's NIC split virtqueues instead of packed ones")
+	model := fs.String("nic", "virtio", "NIC model: virtio (virtio-net) or igb (Intel 82576)")
+	split := fs.Bool("split", false, "give vfnic's virtio-net NIC split virtqueues instead of packed ones")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -97,6 +100,22 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("%w: vfnic-demo takes no arguments", errUsage)
+	}
+	var nicModel qemu.NICModel
+	switch *model {
+	case "virtio":
+		nicModel = qemu.VirtioNet
+	case "igb":
+		nicModel = qemu.IGB
+		if *split {
+			return fmt.Errorf("%w: -split is for virtio-net, not igb", errUsage)
+		}
+	default:
+		return fmt.Errorf("%w: -nic %q: want virtio or igb", errUsage, *model)
+	}
+	linuxSlot := 5
+	if nicModel == qemu.IGB {
+		linuxSlot = 6 // an igb's SR-IOV functions take the slot after its own
 	}
 	if err := qemu.Available(ctx); err != nil {
 		return err
@@ -118,8 +137,8 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 
 	cfg := qemu.Config{
 		NICs: []qemu.NIC{
-			{Model: qemu.VirtioNet, Packed: !*split, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
-			{Model: qemu.VirtioNet, Packed: true, Slot: 5, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
+			{Model: nicModel, Packed: nicModel == qemu.VirtioNet && !*split, Slot: 4, Bind: qemu.BindVFIO, Net: qemu.Hub(0)},
+			{Model: nicModel, Packed: nicModel == qemu.VirtioNet, Slot: linuxSlot, Bind: qemu.BindLinux, IPv4: demoLinuxIP, Net: qemu.Hub(0)},
 		},
 		Files: []qemu.File{
 			{Host: bin, Guest: "/vfnic/bin/vfnic", Mode: 0o755},
@@ -131,13 +150,16 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if *console {
 		cfg.Console = prefixWriter(out, "console| ")
 	}
-	fmt.Fprintf(out, "vfnic demo: booting a q35 guest (TCG, intel-iommu) with two virtio-net NICs on one emulated wire:\n")
-	ring := "packed"
-	if *split {
-		ring = "split"
+	fmt.Fprintf(out, "vfnic demo: booting a q35 guest (TCG, intel-iommu) with two %s NICs on one emulated wire:\n", nicModel)
+	how, linux := "Intel 82576", "igb"
+	if nicModel == qemu.VirtioNet {
+		how, linux = "packed virtqueues", "virtio_net"
+		if *split {
+			how = "split virtqueues"
+		}
 	}
-	fmt.Fprintf(out, "  %s driven by vfnic through VFIO (%s virtqueues), answering for %s\n", demoVfnicAddr, ring, demoVfnicIP)
-	fmt.Fprintf(out, "  0000:00:05.0 left to the guest's Linux virtio_net driver, %s\n", demoLinuxIP)
+	fmt.Fprintf(out, "  %s driven by vfnic through VFIO (%s), answering for %s\n", demoVfnicAddr, how, demoVfnicIP)
+	fmt.Fprintf(out, "  %s left to the guest's Linux %s driver, %s\n", cfg.NICs[1].GuestAddr(), linux, demoLinuxIP)
 	res, err := qemu.Run(ctx, cfg, qemu.Command{GuestPath: "/bin/sh", Args: []string{"/vfnic/demo.sh"}})
 	if res != nil {
 		fmt.Fprintf(out, "vfnic demo: guest kernel %s, boot %v, whole run %v, exit status %d\n",

@@ -9,7 +9,7 @@ import (
 )
 
 // TestVMDemo runs vfnic-demo as a newcomer would, with vfnic on packed
-// and then on split virtqueues: Linux's ping and a UDP client on one NIC
+// and then on split virtqueues, then on igb: Linux's ping and a UDP client on one NIC
 // talk to vfnic echo on the other, through an emulated wire. Every ping
 // must be answered and every datagram echoed intact.
 func TestVMDemo(t *testing.T) {
@@ -21,14 +21,18 @@ func TestVMDemo(t *testing.T) {
 		name string
 		args []string
 		ring string
-	}{{"packed", nil, "(packed ring)"}, {"split", []string{"-split"}, "(split ring)"}} {
+	}{
+		{"packed", nil, "virtio-net (packed ring) (virtio driver)"},
+		{"split", []string{"-split"}, "virtio-net (split ring) (virtio driver)"},
+		{"igb", []string{"-nic", "igb"}, "(igb driver)"},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			err := runDemo(t.Context(), tc.args, &out)
 			t.Log(out.String())
 			require.NoError(t, err)
 			s := out.String()
-			require.Contains(t, s, "virtio-net "+tc.ring+" (virtio driver)", "vfnic drove the ring format asked for")
+			require.Contains(t, s, tc.ring, "vfnic drove the NIC asked for")
 			require.Contains(t, s, "20 packets transmitted, 20 packets received, 0% packet loss")
 			require.Contains(t, s, "udpping: 20 sent, 20 echoed intact, 0 lost, 0 corrupted")
 			require.Contains(t, s, "answered arp")
@@ -36,5 +40,23 @@ func TestVMDemo(t *testing.T) {
 			require.Contains(t, s, "ping exit 0, udpping exit 0, vfnic echo exit 0")
 			require.Regexp(t, `guest kernel \S+, boot`, s)
 		})
+	}
+}
+
+// TestUsage: a malformed command line is a usage error before anything
+// is built or booted.
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-nic", "e1000"}, `-nic "e1000": want virtio or igb`},
+		{[]string{"-nic", "igb", "-split"}, "-split is for virtio-net"},
+		{[]string{"extra"}, "takes no arguments"},
+	} {
+		var out bytes.Buffer
+		err := runDemo(t.Context(), tc.args, &out)
+		require.ErrorIs(t, err, errUsage, "%v", tc.args)
+		require.Contains(t, err.Error(), tc.want, "%v", tc.args)
 	}
 }

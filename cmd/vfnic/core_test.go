@@ -33,6 +33,7 @@ func TestCoreFlagErrors(t *testing.T) {
 		{"pktgen"},
 		{"echo", "-ip", "10.0.0.1"},
 		{"capture", "-w", "/dev/null"},
+		{"sink"},
 	} {
 		for _, tc := range []struct {
 			flags []string
@@ -67,13 +68,14 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		{"pktgen", "0000:7f:1f.7", "-mode=interrupt", "-cpu", "-1"},
 		{"echo", "-ip", "10.0.0.1", "0000:7f:1f.7", "-mode", "adaptive", "-cpu", cpu},
 		{"capture", "-w", "/dev/null", "-mode", "interrupt", "0000:7f:1f.7"},
+		{"sink", "0000:7f:1f.7", "-mode", "busy", "-cpu", cpu, "-p"},
 	} {
 		code, _, errw := runCLI(args...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
 		require.Contains(t, errw, "0000:7f:1f.7", "%v", args)
 		require.Contains(t, errw, "not found", "%v", args)
 	}
-	for _, cmd := range []string{"pktgen", "echo", "capture"} {
+	for _, cmd := range []string{"pktgen", "echo", "capture", "sink"} {
 		code, out, errw := runCLI("help", cmd)
 		require.Zero(t, code, errw)
 		require.Contains(t, out, "-cpu N\n")

@@ -82,6 +82,7 @@ func init() {
 		"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
 		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
 		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
+		"sink":    {"receive and drop frames, counting them (testpmd's rxonly)", runSink},
 		"capture": {"write received frames to a pcap file (nanosecond timestamps)", runCapture},
 		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
 		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},

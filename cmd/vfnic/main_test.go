@@ -47,6 +47,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"capture", "0000:00:04.0"}, "-w FILE is required"},
 		{[]string{"capture", "-w", "-", "-json", "0000:00:04.0"}, "both want stdout"},
 		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:00:04.0"}, "-snaplen 3 outside [14, 262144]"},
+		{[]string{"sink", "-count", "-1", "0000:00:04.0"}, "-count -1 is negative"},
 		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
 		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"version", "x"}, "takes no arguments"},

@@ -102,7 +102,11 @@ func TestVM(t *testing.T) {
 		t.Log("igb conformance suite not run (VFNIC_IGB_CONFORMANCE=1 runs it): it froze TCG guests intermittently")
 		args = append(args, "-test.skip=^TestGuestConformance$")
 	}
-	rep := qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/tests/igbvm", Run: run, AllowSkip: true, Args: args})
+	var env []string
+	if r := os.Getenv("VFNIC_VERBS_ROUNDS"); r != "" {
+		env = append(env, "VFNIC_VERBS_ROUNDS="+r) // the verbs event-loop rounds (TestGuestVerbs)
+	}
+	rep := qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/tests/igbvm", Run: run, AllowSkip: true, Args: args, Env: env})
 	if rep != nil {
 		for _, tr := range rep.Tests {
 			if tr.Status == qemu.TestSkip && !gatedConformance.MatchString(tr.Name) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/qemu"
+	"github.com/vfnic/vfnic/qemu/hostnet"
 	"golang.org/x/sys/unix"
 )
 
@@ -258,20 +259,20 @@ const batchRead = 256
 func (s *server) serve(ctx context.Context) {
 	s.wg.Add(1)
 	defer s.wg.Done()
-	r := newBatchReader(s.fd, batchRead, 2048)
+	r := hostnet.NewBatchReader(s.fd, batchRead, 2048)
 	for {
 		if ctx.Err() != nil || s.closing.Load() {
 			s.stopSender()
 			return
 		}
-		n, err := r.read()
+		n, err := r.Read()
 		if err != nil {
 			s.fail("read: %v", err)
 			s.stopSender()
 			return
 		}
 		for i := range n {
-			s.handle(ctx, r.datagram(i))
+			s.handle(ctx, r.Datagram(i))
 		}
 		// While the guest streams frames for the transmit benchmark, a
 		// wake-up per datagram would cost this process more CPU time than
@@ -495,26 +496,8 @@ func (s *server) sendWindowed(ctx context.Context, count, window uint32) {
 	s.reply(msg{typ: msgSendDone, args: [3]uint32{count}})
 }
 
-// The receive benchmark's sender keeps QEMU's receiving socket supplied
-// rather than flooding it. QEMU reads one datagram per main-loop pass and
-// shares the two host cores with this process: datagrams sent beyond what
-// it reads are dropped at its socket, and every one of them costs this
-// process the CPU time QEMU needs (a fixed-rate flood took most of a core
-// here and dropped three quarters of what it sent). So the sender reads
-// the socket's queue about every blastCheck and tops it up to blastFill: QEMU
-// never waits for input (the log says how often the queue was found
-// empty) and little is dropped.
-const (
-	blastCheck = 300 * time.Microsecond
-	// blastFill is the queue depth in bytes (the kernel counts each
-	// datagram's truesize, about 800 bytes for a 64-byte one on loopback)
-	// kept short of the default 208 KiB receive buffer QEMU's socket has.
-	blastFill    = 180 << 10
-	blastTruesz  = 832     // truesize of one 64-byte loopback datagram, measured on this kernel
-	blastMaxRate = 1000000 // frames/s, a bound in case the socket cannot be read
-)
-
-// blast sends 64-byte data frames for d, keeping QEMU's socket supplied,
+// blast sends 64-byte data frames for d, keeping QEMU's socket supplied
+// (hostnet.Feed),
 // then reports how many (several times, once QEMU has had time to drain
 // its socket), with the guest's round number so that a late report is not
 // taken for the next round's.
@@ -523,41 +506,14 @@ func (s *server) blast(ctx context.Context, d time.Duration, round uint32) {
 	dst, sess := s.guestMAC, s.session
 	s.mu.Unlock()
 	f := build(dst, hostMAC, msg{typ: msgData, session: sess}, minFrame)
-	w := newBatchWriter(s.fd, s.dstAddr, f, 64)
-	cpu0, sock0 := takeCPU(s.qemu()), udpSocket(s.dstAddr.Port)
-	start := time.Now()
-	n, checks, empty := 0, 0, 0
-	for ctx.Err() == nil {
-		el := time.Since(start)
-		if el >= d {
-			break
-		}
-		want := int(blastCheck.Seconds() * blastMaxRate)
-		if st := udpSocket(s.dstAddr.Port); st.ok {
-			checks++
-			if st.queued == 0 {
-				empty++
-			}
-			want = max(0, (blastFill-int(st.queued))/blastTruesz)
-		}
-		for want > 0 {
-			k := w.write(want)
-			if k <= 0 {
-				break
-			}
-			n += k
-			want -= k
-		}
-		// Not time.Sleep: the runtime's timers wake about a millisecond
-		// late on this loaded machine, by which time QEMU has emptied
-		// its socket.
-		ts := unix.NsecToTimespec(int64(blastCheck))
-		_ = unix.Nanosleep(&ts, nil)
-	}
-	us := uint32(time.Since(start).Microseconds())
-	cpu, sock := takeCPU(s.qemu()).since(cpu0), udpSocket(s.dstAddr.Port)
+	w := hostnet.NewBatchWriter(s.fd, s.dstAddr, f, 64)
+	cpu0, sock0 := takeCPU(s.qemu()), hostnet.Socket(s.dstAddr.Port)
+	fs := hostnet.Feed(ctx, w, s.dstAddr.Port, d)
+	n, checks, empty := fs.Sent, fs.Checks, fs.Empty
+	us := uint32(fs.Elapsed.Microseconds())
+	cpu, sock := takeCPU(s.qemu()).since(cpu0), hostnet.Socket(s.dstAddr.Port)
 	s.logf("receive benchmark: host sent %d 64-byte frames in %v; QEMU's socket dropped %d, was found empty at %d of %d checks and holds %d bytes; %s",
-		n, time.Duration(us)*time.Microsecond, sock.drops-sock0.drops, empty, checks, sock.queued, cpu)
+		n, time.Duration(us)*time.Microsecond, sock.Drops-sock0.Drops, empty, checks, sock.Queued, cpu)
 	for range 10 {
 		select {
 		case <-ctx.Done():

@@ -20,36 +20,6 @@ import (
 // bound: CPU time per QEMU thread, this process's CPU time, and the state
 // of QEMU's receiving socket (datagrams it dropped, bytes queued).
 
-// udpState is one UDP socket's line of /proc/net/udp.
-type udpState struct {
-	queued uint64 // rx_queue: bytes of datagrams waiting (truesize)
-	drops  uint64
-	ok     bool
-}
-
-// udpSocket reads the state of the 127.0.0.1 socket bound to port.
-func udpSocket(port int) udpState {
-	b, err := os.ReadFile("/proc/net/udp")
-	if err != nil {
-		return udpState{}
-	}
-	want := fmt.Sprintf("0100007F:%04X", port)
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 13 || f[1] != want {
-			continue
-		}
-		q := strings.SplitN(f[4], ":", 2)
-		if len(q) != 2 {
-			return udpState{}
-		}
-		rq, err1 := strconv.ParseUint(q[1], 16, 64)
-		dr, err2 := strconv.ParseUint(f[12], 10, 64)
-		return udpState{queued: rq, drops: dr, ok: err1 == nil && err2 == nil}
-	}
-	return udpState{}
-}
-
 // qemuPID finds the QEMU process whose command line holds the dgram
 // netdev that receives on port.
 func qemuPID(port int) int {

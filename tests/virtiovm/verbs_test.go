@@ -2,25 +2,19 @@ package virtiovm
 
 import (
 	"context"
-	"errors"
-	"os"
-	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
-	"github.com/vfnic/vfnic/verbs"
-	"github.com/vfnic/vfnic/verbs/nicverbs"
+	"github.com/vfnic/vfnic/verbs/nicverbs/nicverbstest"
 )
 
-// TestGuestVerbsPacked runs the verbs CQ (package verbs, through
-// verbs/nicverbs) over a virtio-net queue's used ring: creation limits,
-// the iterator over real transmit completions, request-notify with a
-// completion channel woken by the queue's MSI-X interrupt, and the
-// lost-wake-up loop against completions the device writes while the
-// consumer polls and arms.
+// TestGuestVerbsPacked runs the verbs CQ's behaviour tests
+// (verbs/nicverbs/nicverbstest) over a virtio-net queue's used ring:
+// creation limits, the iterator over real transmit completions,
+// request-notify with a completion channel woken by the queue's MSI-X
+// interrupt, and the lost-wake-up loop against completions the device
+// writes while the consumer polls and arms.
 func TestGuestVerbsPacked(t *testing.T) { guestOnly(t); testVerbs(t, slotPacked) }
 
 // TestGuestVerbsSplit is TestGuestVerbsPacked on split rings.
@@ -28,165 +22,8 @@ func TestGuestVerbsSplit(t *testing.T) { guestOnly(t); testVerbs(t, slotSplit) }
 
 func testVerbs(t *testing.T, slot int) {
 	before := snapshot(t)
-	ctx := context.Background()
-	dev, err := virtio.Open(ctx, addrOf(slot), virtio.Config{})
+	dev, err := virtio.Open(context.Background(), addrOf(slot), virtio.Config{})
 	require.NoError(t, err)
-	p := nicverbs.New(dev)
-	attr := p.QueryDevice()
-
-	// Sizes as in rdma-core's test_cq.py: 1, max/2 and max open; max+1
-	// and a vector out of range are refused.
-	for _, n := range []int{1, attr.MaxCQE / 2, attr.MaxCQE} {
-		c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: n})
-		require.NoError(t, err, "CQE %d", n)
-		require.GreaterOrEqual(t, c.CQE(), n)
-		require.NoError(t, c.Destroy(ctx))
-	}
-	_, err = verbs.CreateCQ(p, verbs.CQInitAttr{CQE: attr.MaxCQE + 1})
-	require.ErrorIs(t, err, os.ErrInvalid)
-	_, err = verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 8, CompVector: attr.NumCompVectors})
-	require.ErrorIs(t, err, os.ErrInvalid)
-	_, err = verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 8, Fields: verbs.FieldCompletionTimestamp})
-	require.ErrorIs(t, err, errors.ErrUnsupported)
-
-	ch, err := verbs.NewCompChannel()
-	require.NoError(t, err)
-	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 512, Channel: ch, Context: "cq0",
-		Fields: verbs.FieldByteLen | verbs.FieldQPNum})
-	require.NoError(t, err)
-	require.NoError(t, dev.BindCQ(c.FI(), 0, nic.Send))
-	tx, err := dev.TxQueue(0)
-	require.NoError(t, err)
-	frame := ctlFrame(dev.MAC(), 1, 0xee) // to the host, which ignores it
-	send := func(wrid uint64) {
-		require.NoError(t, tx.Send(frame, wrid))
-		require.NoError(t, tx.Flush())
-	}
-
-	// The iterator over 64 transmit completions, in order.
-	for i := range 64 {
-		require.NoError(t, tx.Send(frame, uint64(i)))
-	}
-	require.NoError(t, tx.Flush())
-	next := uint64(0)
-	deadline := time.Now().Add(10 * time.Second)
-	for next < 64 && time.Now().Before(deadline) {
-		err := c.StartPoll()
-		if errors.Is(err, verbs.ErrEmpty) {
-			continue // no EndPoll after a failed StartPoll
-		}
-		require.NoError(t, err)
-		for ; err == nil; err = c.NextPoll() {
-			require.Equal(t, verbs.WCSuccess, c.Status())
-			require.Equal(t, verbs.WCSend, c.Opcode())
-			require.Equal(t, next, c.WRID())
-			require.Equal(t, uint32(len(frame)), c.ByteLen())
-			require.Equal(t, uint32(0), c.QPNum())
-			next++
-		}
-		require.ErrorIs(t, err, verbs.ErrEmpty)
-		c.EndPoll()
-	}
-	require.Equal(t, uint64(64), next)
-
-	// Request-notify: completions present at the arm raise no event and
-	// are reported; the next one wakes GetEvent through MSI-X.
-	send(100)
-	require.Eventually(t, func() bool { return tx.Ready(8) > 0 }, 5*time.Second, time.Millisecond)
-	present, err := c.ReqNotify(false)
-	require.NoError(t, err)
-	require.True(t, present, "an entry was there at the arm")
-	wcs := make([]verbs.WC, 32)
-	n, err := c.Poll(wcs)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	present, err = c.ReqNotify(false)
-	require.NoError(t, err)
-	require.False(t, present)
-	_, err = c.ReqNotify(false)
-	require.NoError(t, err, "arming twice gives one event")
-	send(101)
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	got, cctx, err := ch.GetEvent(gctx)
-	cancel()
-	require.NoError(t, err)
-	require.Same(t, c, got)
-	require.Equal(t, "cq0", cctx)
-	c.AckEvents(1)
-	n, err = c.Poll(wcs)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	require.Equal(t, uint64(101), wcs[0].WRID)
-
-	// The lost-wake-up loop: the consumer sends two frames, the second
-	// after a delay that lands it between "poll finds nothing" and the
-	// arm, or between the arm and the next poll, or later; it must always
-	// get an event for what it has not read.
-	rounds := 2000
-	if s := os.Getenv("VFNIC_VERBS_ROUNDS"); s != "" {
-		rounds, err = strconv.Atoi(s)
-		require.NoError(t, err)
-	}
-	sent, read, events := 0, 0, 0
-	for r := range rounds {
-		send(uint64(1000 + sent))
-		sent++
-		if r%3 == 0 {
-			send(uint64(1000 + sent)) // lands before the arm
-			sent++
-		}
-		for {
-			n, err := c.Poll(wcs)
-			require.NoError(t, err)
-			read += n
-			if n == 0 {
-				break
-			}
-		}
-		if r%3 == 1 {
-			send(uint64(1000 + sent)) // lands between the empty poll and the arm
-			sent++
-		}
-		if _, err := c.ReqNotify(false); err != nil {
-			t.Fatal(err)
-		}
-		// poll once more after the arm, as the pattern requires
-		n, err := c.Poll(wcs)
-		require.NoError(t, err)
-		read += n
-		if read == sent {
-			continue // nothing unread: no event to wait for
-		}
-		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, _, err = ch.GetEvent(gctx)
-		cancel()
-		require.NoError(t, err, "round %d: %d sent, %d read: the event was lost", r, sent, read)
-		events++
-		c.AckEvents(1)
-	}
-	for read < sent {
-		n, err := c.Poll(wcs)
-		require.NoError(t, err)
-		read += n
-	}
-	t.Logf("verbs on %s: 64 completions through the iterator; notify woke GetEvent; %d rounds of the event loop, %d completions, %d events, none lost",
-		addrOf(slot), rounds, sent, events)
-
-	// Destroy with an unacknowledged event reports it at the deadline.
-	_, err = c.ReqNotify(false)
-	require.NoError(t, err)
-	send(9999)
-	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-	_, _, err = ch.GetEvent(gctx)
-	cancel()
-	require.NoError(t, err)
-	require.NoError(t, dev.Close(), "closing the device unbinds its queues")
-	dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	err = c.Destroy(dctx)
-	cancel()
-	require.Error(t, err, "an event is not acknowledged")
-	c.AckEvents(1)
-	require.NoError(t, c.Destroy(ctx))
-	require.NoError(t, ch.Close())
+	nicverbstest.Run(t, dev, ctlFrame(dev.MAC(), 1, 0xee), nicverbstest.Rounds(t)) // the host ignores the frame
 	require.Equal(t, before, snapshot(t), "every fd and mapping returned")
 }
