@@ -101,10 +101,10 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 	fmt.Printf("BENCH begin %s %s %s %d\n", n.name, dir, tool, rep)
 	time.Sleep(300 * time.Millisecond) // the host acts on the line over the serial console
 	var (
-		args  []string
-		env   []string
-		rate  *regexp.Regexp // a per-second receive rate in the tool's output
-		stop  time.Duration  // when to interrupt the tool, 0 if it stops by itself
+		args []string
+		env  []string
+		rate *regexp.Regexp // a per-second receive rate in the tool's output
+		stop time.Duration  // when to interrupt the tool, 0 if it stops by itself
 	)
 	core := strconv.Itoa(b.cpu)
 	switch tool {
