@@ -30,6 +30,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vfnic/vfnic/bench/vm/internal/stats"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/qemu/hostnet"
 	"golang.org/x/sys/unix"
@@ -349,7 +350,7 @@ func table(w io.Writer, rs []result, nics, tools, dirs []string, dur time.Durati
 					v = append(v, r.rate)
 					runs = append(runs, fmt.Sprintf("%.0f", r.rate))
 				}
-				m := median(v)
+				m := stats.Median(v)
 				med[t] = m
 				ratio := "-"
 				if base := med["dpdk"]; base > 0 && t != "dpdk" && m > 0 {
@@ -372,18 +373,6 @@ func table(w io.Writer, rs []result, nics, tools, dirs []string, dur time.Durati
 			fmt.Fprintln(w, "  "+f)
 		}
 	}
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 func tail(s string, n int) string {

@@ -47,15 +47,11 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%w: -json and -w - both want stdout", errUsage)
 		}
 	}
-	core, err := df.newCore()
+	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc})
 	if err != nil {
 		return err
 	}
-	defer core.Close()
-	dev, err := df.openOne(ctx, fs, nic.Config{Promiscuous: !noPromisc})
-	if err != nil {
-		return err
-	}
+	defer core.Close() // after the device
 	defer dev.Close()
 	var dst io.Writer = o.out
 	var f *os.File

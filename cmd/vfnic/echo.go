@@ -32,15 +32,11 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	core, err := df.newCore()
+	core, dev, err := df.open(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
 	}
-	defer core.Close()
-	dev, err := df.openOne(ctx, fs, nic.Config{})
-	if err != nil {
-		return err
-	}
+	defer core.Close() // after the device
 	defer dev.Close()
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()

@@ -60,15 +60,11 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if *port <= 0 || *port > 65535 {
 		return fmt.Errorf("%w: -port %d outside [1, 65535]", errUsage, *port)
 	}
-	core, err := df.newCore()
+	core, dev, err := df.open(ctx, fs, nic.Config{})
 	if err != nil {
 		return err
 	}
-	defer core.Close()
-	dev, err := df.openOne(ctx, fs, nic.Config{})
-	if err != nil {
-		return err
-	}
+	defer core.Close() // after the device
 	defer dev.Close()
 	out := df.human(o)
 	describe(out, dev)

@@ -24,15 +24,11 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	if *count < 0 {
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
 	}
-	core, err := df.newCore()
+	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc})
 	if err != nil {
 		return err
 	}
-	defer core.Close()
-	dev, err := df.openOne(ctx, fs, nic.Config{Promiscuous: !noPromisc})
-	if err != nil {
-		return err
-	}
+	defer core.Close() // after the device
 	defer dev.Close()
 	out := df.human(o)
 	describe(out, dev)

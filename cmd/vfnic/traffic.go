@@ -80,6 +80,22 @@ func (d *deviceFlags) newCore() (*lcore.Core, error) {
 	return c, err
 }
 
+// open makes the polling core for -cpu and -mode, then opens the NIC, so
+// that a bad -cpu binds nothing. The caller closes the device, then the
+// core.
+func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (*lcore.Core, nic.Device, error) {
+	core, err := d.newCore()
+	if err != nil {
+		return nil, nil, err
+	}
+	dev, err := d.openOne(ctx, fs, cfg)
+	if err != nil {
+		core.Close()
+		return nil, nil, err
+	}
+	return core, dev, nil
+}
+
 // housekeeping is how often runCore wakes a sleeping core, for progress
 // lines and so that a core asleep when the kernel takes the device back
 // notices it: the removal closes the queues' interrupt eventfds, which

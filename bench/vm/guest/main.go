@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vfnic/vfnic/bench/vm/internal/stats"
 	"golang.org/x/sys/unix"
 )
 
@@ -218,15 +219,7 @@ func steady(s []float64) float64 {
 	if len(s) > 3 {
 		s = s[1 : len(s)-1]
 	}
-	if len(s) == 0 {
-		return 0
-	}
-	s = slices.Clone(s)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return stats.Median(s)
 }
 
 // linux gives the NIC to its kernel driver, runs the Linux rows (an
