@@ -44,13 +44,13 @@ type word struct {
 // Offsets are from the ownership word (fastPlan.rebase), absent fields
 // included, as compilePlan and rebase produce them.
 type shape struct {
-	Name, Doc                 string
-	Kind                      string // "Natural" or "IDLen": the loop kind it refines
-	ESz                       int
-	OMask                     uint32
-	ID, Queue, Len, BufOff    word
-	Data, Tag                 word
-	St, Op, Fl                int
+	Name, Doc              string
+	Kind                   string // "Natural" or "IDLen": the loop kind it refines
+	ESz                    int
+	OMask                  uint32
+	ID, Queue, Len, BufOff word
+	Data, Tag              word
+	St, Op, Fl             int
 }
 
 const full32, full64 = 1<<32 - 1, 1<<64 - 1
