@@ -264,20 +264,6 @@ func (fp *fastPath) setFormat(f cq.Format) {
 // name is the name of the loop that runs (RingSource.Loop).
 func (fp *fastPath) name() string { return loopNames[fp.sel] }
 
-// run calls the copy of readPhaseRun made for the source's format, kind
-// of entry and shape (fast_gen.go) on the count entries from first, and
-// returns how many it moved and why it stopped.
-func (fp *fastPath) run(first *cq.Entry, count int, eoff uintptr) (int, int) {
-	at, why := fp.loop(first, count, eoff)
-	if why == runFull {
-		return count, why
-	}
-	// The loop stopped at the entry at, which it did not consume. (It
-	// returns a pointer rather than the count, so that first and count need
-	// not stay live through it.)
-	return int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(cq.Entry{})), why
-}
-
 // pollFast is RingSource.Poll for a Read on a source with a fast path, when
 // no error entry is staged and the ring did not overrun. It moves up to
 // len(ents) completions into ents as the generic loop does: the same checks
@@ -309,8 +295,16 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 			seg = min(seg, int((r.prod-r.count)&r.imask))
 		}
 		fp.want = r.want
-		var k int
-		k, why = fp.run(&ents[n], seg, uintptr(r.head)*fp.esz)
+		first := &ents[n]
+		var at *cq.Entry
+		at, why = fp.loop(first, seg, uintptr(r.head)*fp.esz)
+		k := seg
+		if why != runFull {
+			// The loop stopped at the entry at, which it did not
+			// consume. (It returns a pointer rather than the count, so
+			// that first and seg need not stay live through it.)
+			k = int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(cq.Entry{}))
+		}
 		n += k
 		r.head += uint32(k)
 		r.count += uint32(k)
@@ -326,6 +320,10 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 		why = runStopped // UsedIndex: the producer index was reached
 	}
 	fp.cur.leave(q)
+	if why == runFull {
+		// ents is full and the next entry unread: nothing to probe.
+		return q.finishBatch(n)
+	}
 	return q.endBatch(n, why == runStopped, why == runFailed, tabs)
 }
 

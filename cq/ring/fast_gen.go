@@ -51,9 +51,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -84,9 +89,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -163,9 +166,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -196,9 +204,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -275,9 +281,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -308,9 +319,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -390,9 +399,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -423,9 +437,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -505,9 +517,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -538,9 +555,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -620,9 +635,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -653,9 +673,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -732,9 +750,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -765,9 +788,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -844,9 +865,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -877,9 +903,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -956,9 +980,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -989,9 +1018,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1071,9 +1098,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1104,9 +1136,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -1186,9 +1216,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1219,9 +1254,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -1301,9 +1334,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1334,9 +1372,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -1413,9 +1449,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1446,9 +1487,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1525,9 +1564,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1558,9 +1602,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1637,9 +1679,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1670,9 +1717,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1752,9 +1797,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1785,9 +1835,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -1867,9 +1915,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1900,9 +1953,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -1982,9 +2033,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2015,9 +2071,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -2094,9 +2148,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2127,9 +2186,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -2206,9 +2263,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2239,9 +2301,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -2318,9 +2378,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2351,9 +2416,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -2433,9 +2496,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2466,9 +2534,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -2548,9 +2614,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2581,9 +2652,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}
@@ -2663,9 +2732,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2696,9 +2770,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, pdata, nat)
 				}

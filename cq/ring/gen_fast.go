@@ -195,9 +195,14 @@ run:
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
 			id := word(ow, pid, nat)
-			s := comp.lookup(id)
-			if s == nil {
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -228,9 +233,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, {{$data}}, nat)
 				}

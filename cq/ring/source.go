@@ -638,6 +638,12 @@ func entryFlags(fl cq.Flags) cq.Flags {
 	return fl
 }
 
+// recvBuf returns buf for a receive (fl has FlagRecv), else 0, without a
+// branch.
+func recvBuf(fl cq.Flags, buf uintptr) uintptr {
+	return buf & -uintptr(fl&cq.FlagRecv/cq.FlagRecv)
+}
+
 // fits reports whether ln bytes from offset off lie within a posted buffer
 // of size bytes (written so that it cannot overflow).
 func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }

@@ -210,11 +210,23 @@ func (c completer) lookup(id uint32) *slot {
 	if i >= c.n {
 		return nil
 	}
-	s := (*slot)(unsafe.Add(c.slots, uintptr(i)*unsafe.Sizeof(slot{})))
-	if atomic.LoadUint32(&s.state) != slotPosted || s.id != id {
+	s := c.at(i)
+	if !s.outstanding(id) {
 		return nil
 	}
 	return s
+}
+
+// at returns slot i, which must be below c.n. A read loop calls at and
+// outstanding itself, testing i against c.n, where lookup's nil would
+// cost it a merge of two paths per entry.
+func (c completer) at(i uint32) *slot {
+	return (*slot)(unsafe.Add(c.slots, uintptr(i)*unsafe.Sizeof(slot{})))
+}
+
+// outstanding reports whether s is posted under id.
+func (s *slot) outstanding(id uint32) bool {
+	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
 }
 
 // release frees slot s into the free queue at local tail ftl and returns
