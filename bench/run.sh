@@ -136,6 +136,7 @@ for ((i = 0; i < REPEAT; i++)); do
 				line=$(run_one goreader "$layout" "$mode" "$batch")
 				field ns_per_completion "$line" >>"$tmp/go.$cell"
 				field allocs_per_completion "$line" >>"$tmp/alloc.$cell"
+				field loop "$line" >"$tmp/loop.$layout"
 			done
 		done
 	done
@@ -163,8 +164,12 @@ echo "(medians of $REPEAT runs; \"best\" is the ratio of the fastest runs, the l
 echo
 echo "The C reader does the Go path's checks and conversion; it differs in: a refused entry"
 echo "stops the run (Go stages an error completion for ReadErr); fields are read through a C"
-echo "struct with constant offsets (Go loads them at cq/ring Layout offsets); it fills a 40-byte"
-echo "fi_cq_data_entry (cq.Entry is 64 bytes: interface Context, Tag, Queue)."
+echo "struct with constant offsets (so does Go: cq/ring has a copy of its loop per driver's ring"
+echo "shape with the offsets as constants, gen_fast.go); it fills a 40-byte fi_cq_data_entry"
+echo "(cq.Entry is 64 bytes: interface Context, Tag, Queue)."
+for layout in $LAYOUTS; do
+	[ -s "$tmp/loop.$layout" ] && echo "Go loop, $layout: $(cat "$tmp/loop.$layout")"
+done
 echo
 for layout in $LAYOUTS; do
 	for mode in $MODES; do

@@ -32,7 +32,8 @@
 // Post), which compare with the C reader run with -T.
 //
 // It prints one line in the format of bench/c/reader.c, with the heap
-// allocations per completion (runtime.MemStats.Mallocs over the run).
+// allocations per completion (runtime.MemStats.Mallocs over the run) and
+// the ring reader's loop that ran (ring.RingSource.Loop).
 package main
 
 import (
@@ -308,9 +309,9 @@ func run(s *shm, batch int, check, single bool, timeout time.Duration) error {
 	if single {
 		locking = "none"
 	}
-	fmt.Printf("reader=go layout=%s locking=%s mode=%s batch=%d entries=%d completions=%d ns_per_completion=%.3f reads=%d empty_reads=%d allocs_per_completion=%.4f order=ok digest=%s\n",
+	fmt.Printf("reader=go layout=%s locking=%s mode=%s batch=%d entries=%d completions=%d ns_per_completion=%.3f reads=%d empty_reads=%d allocs_per_completion=%.4f order=ok digest=%s loop=%s\n",
 		layoutNames[s.layout], locking, mode, batch, n, seq, float64(timed.Nanoseconds())/float64(seq), reads, empty,
-		float64(m1.Mallocs-m0.Mallocs)/float64(seq), dig)
+		float64(m1.Mallocs-m0.Mallocs)/float64(seq), dig, src.Loop())
 	return nil
 }
 

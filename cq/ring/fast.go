@@ -164,6 +164,8 @@ type fastPath struct {
 	format  cq.Format // the CQ's (Attach); 0 before, which reads like FormatContext
 	natural bool      // the id, length, buffer offset and data have natural widths
 	idlen   bool      // an id and a length alone, and codes that add nothing (virtio)
+	kind    int       // loopNatural, loopMasked, loopIDLen or a shape's (fast_gen.go)
+	sel     int       // the copy of readPhaseRun that runs: format and kind (loop)
 
 	// The ring, as Ring has it. The loop steps from ownership word to
 	// ownership word: base+own, then esz apart.
@@ -224,53 +226,43 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 		}
 	}
 	fp.idlen = fp.idlen && fp.status[0]|fp.op[0]|fp.bits[0] == 0
+	switch {
+	case fp.idlen:
+		fp.kind = loopIDLen
+	case fp.natural:
+		fp.kind = loopNatural
+	default:
+		fp.kind = loopMasked
+	}
+	if useShapes {
+		for _, s := range loopShapes {
+			if s.refines == fp.kind && s.esz == fp.esz && s.omask == fp.omask && s.plan == fp.plan {
+				fp.kind = s.kind
+			}
+		}
+	}
+	fp.setFormat(0)
 	return fp
 }
 
-// setFormat records the CQ's format (Attach), which picks the loop.
-func (fp *fastPath) setFormat(f cq.Format) { fp.format = f }
+// useShapes lets newFastPath give a ring of a known shape its copies with
+// constant offsets; tests turn it off to run the same rings through the
+// copies that read the offsets from fastPath.
+var useShapes = true
 
-// run calls the copy of readPhaseRun made for the source's format and
-// field widths (fast_gen.go) on the count entries from first, and returns
-// how many it moved and why it stopped. The switch is cheaper than a call
-// through a function value.
-func (fp *fastPath) run(first *cq.Entry, count int, eoff uintptr) (int, int) {
-	var at *cq.Entry
-	var why int
-	switch {
-	case fp.idlen && fp.format == cq.FormatData:
-		at, why = readPhaseDataIDLen(fp, first, count, eoff)
-	case fp.idlen && fp.format == cq.FormatMsg:
-		at, why = readPhaseMsgIDLen(fp, first, count, eoff)
-	case fp.idlen && fp.format == cq.FormatTagged:
-		at, why = readPhaseTaggedIDLen(fp, first, count, eoff)
-	case fp.idlen:
-		at, why = readPhaseContextIDLen(fp, first, count, eoff)
-	case fp.natural && fp.format == cq.FormatData:
-		at, why = readPhaseDataNatural(fp, first, count, eoff)
-	case fp.natural && fp.format == cq.FormatMsg:
-		at, why = readPhaseMsgNatural(fp, first, count, eoff)
-	case fp.natural && fp.format == cq.FormatTagged:
-		at, why = readPhaseTaggedNatural(fp, first, count, eoff)
-	case fp.natural:
-		at, why = readPhaseContextNatural(fp, first, count, eoff)
-	case fp.format == cq.FormatData:
-		at, why = readPhaseDataMasked(fp, first, count, eoff)
-	case fp.format == cq.FormatMsg:
-		at, why = readPhaseMsgMasked(fp, first, count, eoff)
-	case fp.format == cq.FormatTagged:
-		at, why = readPhaseTaggedMasked(fp, first, count, eoff)
-	default:
-		at, why = readPhaseContextMasked(fp, first, count, eoff)
+// setFormat records the CQ's format (Attach), which picks the loop with
+// the kind (FormatUnspec, before Attach, reads like FormatContext).
+func (fp *fastPath) setFormat(f cq.Format) {
+	fp.format = f
+	fi := 0
+	if f >= cq.FormatContext && f <= cq.FormatTagged {
+		fi = int(f - cq.FormatContext)
 	}
-	if why == runFull {
-		return count, why
-	}
-	// The loop stopped at the entry at, which it did not consume. (It
-	// returns a pointer rather than the count, so that first and count need
-	// not stay live through it.)
-	return int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(cq.Entry{})), why
+	fp.sel = fi*loopKinds + fp.kind
 }
+
+// name is the name of the loop that runs (RingSource.Loop).
+func (fp *fastPath) name() string { return loopNames[fp.sel] }
 
 // pollFast is RingSource.Poll for a Read on a source with a fast path, when
 // no error entry is staged and the ring did not overrun. It moves up to
@@ -303,8 +295,16 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 			seg = min(seg, int((r.prod-r.count)&r.imask))
 		}
 		fp.want = r.want
-		var k int
-		k, why = fp.run(&ents[n], seg, uintptr(r.head)*fp.esz)
+		first := &ents[n]
+		var at *cq.Entry
+		at, why = fp.loop(first, seg, uintptr(r.head)*fp.esz)
+		k := seg
+		if why != runFull {
+			// The loop stopped at the entry at, which it did not
+			// consume. (It returns a pointer rather than the count, so
+			// that first and seg need not stay live through it.)
+			k = int((uintptr(unsafe.Pointer(at)) - uintptr(unsafe.Pointer(first))) / unsafe.Sizeof(cq.Entry{}))
+		}
 		n += k
 		r.head += uint32(k)
 		r.count += uint32(k)
@@ -320,6 +320,10 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 		why = runStopped // UsedIndex: the producer index was reached
 	}
 	fp.cur.leave(q)
+	if why == runFull {
+		// ents is full and the next entry unread: nothing to probe.
+		return q.finishBatch(n)
+	}
 	return q.endBatch(n, why == runStopped, why == runFailed, tabs)
 }
 

@@ -16,6 +16,11 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -25,28 +30,35 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -56,15 +68,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -75,9 +89,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -87,15 +99,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -115,6 +131,11 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -124,28 +145,35 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -155,15 +183,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -174,9 +204,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -186,15 +214,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -214,6 +246,11 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -223,28 +260,35 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -254,15 +298,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -273,9 +319,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -285,21 +329,379 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
 		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseContextVirtioPacked is readPhaseRun for FormatContext, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
+//
+//go:noinline
+func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioPacked: the geometry is constants.
+	const esz, omask = 16, 2155872256
+	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
+	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
+	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
+	const pst, pop, pfl = -12, -12, -12
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseContextVirtioUsed is readPhaseRun for FormatContext, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
+//
+//go:noinline
+func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioUsed: the geometry is constants.
+	const esz, omask = 8, 0
+	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
+	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
+	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
+	const pst, pop, pfl = 0, 0, 0
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseContextSim is readPhaseRun for FormatContext, the software device's 64-byte entry (nic/sim.Layout).
+//
+//go:noinline
+func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape Sim: the geometry is constants.
+	const esz, omask = 64, 2147483648
+	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
+	pln, pbo := word32{off: -52, mask: 4294967295}, word32{off: -16, mask: 4294967295}
+	pdata, ptag := word64{off: -44, mask: 18446744073709551615}, word64{off: -36, mask: 18446744073709551615}
+	const pst, pop, pfl = -53, -54, -48
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -313,6 +715,11 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -322,28 +729,35 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -353,15 +767,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -372,9 +788,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -384,15 +798,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -412,6 +830,11 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -421,28 +844,35 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -452,15 +882,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -471,9 +903,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -483,15 +913,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -511,6 +945,11 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -520,28 +959,35 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -551,15 +997,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -570,9 +1018,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -582,21 +1028,379 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
 		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseMsgVirtioPacked is readPhaseRun for FormatMsg, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
+//
+//go:noinline
+func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioPacked: the geometry is constants.
+	const esz, omask = 16, 2155872256
+	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
+	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
+	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
+	const pst, pop, pfl = -12, -12, -12
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseMsgVirtioUsed is readPhaseRun for FormatMsg, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
+//
+//go:noinline
+func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioUsed: the geometry is constants.
+	const esz, omask = 8, 0
+	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
+	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
+	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
+	const pst, pop, pfl = 0, 0, 0
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseMsgSim is readPhaseRun for FormatMsg, the software device's 64-byte entry (nic/sim.Layout).
+//
+//go:noinline
+func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape Sim: the geometry is constants.
+	const esz, omask = 64, 2147483648
+	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
+	pln, pbo := word32{off: -52, mask: 4294967295}, word32{off: -16, mask: 4294967295}
+	pdata, ptag := word64{off: -44, mask: 18446744073709551615}, word64{off: -36, mask: 18446744073709551615}
+	const pst, pop, pfl = -53, -54, -48
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -610,6 +1414,11 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -619,28 +1428,35 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -650,15 +1466,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -669,9 +1487,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -681,15 +1497,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -709,6 +1529,11 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -718,28 +1543,35 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -749,15 +1581,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -768,9 +1602,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -780,15 +1612,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -808,6 +1644,11 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -817,28 +1658,35 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -848,15 +1696,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -867,9 +1717,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -879,21 +1727,379 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
 		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseDataVirtioPacked is readPhaseRun for FormatData, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
+//
+//go:noinline
+func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioPacked: the geometry is constants.
+	const esz, omask = 16, 2155872256
+	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
+	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
+	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
+	const pst, pop, pfl = -12, -12, -12
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseDataVirtioUsed is readPhaseRun for FormatData, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
+//
+//go:noinline
+func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioUsed: the geometry is constants.
+	const esz, omask = 8, 0
+	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
+	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
+	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
+	const pst, pop, pfl = 0, 0, 0
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseDataSim is readPhaseRun for FormatData, the software device's 64-byte entry (nic/sim.Layout).
+//
+//go:noinline
+func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape Sim: the geometry is constants.
+	const esz, omask = 64, 2147483648
+	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
+	pln, pbo := word32{off: -52, mask: 4294967295}, word32{off: -16, mask: 4294967295}
+	pdata, ptag := word64{off: -44, mask: 18446744073709551615}, word64{off: -36, mask: 18446744073709551615}
+	const pst, pop, pfl = -53, -54, -48
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -907,6 +2113,11 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -916,28 +2127,35 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -947,15 +2165,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -966,9 +2186,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -978,15 +2196,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -1006,6 +2228,11 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -1015,28 +2242,35 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1046,15 +2280,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -1065,9 +2301,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1077,15 +2311,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -1105,6 +2343,11 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Loaded once: the loop's stores may alias fastPath as far as the
+	// compiler knows, so it would load them again for every entry.
+	esz, omask := fp.esz, fp.omask
+	pid, pln := fp.plan.id, fp.plan.ln
+	want := fp.want
 	c := &fp.cur
 	ftl := c.ftl
 	why := runFull
@@ -1114,28 +2357,35 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
 		// sits outside the loop's straight path.
+		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^fp.want)&fp.omask != 0 {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			var qn uint32
-			if !idlen {
-				qn = load32(ow, fp.plan.queue)
-			}
-			if qn != c.queue {
+			if !idlen && load32(ow, fp.plan.queue) != c.queue {
 				break
 			}
 			// An unbound queue has no slots: the entry is refused here,
 			// and stageHead tells a bad queue from a bad id.
-			id := word(ow, fp.plan.id, nat)
-			s := c.comp.lookup(id)
-			if s == nil {
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1145,15 +2395,17 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = word(ow, fp.plan.bufOff, nat)
 			}
-			ln := word(ow, fp.plan.ln, nat)
+			ln := word(ow, pln, nat)
 			if codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
 			if !idlen {
-				codes |= fp.bits[code(ow, fp.plan.fl)]
+				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
 			}
-			fl := entryFlags(s.flags | codes)
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -1164,9 +2416,7 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				if fl&cq.FlagRecv != 0 {
-					eBuf = s.buf + uintptr(off)
-				}
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = dword(ow, fp.plan.data, nat)
 				}
@@ -1176,15 +2426,19 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = c.queue
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = c.comp.release(s, ftl)
+				ftl = comp.release(s, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
 				return last, runFull
 			}
-			ow = unsafe.Add(ow, fp.esz)
+			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
 		}
 		// The entry at ow names another queue: take its table, then read
@@ -1195,4 +2449,478 @@ run:
 	}
 	c.ftl = ftl
 	return ent, why
+}
+
+// readPhaseTaggedVirtioPacked is readPhaseRun for FormatTagged, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
+//
+//go:noinline
+func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioPacked: the geometry is constants.
+	const esz, omask = 16, 2155872256
+	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
+	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
+	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
+	const pst, pop, pfl = -12, -12, -12
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseTaggedVirtioUsed is readPhaseRun for FormatTagged, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
+//
+//go:noinline
+func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = false
+	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape VirtioUsed: the geometry is constants.
+	const esz, omask = 8, 0
+	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
+	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
+	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
+	const pst, pop, pfl = 0, 0, 0
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// readPhaseTaggedSim is readPhaseRun for FormatTagged, the software device's 64-byte entry (nic/sim.Layout).
+//
+//go:noinline
+func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
+	const nat = true
+	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	// Shape Sim: the geometry is constants.
+	const esz, omask = 64, 2147483648
+	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
+	pln, pbo := word32{off: -52, mask: 4294967295}, word32{off: -16, mask: 4294967295}
+	pdata, ptag := word64{off: -44, mask: 18446744073709551615}, word64{off: -36, mask: 18446744073709551615}
+	const pst, pop, pfl = -53, -54, -48
+	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
+	want := fp.want
+	c := &fp.cur
+	ftl := c.ftl
+	why := runFull
+	// ow points at the entry's ownership word, the fields at offsets from
+	// it; neither it nor ent ever points past the ring or past ents, as
+	// the test for the last entry comes before the steps.
+	ow := unsafe.Add(fp.base, eoff+fp.own)
+	ent := first
+	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
+	if idlen && c.queue != 0 {
+		// Every entry is queue 0's: take its table once.
+		c.enter(fp.src, fp.tabs, 0)
+		ftl = c.ftl
+	}
+run:
+	for {
+		// The inner loop reads entries of the cursor's queue; an entry of
+		// another queue leaves it, so that the change of tables, a call,
+		// sits outside the loop's straight path.
+		comp := c.comp // in registers
+		for {
+			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+				why = runStopped
+				break run
+			}
+			if !idlen && load32(ow, pq) != c.queue {
+				break
+			}
+			// An unbound queue has no slots: the entry is refused here,
+			// and stageHead tells a bad queue from a bad id.
+			// comp.lookup, with no nil to merge.
+			id := word(ow, pid, nat)
+			if id&comp.mask >= comp.n {
+				why = runFailed
+				break run
+			}
+			s := comp.at(id & comp.mask)
+			if !s.outstanding(id) {
+				why = runFailed
+				break run
+			}
+			var codes cq.Flags
+			var off uint32
+			if !idlen {
+				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+				off = word(ow, pbo, nat)
+			}
+			ln := word(ow, pln, nat)
+			if codes&refuse != 0 || !fits(ln, off, s.len) {
+				why = runFailed
+				break run
+			}
+			// Post stored the posted flags completed (entryFlags); the
+			// codes may add a flag that needs it again.
+			fl := s.flags
+			if !idlen {
+				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
+			}
+			// Fields outside the format stay zero (constants once
+			// compiled).
+			var eFlags cq.Flags
+			var eLen int
+			var eBuf uintptr
+			var eData, eTag uint64
+			if fsize >= 2 { // FormatMsg and up
+				eFlags, eLen = fl, int(ln)
+			}
+			if fsize >= 4 { // FormatData and up
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+					eData = dword(ow, pdata, nat)
+				}
+			}
+			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+				eTag = load64(ow, ptag)
+			}
+			ent.Context = s.ctx
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			if !idlen {
+				ent.Queue = c.queue
+			} else {
+				ent.Queue = 0
+			}
+			if !s.multi || fl&cq.FlagMultiRecv != 0 {
+				ftl = comp.release(s, ftl)
+			}
+			if ent == last {
+				c.ftl = ftl
+				return last, runFull
+			}
+			ow = unsafe.Add(ow, esz)
+			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
+		}
+		// The entry at ow names another queue: take its table, then read
+		// the entry again from the top.
+		c.ftl = ftl
+		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		ftl = c.ftl
+	}
+	c.ftl = ftl
+	return ent, why
+}
+
+// The kinds of loop, each with a copy per format (fastPath.sel).
+const (
+	loopNatural = iota
+	loopMasked
+	loopIDLen
+	loopVirtioPacked
+	loopVirtioUsed
+	loopSim
+	loopKinds
+)
+
+// loopShapes are the shapes' geometries (gen_fast.go), by kind, which
+// newFastPath compares a ring's compiled plan with.
+var loopShapes = [...]struct {
+	kind    int
+	refines int // the kind whose values it makes constants
+	esz     uintptr
+	omask   uint32
+	plan    fastPlan
+}{
+	{kind: loopVirtioPacked, refines: loopIDLen, esz: 16, omask: 2155872256, plan: fastPlan{
+		id: word32{0, 65535}, queue: word32{-12, 0},
+		ln: word32{-4, 4294967295}, bufOff: word32{-12, 0},
+		data: word64{-12, 0}, tag: word64{-12, 0},
+		st: -12, op: -12, fl: -12}},
+	{kind: loopVirtioUsed, refines: loopIDLen, esz: 8, omask: 0, plan: fastPlan{
+		id: word32{0, 4294967295}, queue: word32{0, 0},
+		ln: word32{4, 4294967295}, bufOff: word32{0, 0},
+		data: word64{0, 0}, tag: word64{0, 0},
+		st: 0, op: 0, fl: 0}},
+	{kind: loopSim, refines: loopNatural, esz: 64, omask: 2147483648, plan: fastPlan{
+		id: word32{-60, 4294967295}, queue: word32{-56, 65535},
+		ln: word32{-52, 4294967295}, bufOff: word32{-16, 4294967295},
+		data: word64{-44, 18446744073709551615}, tag: word64{-36, 18446744073709551615},
+		st: -53, op: -54, fl: -48}},
+}
+
+// loopNames names the copies by fastPath.sel (RingSource.Loop).
+var loopNames = [...]string{
+	"readPhaseContextNatural",
+	"readPhaseContextMasked",
+	"readPhaseContextIDLen",
+	"readPhaseContextVirtioPacked",
+	"readPhaseContextVirtioUsed",
+	"readPhaseContextSim",
+	"readPhaseMsgNatural",
+	"readPhaseMsgMasked",
+	"readPhaseMsgIDLen",
+	"readPhaseMsgVirtioPacked",
+	"readPhaseMsgVirtioUsed",
+	"readPhaseMsgSim",
+	"readPhaseDataNatural",
+	"readPhaseDataMasked",
+	"readPhaseDataIDLen",
+	"readPhaseDataVirtioPacked",
+	"readPhaseDataVirtioUsed",
+	"readPhaseDataSim",
+	"readPhaseTaggedNatural",
+	"readPhaseTaggedMasked",
+	"readPhaseTaggedIDLen",
+	"readPhaseTaggedVirtioPacked",
+	"readPhaseTaggedVirtioUsed",
+	"readPhaseTaggedSim",
+}
+
+// loop calls the copy of readPhaseRun that fastPath.sel selects. A switch
+// costs less than a call through a function value.
+func (fp *fastPath) loop(first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+	switch fp.sel {
+	default: // sel 0, and any value setFormat cannot give
+		return readPhaseContextNatural(fp, first, count, eoff)
+	case 1:
+		return readPhaseContextMasked(fp, first, count, eoff)
+	case 2:
+		return readPhaseContextIDLen(fp, first, count, eoff)
+	case 3:
+		return readPhaseContextVirtioPacked(fp, first, count, eoff)
+	case 4:
+		return readPhaseContextVirtioUsed(fp, first, count, eoff)
+	case 5:
+		return readPhaseContextSim(fp, first, count, eoff)
+	case 6:
+		return readPhaseMsgNatural(fp, first, count, eoff)
+	case 7:
+		return readPhaseMsgMasked(fp, first, count, eoff)
+	case 8:
+		return readPhaseMsgIDLen(fp, first, count, eoff)
+	case 9:
+		return readPhaseMsgVirtioPacked(fp, first, count, eoff)
+	case 10:
+		return readPhaseMsgVirtioUsed(fp, first, count, eoff)
+	case 11:
+		return readPhaseMsgSim(fp, first, count, eoff)
+	case 12:
+		return readPhaseDataNatural(fp, first, count, eoff)
+	case 13:
+		return readPhaseDataMasked(fp, first, count, eoff)
+	case 14:
+		return readPhaseDataIDLen(fp, first, count, eoff)
+	case 15:
+		return readPhaseDataVirtioPacked(fp, first, count, eoff)
+	case 16:
+		return readPhaseDataVirtioUsed(fp, first, count, eoff)
+	case 17:
+		return readPhaseDataSim(fp, first, count, eoff)
+	case 18:
+		return readPhaseTaggedNatural(fp, first, count, eoff)
+	case 19:
+		return readPhaseTaggedMasked(fp, first, count, eoff)
+	case 20:
+		return readPhaseTaggedIDLen(fp, first, count, eoff)
+	case 21:
+		return readPhaseTaggedVirtioPacked(fp, first, count, eoff)
+	case 22:
+		return readPhaseTaggedVirtioUsed(fp, first, count, eoff)
+	case 23:
+		return readPhaseTaggedSim(fp, first, count, eoff)
+	}
 }

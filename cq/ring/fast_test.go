@@ -482,7 +482,59 @@ func diffSteps(n int) int {
 	return n
 }
 
-func TestFastPathMatchesGeneric(t *testing.T) {
+// withShapes runs f with the shape copies of the loops on and off: the
+// rings of a known shape then run through both copies.
+func withShapes(t *testing.T, f func(t *testing.T)) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("shapes=%v", on), func(t *testing.T) {
+			useShapes = on
+			defer func() { useShapes = true }()
+			f(t)
+		})
+	}
+}
+
+// TestShapeLoops: the layouts that mirror the drivers' take the copies
+// made for their shape, for every format; a layout that differs in one
+// offset, or a ring whose codes add flags, takes the kind's copy.
+func TestShapeLoops(t *testing.T) {
+	packed, moved := conventionLayouts(8)[2], simLayout(8)
+	moved.Fields.Tag.Off += 4
+	for _, c := range []struct {
+		l     Layout
+		codes Codes
+		want  string
+	}{
+		{simLayout(8), simCodes(), "Sim"},
+		{packed, Codes{}, "VirtioPacked"},
+		{splitLayout(8), Codes{}, "VirtioUsed"},
+		{moved, simCodes(), "Natural"},
+		{packed, Codes{Opcodes: []Opcode{{Value: 0, Flags: cq.FlagSend}}}, "Masked"},
+	} {
+		for _, f := range []cq.Format{cq.FormatContext, cq.FormatMsg, cq.FormatData, cq.FormatTagged} {
+			mem := mmap(t, 4+c.l.Entries*c.l.EntrySize)
+			cfg := RingConfig{Mem: mem[4:], Layout: c.l, Codes: c.codes}
+			if c.l.Convention == UsedIndex {
+				var err error
+				cfg.Regs.Producer, err = doorbell.NewWindow(mem[:4]).Reg32(0)
+				require.NoError(t, err)
+			}
+			src, err := NewRingSource(cfg)
+			require.NoError(t, err)
+			require.NoError(t, src.Attach(f))
+			fname := map[cq.Format]string{cq.FormatContext: "Context", cq.FormatMsg: "Msg", cq.FormatData: "Data", cq.FormatTagged: "Tagged"}[f]
+			require.Equal(t, "readPhase"+fname+c.want, src.Loop(), c.l.Name)
+		}
+	}
+	l := conventionLayouts(8)[4] // descriptor done: the generic loop
+	src, err := NewRingSource(RingConfig{Mem: mmap(t, l.Entries*l.EntrySize), Layout: l})
+	require.NoError(t, err)
+	require.Equal(t, "generic", src.Loop())
+}
+
+func TestFastPathMatchesGeneric(t *testing.T) { withShapes(t, testFastPathMatchesGeneric) }
+
+func testFastPathMatchesGeneric(t *testing.T) {
 	formats := []cq.Format{cq.FormatContext, cq.FormatMsg, cq.FormatData, cq.FormatTagged}
 	steps := diffSteps(300)
 	for li, l := range fastLayouts(32) {

@@ -62,6 +62,10 @@ func newUsedSide(t *testing.T, n int, f cq.Format, generic bool) *usedSide {
 // generic loop; every read must return the same completions, errors and
 // ring, doorbell and table state.
 func TestFastPathMatchesGenericUsedIndex(t *testing.T) {
+	withShapes(t, testFastPathMatchesGenericUsedIndex)
+}
+
+func testFastPathMatchesGenericUsedIndex(t *testing.T) {
 	const n = 32
 	for _, f := range []cq.Format{cq.FormatContext, cq.FormatMsg, cq.FormatData, cq.FormatTagged} {
 		for seed := uint64(1); seed <= 4; seed++ {

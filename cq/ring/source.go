@@ -225,6 +225,17 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 // Ring returns the ring reader (for layers that walk raw entries).
 func (q *RingSource) Ring() *Ring { return q.ring }
 
+// Loop names the loop a Read runs over the ring for the CQ's format: a
+// function a CPU profile shows (readPhaseDataVirtioPacked, ...), or
+// "generic" when the layout or the codes need the generic loop. A driver's
+// test checks with it that its layout takes the loop made for it.
+func (q *RingSource) Loop() string {
+	if q.fast == nil {
+		return "generic"
+	}
+	return q.fast.name()
+}
+
 // maxQueue bounds queue numbers so the lookup table stays small.
 const maxQueue = 1 << 16
 
@@ -625,6 +636,12 @@ func entryFlags(fl cq.Flags) cq.Flags {
 		fl &^= cq.FlagMsg
 	}
 	return fl
+}
+
+// recvBuf returns buf for a receive (fl has FlagRecv), else 0, without a
+// branch.
+func recvBuf(fl cq.Flags, buf uintptr) uintptr {
+	return buf & -uintptr(fl&cq.FlagRecv/cq.FlagRecv)
 }
 
 // fits reports whether ln bytes from offset off lie within a posted buffer

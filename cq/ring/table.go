@@ -168,7 +168,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.len = uint32(op.Len)
 	s.multi = op.Flags&cq.FlagMultiRecv != 0
 	s.span = uint16(op.Span)
-	s.flags = op.Flags &^ cq.FlagMultiRecv
+	s.flags = entryFlags(op.Flags &^ cq.FlagMultiRecv)
 	s.buf = op.Buf
 	s.ctx = op.Context
 	if t.single {
@@ -188,44 +188,57 @@ func (t *Table) Post(op Op) (uint32, error) {
 
 // completer is the completing side of a Table as a value: what looking up
 // and releasing a slot read, so that a read loop can hold it (the fast
-// path's tableCursor) and keep the free queue's tail in a register.
-// Table.lookup and Table.release go through it: there is one
-// implementation of each.
+// path's tableCursor) and keep the free queue's tail in a register. It has
+// four fields so that the compiler keeps a copy in registers. Table.lookup
+// and Table.release go through it: there is one implementation of each.
 type completer struct {
-	slots []slot // nil: every id is refused
-	smask uint32
-	qmask uint32
-	freeq *uint32 // &freeq[0]: qmask+1 ids
+	slots unsafe.Pointer // &slots[0]; nil, with n 0: every id is refused
+	n     uint32         // len(slots)
+	mask  uint32         // an id's slot bits, and the free queue's index mask (it holds mask+1 ids)
+	freeq unsafe.Pointer // &freeq[0]
 }
 
 // completer returns t's completing side.
 func (t *Table) completer() completer {
-	return completer{slots: t.slots, smask: t.slotMask, qmask: t.qmask, freeq: unsafe.SliceData(t.freeq)}
+	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), n: uint32(len(t.slots)),
+		mask: t.slotMask, freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
 }
 
 // lookup returns the outstanding slot for id, or nil.
-func (c *completer) lookup(id uint32) *slot {
-	i := id & c.smask
-	if i >= uint32(len(c.slots)) {
+func (c completer) lookup(id uint32) *slot {
+	i := id & c.mask
+	if i >= c.n {
 		return nil
 	}
-	s := &c.slots[i]
-	if atomic.LoadUint32(&s.state) != slotPosted || s.id != id {
+	s := c.at(i)
+	if !s.outstanding(id) {
 		return nil
 	}
 	return s
 }
 
+// at returns slot i, which must be below c.n. A read loop calls at and
+// outstanding itself, testing i against c.n, where lookup's nil would
+// cost it a merge of two paths per entry.
+func (c completer) at(i uint32) *slot {
+	return (*slot)(unsafe.Add(c.slots, uintptr(i)*unsafe.Sizeof(slot{})))
+}
+
+// outstanding reports whether s is posted under id.
+func (s *slot) outstanding(id uint32) bool {
+	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
+}
+
 // release frees slot s into the free queue at local tail ftl and returns
 // the next tail; the id becomes visible to posters when the table's tail
 // is published (flush).
-func (c *completer) release(s *slot, ftl uint32) uint32 {
+func (c completer) release(s *slot, ftl uint32) uint32 {
 	s.ctx = nil
 	// A plain store: posters see the slot again only after taking its id
 	// from the free queue, which flush publishes with an atomic store.
 	s.state = slotFree
-	// The free queue holds qmask+1 ids: the index is in range.
-	*(*uint32)(unsafe.Add(unsafe.Pointer(c.freeq), uintptr(ftl&c.qmask)*4)) = s.id & c.smask
+	// The free queue holds mask+1 ids: the index is in range.
+	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = s.id & c.mask
 	return ftl + 1
 }
 

@@ -429,3 +429,20 @@ func TestConsumerAheadIsADriverError(t *testing.T) {
 	require.EqualValues(t, 4, st.Written)
 	require.EqualValues(t, 1, st.Dropped)
 }
+
+// TestCQTakesItsLoop: a CQ of the software device reads its ring with the
+// loop made for its entry (cq/ring's gen_fast.go copies Layout's geometry
+// as constants), in the CQ's format; a change to CQE or Layout that this
+// test catches needs that shape updated.
+func TestCQTakesItsLoop(t *testing.T) {
+	d := newDev(t)
+	for f, name := range map[cq.Format]string{cq.FormatContext: "Context", cq.FormatMsg: "Msg", cq.FormatData: "Data", cq.FormatTagged: "Tagged"} {
+		c, err := d.OpenCQ(cq.Attr{Size: 64, Format: f})
+		require.NoError(t, err)
+		d.mu.Lock()
+		loop := d.cqs[c].src.Loop()
+		d.mu.Unlock()
+		require.Equal(t, "readPhase"+name+"Sim", loop)
+		require.NoError(t, c.Close())
+	}
+}
