@@ -161,11 +161,12 @@ func (p *fastPlan) rebase(own int) {
 // that uses it, which costs less than the spills and reloads of as many
 // locals.
 type fastPath struct {
-	format  cq.Format // the CQ's (Attach); 0 before, which reads like FormatContext
-	natural bool      // the id, length, buffer offset and data have natural widths
-	idlen   bool      // an id and a length alone, and codes that add nothing (virtio)
-	kind    int       // loopNatural, loopMasked, loopIDLen or a shape's (fast_gen.go)
-	sel     int       // the copy of readPhaseRun that runs: format and kind (loop)
+	// kind is loopNatural (the id, length, buffer offset and data have
+	// natural widths), loopIDLen (an id and a length alone, and codes
+	// that add nothing: virtio), loopMasked, or the shape that refines
+	// one of them (fast_gen.go). sel is the copy of readPhaseRun that
+	// runs: the kind's for the CQ's format (setFormat).
+	kind, sel int
 
 	// The ring, as Ring has it. The loop steps from ownership word to
 	// ownership word: base+own, then esz apart.
@@ -204,12 +205,12 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 	plan.rebase(int(r.own))
 	f := &r.l.Fields
 	fp := &fastPath{base: r.base, esz: r.esz, own: r.own, omask: r.mask, plan: plan,
-		cur: tableCursor{queue: noQueue}, src: q,
-		natural: f.ID.Bits == 32 && f.Len.Bits == 32 && f.BufOff.Bits == 32 && f.Data.Bits == 64}
+		cur: tableCursor{queue: noQueue}, src: q}
+	natural := f.ID.Bits == 32 && f.Len.Bits == 32 && f.BufOff.Bits == 32 && f.Data.Bits == 64
 	// With no field but the id and the length, every entry reads the
 	// tables at byte value 0's meaning; when that adds no flag and
 	// refuses nothing, the loop can leave the codes out.
-	fp.idlen = f.Queue.Bits == 0 && f.Status.Bits == 0 && f.Opcode.Bits == 0 && f.Flags.Bits == 0 &&
+	idlen := f.Queue.Bits == 0 && f.Status.Bits == 0 && f.Opcode.Bits == 0 && f.Flags.Bits == 0 &&
 		f.BufOff.Bits == 0 && f.Data.Bits == 0 && f.Tag.Bits == 0
 	for b := range 256 {
 		if sc := q.stat[st.value(b)]; !sc.known || sc.err != 0 {
@@ -225,11 +226,10 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 			return nil
 		}
 	}
-	fp.idlen = fp.idlen && fp.status[0]|fp.op[0]|fp.bits[0] == 0
 	switch {
-	case fp.idlen:
+	case idlen && fp.status[0]|fp.op[0]|fp.bits[0] == 0:
 		fp.kind = loopIDLen
-	case fp.natural:
+	case natural:
 		fp.kind = loopNatural
 	default:
 		fp.kind = loopMasked
@@ -250,19 +250,15 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 // copies that read the offsets from fastPath.
 var useShapes = true
 
-// setFormat records the CQ's format (Attach), which picks the loop with
-// the kind (FormatUnspec, before Attach, reads like FormatContext).
+// setFormat picks the loop for the CQ's format (Attach) and the kind
+// (FormatUnspec, before Attach, reads like FormatContext).
 func (fp *fastPath) setFormat(f cq.Format) {
-	fp.format = f
 	fi := 0
 	if f >= cq.FormatContext && f <= cq.FormatTagged {
 		fi = int(f - cq.FormatContext)
 	}
 	fp.sel = fi*loopKinds + fp.kind
 }
-
-// name is the name of the loop that runs (RingSource.Loop).
-func (fp *fastPath) name() string { return loopNames[fp.sel] }
 
 // pollFast is RingSource.Poll for a Read on a source with a fast path, when
 // no error entry is staged and the ring did not overrun. It moves up to
@@ -320,10 +316,6 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 		why = runStopped // UsedIndex: the producer index was reached
 	}
 	fp.cur.leave(q)
-	if why == runFull {
-		// ents is full and the next entry unread: nothing to probe.
-		return q.finishBatch(n)
-	}
 	return q.endBatch(n, why == runStopped, why == runFailed, tabs)
 }
 

@@ -2826,19 +2826,19 @@ var loopShapes = [...]struct {
 	plan    fastPlan
 }{
 	{kind: loopVirtioPacked, refines: loopIDLen, esz: 16, omask: 2155872256, plan: fastPlan{
-		id: word32{0, 65535}, queue: word32{-12, 0},
-		ln: word32{-4, 4294967295}, bufOff: word32{-12, 0},
-		data: word64{-12, 0}, tag: word64{-12, 0},
+		id: word32{off: 0, mask: 65535}, queue: word32{off: -12, mask: 0},
+		ln: word32{off: -4, mask: 4294967295}, bufOff: word32{off: -12, mask: 0},
+		data: word64{off: -12, mask: 0}, tag: word64{off: -12, mask: 0},
 		st: -12, op: -12, fl: -12}},
 	{kind: loopVirtioUsed, refines: loopIDLen, esz: 8, omask: 0, plan: fastPlan{
-		id: word32{0, 4294967295}, queue: word32{0, 0},
-		ln: word32{4, 4294967295}, bufOff: word32{0, 0},
-		data: word64{0, 0}, tag: word64{0, 0},
+		id: word32{off: 0, mask: 4294967295}, queue: word32{off: 0, mask: 0},
+		ln: word32{off: 4, mask: 4294967295}, bufOff: word32{off: 0, mask: 0},
+		data: word64{off: 0, mask: 0}, tag: word64{off: 0, mask: 0},
 		st: 0, op: 0, fl: 0}},
 	{kind: loopSim, refines: loopNatural, esz: 64, omask: 2147483648, plan: fastPlan{
-		id: word32{-60, 4294967295}, queue: word32{-56, 65535},
-		ln: word32{-52, 4294967295}, bufOff: word32{-16, 4294967295},
-		data: word64{-44, 18446744073709551615}, tag: word64{-36, 18446744073709551615},
+		id: word32{off: -60, mask: 4294967295}, queue: word32{off: -56, mask: 65535},
+		ln: word32{off: -52, mask: 4294967295}, bufOff: word32{off: -16, mask: 4294967295},
+		data: word64{off: -44, mask: 18446744073709551615}, tag: word64{off: -36, mask: 18446744073709551615},
 		st: -53, op: -54, fl: -48}},
 }
 

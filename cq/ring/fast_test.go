@@ -50,7 +50,7 @@ func TestFastPathSelection(t *testing.T) {
 			require.Equal(t, c.fast, src.fast != nil)
 			require.NoError(t, src.Attach(cq.FormatMsg))
 			if c.fast {
-				require.Equal(t, cq.FormatMsg, src.fast.format)
+				require.Equal(t, int(cq.FormatMsg-cq.FormatContext)*loopKinds+src.fast.kind, src.fast.sel, "the loop for the format")
 			}
 		})
 	}
@@ -544,7 +544,7 @@ func testFastPathMatchesGeneric(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					d := newDiffRun(t, uint64(li*100+int(f)), l, codes, cq.Attr{Format: f})
 					require.Equal(t, l.Name == "test64" || l.Name == "owner-index" || l.Name == "wide",
-						d.sides[0].src.fast.natural, "natural widths")
+						baseKind(d.sides[0].src.fast) == loopNatural, "natural widths")
 					d.run(steps)
 					require.Greater(t, d.good, 4*steps, "successful completions")
 					require.Greater(t, d.bad, steps/3, "error completions")

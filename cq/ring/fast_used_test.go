@@ -40,7 +40,7 @@ func newUsedSide(t *testing.T, n int, f cq.Format, generic bool) *usedSide {
 		Regs: RingRegs{Producer: prod, Doorbell: doorbell.NewDoorbell(cons)}})
 	require.NoError(t, err)
 	require.NotNil(t, src.fast, "the split used ring takes the fast path")
-	require.True(t, src.fast.idlen, "with the id-and-length loop")
+	require.Equal(t, loopIDLen, baseKind(src.fast), "with the id-and-length loop")
 	if generic {
 		src.fast = nil
 	}
@@ -208,7 +208,7 @@ func TestIDLenLoop(t *testing.T) {
 		src, err := NewRingSource(RingConfig{Mem: mem, Layout: c.l, Codes: c.codes})
 		require.NoError(t, err, c.name)
 		require.NotNil(t, src.fast, c.name)
-		require.Equal(t, c.idlen, src.fast.idlen, c.name)
+		require.Equal(t, c.idlen, baseKind(src.fast) == loopIDLen, c.name)
 	}
 }
 
@@ -222,7 +222,7 @@ func TestIDLenLoopAllocs(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/single=%v", l.Name, single), func(t *testing.T) {
 				s := newDiffSide(t, l, Codes{}, cq.Attr{Format: cq.FormatData, SingleThreaded: single}, false)
 				require.NotNil(t, s.src.fast)
-				require.True(t, s.src.fast.idlen)
+				require.Equal(t, loopIDLen, baseKind(s.src.fast))
 				newTable := NewTable
 				if single {
 					newTable = NewSingleThreadedTable

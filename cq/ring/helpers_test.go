@@ -143,3 +143,14 @@ func simCodes() Codes {
 		FlagBits: [8]cq.Flags{cq.FlagRemoteCQData, cq.FlagTagged, cq.FlagMultiRecv, cq.FlagMore},
 	}
 }
+
+// baseKind is the kind of loop fp runs, a shape counted as the kind it
+// refines.
+func baseKind(fp *fastPath) int {
+	for _, s := range loopShapes {
+		if s.kind == fp.kind {
+			return s.refines
+		}
+	}
+	return fp.kind
+}

@@ -233,7 +233,7 @@ func (q *RingSource) Loop() string {
 	if q.fast == nil {
 		return "generic"
 	}
-	return q.fast.name()
+	return loopNames[q.fast.sel]
 }
 
 // maxQueue bounds queue numbers so the lookup table stays small.

@@ -66,8 +66,7 @@ type Table struct {
 	slotMask uint32
 	slotBits uint
 	idMask   uint32
-	freeq    []uint32
-	qmask    uint32
+	freeq    []uint32 // slotMask+1 ids: slotMask is also its index mask
 	owner    atomic.Pointer[RingSource]
 
 	// The poster's, the shared and the completer's words sit on separate
@@ -97,14 +96,12 @@ func NewTable(n, idBits int) (*Table, error) {
 	if idBits < int(sb) || idBits > 32 {
 		return nil, fmt.Errorf("%w: %d-bit ids for %d operations", cq.ErrInvalid, idBits, n)
 	}
-	qn := 1 << bits.Len(uint(n-1))
 	t := &Table{
 		slots:    make([]slot, n),
 		slotMask: 1<<sb - 1,
 		slotBits: sb,
 		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
-		freeq:    make([]uint32, qn),
-		qmask:    uint32(qn - 1),
+		freeq:    make([]uint32, 1<<sb),
 		ftail:    uint32(n),
 	}
 	t.ftailLocal = t.ftail
@@ -160,7 +157,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 		}
 		return 0, ErrFull
 	}
-	i := t.freeq[t.fhead&t.qmask]
+	i := t.freeq[t.fhead&t.slotMask] // freeq holds slotMask+1 ids
 	t.fhead++
 	s := &t.slots[i]
 	gen := (s.id >> t.slotBits) + 1

@@ -466,7 +466,15 @@ func TestGuestModeration(t *testing.T) {
 		require.NoError(t, p.dev.Close())
 		return w.wakes, intr
 	}
-	plain, _ := measure(0)
+	// Under TCG the guest can be held off the CPU for the whole burst: then
+	// every frame is there before the first poll, the unmoderated read
+	// never sleeps and there is nothing to compare. Such a run is measured
+	// again (at most three times); the comparison itself is unchanged.
+	plain := 0
+	for try := 0; try < 3 && plain == 0; try++ {
+		plain, _ = measure(0)
+	}
+	require.NotZero(t, plain, "the unmoderated read slept at least once in three tries")
 	moderated, _ := measure(8 * time.Millisecond)
 	require.Less(t, moderated, plain, "moderation saves wake-ups")
 }
