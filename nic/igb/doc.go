@@ -19,7 +19,9 @@
 // every descriptor (posted with RS) rather than head write-back (TDWBAL):
 // that way both directions go through the same validating reader, and a
 // completion is tied to the descriptor it completes, not to a head value
-// the driver would have to trust.
+// the driver would have to trust. A context descriptor (SendChecksum's
+// checksum offload), for which the device writes nothing back, is
+// completed by the queue itself once the frame's descriptor after it is.
 //
 // Each receive and transmit queue has its own MSI-X vector (vector 0 takes
 // link and other causes). A blocking read arms by unmasking its vector
@@ -45,5 +47,8 @@ package igb
 //     Linux, and Match refuses it); EIAM auto-masking (QEMU does not apply
 //     it); EEPROM auto-read completion (EECD.AUTO_RD), which QEMU does not
 //     model, so bring-up relies on RAH0.AV; copper PHY timing; flow
-//     control; the RXE error path (QEMU never sets it); VLAN stripping
-//     (CTRL.VME) on the wire.
+//     control; the RXE error path (QEMU never sets it).
+//   - Checked on QEMU's model by the VM tests: VLAN stripping (CTRL.VME,
+//     the tag in the write-back) and transmit checksum offload through
+//     context descriptors (IXSM, TXSM; QEMU computes the L4 checksum
+//     itself and ignores the pseudo-header seed real silicon adds to).

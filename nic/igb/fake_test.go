@@ -106,6 +106,7 @@ type fakeNIC struct {
 	f        *fakeRegs
 	rx, tx   *queue
 	rdh, tdh uint32
+	ctx      [2][2]uint32 // transmit contexts: vlan_macip_lens, type_tucmd_mlhl
 }
 
 func newFakeNIC(t testing.TB, d *Device, f *fakeRegs) *fakeNIC {

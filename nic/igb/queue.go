@@ -55,6 +55,7 @@ type queue struct {
 	desc  []byte // n descriptors in DMA memory
 	r     *ring
 	tail  uint32 // position of the next descriptor to post
+	head  uint32 // position of the next descriptor to complete
 	out   int    // descriptors posted and not yet completed
 	db    *doorbell.Doorbell
 
@@ -76,6 +77,13 @@ type queue struct {
 	rss    bool     // RSS on: the write-back carries the hash
 	skip   bool     // the next frame is the rest of one without EOP
 
+	// transmit: context descriptors (txoffload.go)
+	silent  []bool       // per descriptor: a context descriptor the device has not passed yet
+	ctxOut  int          // context descriptors among out
+	ctxs    [2]txContext // what the device's contexts 0 and 1 hold
+	ctxOK   [2]bool      // ctxs[i] was written
+	ctxNext uint8        // the context the next new one replaces
+
 	closed, broken bool
 	closeErr       error     // why the queue closed, once closed
 	src            *cqSource // set while the queue feeds a user CQ
@@ -94,7 +102,7 @@ func (q *queue) Size() int { return int(q.n) }
 func (q *queue) Outstanding() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.out
+	return q.out - q.ctxOut
 }
 
 // usable returns why the queue cannot take an operation. Called locked.
@@ -133,7 +141,7 @@ func (q *queue) Flush() error {
 func (q *queue) Ready(max int) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.broken {
+	if q.closed || q.broken || !q.settle() {
 		return 0
 	}
 	return q.r.pending(max)
@@ -235,7 +243,8 @@ func (q *queue) close(why error) {
 // step. The buffer of a refused entry goes back to the pool (c.Buf is then
 // 0). Called locked; the caller ends a batch with finish.
 func (q *queue) next(c *cqring.Completion) bool {
-	if q.closed || q.broken || !q.r.src.Next(c) {
+again:
+	if q.closed || q.broken || !q.settle() || !q.r.src.Next(c) {
 		return false
 	}
 	c.Queue = q.qnum
@@ -244,7 +253,14 @@ func (q *queue) next(c *cqring.Completion) bool {
 		return true
 	}
 	q.out--
+	if q.head++; q.head == q.n {
+		q.head = 0
+	}
 	if !q.rx {
+		if c.Context == any(ctxSlot) {
+			q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
+			goto again
+		}
 		return true
 	}
 	b := q.posBuf[c.Pos]
@@ -521,25 +537,42 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	if !q.room() {
 		return errNoDesc
 	}
+	if _, err := q.take(frame, ctx); err != nil {
+		return err
+	}
+	q.commit(len(frame), 0)
+	return nil
+}
+
+// take copies frame into the buffer of the descriptor at the tail and
+// records the operation; commit then writes the descriptor. Called locked,
+// with room.
+func (q *TxQueue) take(frame []byte, ctx any) ([]byte, error) {
 	pos := q.tail
 	buf := q.pool.Buf(pos)
 	n := copy(buf, frame)
 	got, err := q.r.post(ctx, uintptr(unsafe.Pointer(&buf[0])), n, false)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if got != pos {
 		q.broken = true
-		return fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
+		return nil, fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
 	}
+	return buf[:n], nil
+}
+
+// commit writes the data descriptor of an n-byte frame at the tail, with
+// olinfo's offload bits (POPTS, IDX), and moves the tail.
+func (q *TxQueue) commit(n int, olinfo uint64) {
+	pos := q.tail
 	cmd := uint64(n) | txdDTypData | txdCmdDEXT | txdCmdIFCS | txdCmdEOP | txdCmdRS
-	olinfo := uint64(n) << txdPaylenSh
+	olinfo |= uint64(n) << txdPaylenSh
 	q.writeDesc(pos, q.pool.Addr(pos), cmd|olinfo<<32)
 	q.out++
 	if q.tail++; q.tail == q.n {
 		q.tail = 0
 	}
-	return nil
 }
 
 // ringAddr is the address of the ring's first descriptor (its IOVA in an

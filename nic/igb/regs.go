@@ -151,10 +151,22 @@ const (
 	txdCmdRS     = 1 << 27
 	txdCmdDEXT   = 1 << 29
 	txdDTypData  = 3 << 20
-	txdPaylenSh  = 14 // olinfo_status (offset 12): PAYLEN
-	txdStatusDD  = 1 << 0
-	rxdStatusDD  = 1 << 0
-	rxdStatusEOP = 1 << 1
+	txdPaylenSh  = 14     // olinfo_status (offset 12): PAYLEN
+	txdIdxSh     = 4      // olinfo_status: the context (0 or 1) the frame uses
+	txdPoptsIXSM = 1 << 8 // olinfo_status: insert the IPv4 header checksum
+	txdPoptsTXSM = 1 << 9 // olinfo_status: insert the TCP/UDP checksum
+	// Transmit context descriptor (datasheet 7.2.2.5; Linux struct
+	// e1000_adv_tx_context_desc): vlan_macip_lens at offset 0 (IPLEN bits
+	// 0-8, MACLEN 9-15), type_tucmd_mlhl at 8, mss_l4len_idx at 12 (IDX
+	// bit 4).
+	txcMACLenSh   = 9
+	txcDTypCtx    = 2 << 20
+	txcTUCmdIPv4  = 1 << 10
+	txcTUCmdL4TCP = 1 << 11 // L4T: TCP (UDP is 0)
+	txcIdxSh      = 4
+	txdStatusDD   = 1 << 0
+	rxdStatusDD   = 1 << 0
+	rxdStatusEOP  = 1 << 1
 )
 
 // Descriptor size and ring limits (82576 datasheet 8.10: RDLEN/TDLEN are

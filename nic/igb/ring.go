@@ -153,7 +153,7 @@ func (s *cqSource) Pending(max int) int {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.broken {
+	if q.closed || q.broken || !q.settle() {
 		return 0
 	}
 	return q.r.pending(max)

@@ -40,7 +40,108 @@ const (
 	// then msgOversizeDone to the MAC in bytes [30:36] of the request.
 	msgOversize     = 11
 	msgOversizeDone = 12
+	// msgVLANReq (guest): send data frame 0 with an 802.1Q tag whose TCI
+	// is arg, then data frame 1 untagged.
+	msgVLANReq = 13
+	// msgCsumReq (guest): arg checksum-offload frames follow (csumFrames),
+	// sent with their checksums zeroed; the host checks each and answers
+	// msgCsumDone with arg good | bad<<16.
+	msgCsumReq  = 14
+	msgCsumDone = 15
 )
+
+// csumFrames are the frames of the checksum-offload test, with correct
+// checksums (gopacket): UDP and TCP over IPv4, IPv4 with options, IPv6,
+// and a VLAN-tagged IPv4 frame; each carries the test header (type
+// msgData, arg its index) as payload.
+func csumFrames(dst, src net.HardwareAddr, session uint32) [][]byte {
+	var out [][]byte
+	for i, k := range []struct {
+		v6, tcp bool
+		vlan    uint16
+		opts    int
+	}{{}, {tcp: true}, {opts: 4}, {v6: true}, {v6: true, tcp: true}, {vlan: 9}, {vlan: 9, tcp: true}} {
+		payload := make([]byte, hdrLen+17)
+		fill(payload, dst, src, msgData, session, uint32(i))
+		eth := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
+		ls := []gopacket.SerializableLayer{eth}
+		et := layers.EthernetTypeIPv4
+		if k.v6 {
+			et = layers.EthernetTypeIPv6
+		}
+		if k.vlan != 0 {
+			eth.EthernetType = layers.EthernetTypeDot1Q
+			ls = append(ls, &layers.Dot1Q{VLANIdentifier: k.vlan, Type: et})
+		} else {
+			eth.EthernetType = et
+		}
+		proto := layers.IPProtocolUDP
+		if k.tcp {
+			proto = layers.IPProtocolTCP
+		}
+		var nl gopacket.NetworkLayer
+		if k.v6 {
+			ip := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: proto, SrcIP: net.ParseIP("fd00::2"), DstIP: net.ParseIP("fd00::1")}
+			nl, ls = ip, append(ls, ip)
+		} else {
+			ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: proto, SrcIP: guestIP, DstIP: hostIP}
+			for j := 0; j < k.opts; j++ {
+				ip.Options = append(ip.Options, layers.IPv4Option{OptionType: 1}) // NOP
+			}
+			nl, ls = ip, append(ls, ip)
+		}
+		if k.tcp {
+			l4 := &layers.TCP{SrcPort: 4000, DstPort: 9, Seq: uint32(i), ACK: true, Window: 1024}
+			_ = l4.SetNetworkLayerForChecksum(nl)
+			ls = append(ls, l4)
+		} else {
+			l4 := &layers.UDP{SrcPort: 4000, DstPort: 9}
+			_ = l4.SetNetworkLayerForChecksum(nl)
+			ls = append(ls, l4)
+		}
+		buf := gopacket.NewSerializeBuffer()
+		if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true, FixLengths: true},
+			append(ls, gopacket.Payload(payload))...); err != nil {
+			panic(err) // fixed, valid layers
+		}
+		out = append(out, append([]byte(nil), buf.Bytes()...))
+	}
+	return out
+}
+
+// checkCsum decodes a frame of csumFrames: its session, and whether its
+// IPv4 and TCP/UDP checksums are right (gopacket recomputes them by
+// serializing the decoded layers again).
+func checkCsum(f []byte) (session uint32, good, ok bool) {
+	p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+	app := p.ApplicationLayer()
+	if app == nil || len(app.Payload()) < hdrLen || string(app.Payload()[14:18]) != "IGBV" {
+		return 0, false, false
+	}
+	session = binary.LittleEndian.Uint32(app.Payload()[20:24])
+	var ls []gopacket.SerializableLayer
+	var nl gopacket.NetworkLayer
+	for _, l := range p.Layers() {
+		switch l := l.(type) {
+		case *layers.IPv4:
+			nl = l
+		case *layers.IPv6:
+			nl = l
+		case *layers.TCP:
+			_ = l.SetNetworkLayerForChecksum(nl)
+		case *layers.UDP:
+			_ = l.SetNetworkLayerForChecksum(nl)
+		}
+		if sl, isSL := l.(gopacket.SerializableLayer); isSL {
+			ls = append(ls, sl)
+		}
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, ls...); err != nil {
+		return session, false, true
+	}
+	return session, string(buf.Bytes()) == string(f), true
+}
 
 // RSS flows: UDP/IPv4 from 10.0.0.1:rssPort0+flow to 10.0.0.2:9, with the
 // test header (type msgData, arg flow<<16|seq) as UDP payload.
@@ -112,6 +213,15 @@ func fill(b []byte, dst, src net.HardwareAddr, typ uint8, session, arg uint32) {
 	for i := hdrLen; i < len(b); i++ {
 		b[i] = byte(arg*31 + uint32(i))
 	}
+}
+
+// tagged inserts an 802.1Q tag with the given TCI after f's addresses.
+func tagged(f []byte, tci uint16) []byte {
+	b := make([]byte, 0, len(f)+4)
+	b = append(b, f[:12]...)
+	b = binary.BigEndian.AppendUint16(b, 0x8100)
+	b = binary.BigEndian.AppendUint16(b, tci)
+	return append(b, f[12:]...)
 }
 
 func dataFrame(dst, src net.HardwareAddr, session, seq uint32) []byte {
