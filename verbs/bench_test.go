@@ -14,9 +14,10 @@ import (
 // wrid is the fi_cq side's equivalent of CQ.WRID, so both loops do the
 // same work per entry.
 func wrid(ctx any) uint64 {
-	switch v := ctx.(type) {
-	case uint64:
+	if v, ok := ctx.(uint64); ok {
 		return v
+	}
+	switch v := ctx.(type) {
 	case int:
 		return uint64(v)
 	}

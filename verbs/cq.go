@@ -328,9 +328,18 @@ func StatusOf(e *cq.ErrEntry) WCStatus {
 // was posted with when that is a uint64 (or an int, uint32 or uintptr),
 // else 0 (see WRContext).
 func (c *CQ) WRID() uint64 {
-	switch v := c.cur().Context.(type) {
-	case uint64:
+	ctx := c.cur().Context
+	// One type-word compare for the usual work-request id; the switch
+	// (a search over type hashes) only for the others.
+	if v, ok := ctx.(uint64); ok {
 		return v
+	}
+	return wrid(ctx)
+}
+
+// wrid is WRID's conversion of a context that is not a uint64.
+func wrid(ctx any) uint64 {
+	switch v := ctx.(type) {
 	case int:
 		return uint64(v)
 	case uint32:
