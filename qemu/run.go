@@ -113,8 +113,8 @@ type Config struct {
 	// tcg,thread=single) instead of one thread per vCPU. The igb
 	// conformance suite froze multi-threaded TCG guests in about one run
 	// of four (an idle vCPU's timer interrupt never arrives: RCU stall
-	// reports "timer wakeup didn't happen", QEMU idle) and not once in
-	// twelve runs with one thread, at about the same speed.
+	// reports "timer wakeup didn't happen", QEMU idle) and in none of ten
+	// runs with one thread, at about the same speed.
 	OneTCGThread bool
 }
 
