@@ -55,7 +55,6 @@ type queue struct {
 	desc  []byte // n descriptors in DMA memory
 	r     *ring
 	tail  uint32 // position of the next descriptor to post
-	head  uint32 // position of the next descriptor to complete
 	out   int    // descriptors posted and not yet completed
 	db    *doorbell.Doorbell
 
@@ -80,8 +79,7 @@ type queue struct {
 	// transmit: context descriptors (txoffload.go)
 	silent  []bool       // per descriptor: a context descriptor the device has not passed yet
 	ctxOut  int          // context descriptors among out
-	ctxs    [2]txContext // what the device's contexts 0 and 1 hold
-	ctxOK   [2]bool      // ctxs[i] was written
+	ctxs    [2]txContext // what the device's contexts 0 and 1 hold (zero, which no frame matches, until written)
 	ctxNext uint8        // the context the next new one replaces
 
 	closed, broken bool
@@ -253,9 +251,6 @@ again:
 		return true
 	}
 	q.out--
-	if q.head++; q.head == q.n {
-		q.head = 0
-	}
 	if !q.rx {
 		if c.Context == any(ctxSlot) {
 			q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
@@ -368,6 +363,27 @@ func (q *queue) SRead(ctx context.Context, out []nic.Completion, threshold int, 
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
 
+// postTail records an operation for the descriptor at the tail. The table
+// hands out positions in ring order; any other position means the ring
+// and the table disagree, and breaks the queue. Called locked, with room.
+func (q *queue) postTail(ctx any, buf uintptr, length int) error {
+	pos, err := q.r.post(ctx, buf, length, q.rx)
+	if err == nil && pos != q.tail {
+		q.broken = true
+		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, pos, q.tail)
+	}
+	return err
+}
+
+// advance hands the descriptor written at the tail over and moves the
+// tail (the device sees it at the next Flush).
+func (q *queue) advance() {
+	q.out++
+	if q.tail++; q.tail == q.n {
+		q.tail = 0
+	}
+}
+
 // writeDesc stores a read-format descriptor: the buffer address, then the
 // second quadword, which for a receive descriptor clears DD (hdr_addr 0).
 func (q *queue) writeDesc(pos uint32, addr, word1 uint64) {
@@ -427,25 +443,15 @@ func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
 // post lends pool buffer b to the device at the tail. Called locked with
 // room.
 func (q *RxQueue) post(b uint32, ctx any) error {
-	pos, err := q.r.post(ctx, q.base+uintptr(b)*q.stride, int(q.bufLen), true)
-	if err == nil && pos != q.tail {
-		// The table hands out positions in ring order; anything else
-		// means the ring and the table disagree.
-		q.broken = true
-		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, pos, q.tail)
-	}
-	if err != nil {
+	if err := q.postTail(ctx, q.base+uintptr(b)*q.stride, int(q.bufLen)); err != nil {
 		q.state[b] = bufFree
 		_ = q.pool.Put(b)
 		return err
 	}
 	q.state[b] = bufPosted
-	q.posBuf[pos] = b
-	q.writeDesc(pos, q.pool.Addr(b), 0)
-	q.out++
-	if q.tail++; q.tail == q.n {
-		q.tail = 0
-	}
+	q.posBuf[q.tail] = b
+	q.writeDesc(q.tail, q.pool.Addr(b), 0)
+	q.advance()
 	return nil
 }
 
@@ -548,16 +554,10 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 // records the operation; commit then writes the descriptor. Called locked,
 // with room.
 func (q *TxQueue) take(frame []byte, ctx any) ([]byte, error) {
-	pos := q.tail
-	buf := q.pool.Buf(pos)
+	buf := q.pool.Buf(q.tail)
 	n := copy(buf, frame)
-	got, err := q.r.post(ctx, uintptr(unsafe.Pointer(&buf[0])), n, false)
-	if err != nil {
+	if err := q.postTail(ctx, uintptr(unsafe.Pointer(&buf[0])), n); err != nil {
 		return nil, err
-	}
-	if got != pos {
-		q.broken = true
-		return nil, fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
 	}
 	return buf[:n], nil
 }
@@ -569,10 +569,7 @@ func (q *TxQueue) commit(n int, olinfo uint64) {
 	cmd := uint64(n) | txdDTypData | txdCmdDEXT | txdCmdIFCS | txdCmdEOP | txdCmdRS
 	olinfo |= uint64(n) << txdPaylenSh
 	q.writeDesc(pos, q.pool.Addr(pos), cmd|olinfo<<32)
-	q.out++
-	if q.tail++; q.tail == q.n {
-		q.tail = 0
-	}
+	q.advance()
 }
 
 // ringAddr is the address of the ring's first descriptor (its IOVA in an

@@ -158,7 +158,7 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 	}
 	idx := -1
 	for i := range q.ctxs {
-		if q.ctxOK[i] && q.ctxs[i] == c {
+		if q.ctxs[i] == c { // an unwritten context is zero, and c.macLen is at least 14
 			idx = i
 		}
 	}
@@ -171,7 +171,7 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 		if err := q.postContext(c, idx); err != nil {
 			return err
 		}
-		q.ctxs[idx], q.ctxOK[idx], q.ctxNext = c, true, q.ctxNext^1
+		q.ctxs[idx], q.ctxNext = c, q.ctxNext^1
 	} else if !q.room() {
 		return errNoDesc
 	}
@@ -195,14 +195,8 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 // postContext writes a context descriptor for c into context idx at the
 // tail. Called locked, with room for it and a data descriptor.
 func (q *TxQueue) postContext(c txContext, idx int) error {
-	pos := q.tail
-	got, err := q.r.post(ctxSlot, 0, 0, false)
-	if err != nil {
+	if err := q.postTail(ctxSlot, 0, 0); err != nil {
 		return err
-	}
-	if got != pos {
-		q.broken = true
-		return fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, got, pos)
 	}
 	lens := uint64(c.ipLen) | uint64(c.macLen)<<txcMACLenSh
 	cmd := uint64(txcDTypCtx | txdCmdDEXT)
@@ -214,13 +208,10 @@ func (q *TxQueue) postContext(c txContext, idx int) error {
 	}
 	// Word 0: vlan_macip_lens, seqnum_seed 0; word 1: type_tucmd_mlhl,
 	// mss_l4len_idx (the index; no segmentation).
-	q.writeDesc(pos, lens, cmd|uint64(idx)<<txcIdxSh<<32)
-	q.silent[pos] = true
-	q.out++
+	q.writeDesc(q.tail, lens, cmd|uint64(idx)<<txcIdxSh<<32)
+	q.silent[q.tail] = true
 	q.ctxOut++
-	if q.tail++; q.tail == q.n {
-		q.tail = 0
-	}
+	q.advance()
 	return nil
 }
 
@@ -232,8 +223,11 @@ func (q *TxQueue) postContext(c txContext, idx int) error {
 // it in order. It reports whether the head is anything but a context
 // descriptor still in use. Called locked.
 func (q *queue) settle() bool {
-	h := q.head
-	if q.silent == nil || !q.silent[h] {
+	if q.silent == nil {
+		return true
+	}
+	h := q.r.src.Ring().Head()
+	if !q.silent[h] {
 		return true
 	}
 	next := unsafe.Pointer(&q.desc[uintptr((h+1)&(q.n-1))*descSize+12])

@@ -208,9 +208,11 @@ func (s *server) serve(ctx context.Context) {
 			return
 		}
 		f := buf[:n]
-		if sess, good, ok := checkCsum(f); ok {
-			s.csumFrame(sess, good)
-			continue
+		if s.csumWant != 0 { // only a checksum run's frames need decoding as IP
+			if sess, good, ok := checkCsum(f); ok {
+				s.csumFrame(sess, good)
+				continue
+			}
 		}
 		m, err := parse(f)
 		if m.typ == 0 && err != nil {
