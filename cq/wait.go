@@ -19,10 +19,11 @@ import (
 // match ErrAgain. ctx cancellation returns ctx.Err(); Close returns
 // ErrClosed. On a CQ without a wait object SRead returns ErrNoWait.
 //
-// SRead arms the device's interrupt, polls once more, then parks the
-// goroutine on the CQ's eventfd through the runtime poller; no OS thread
-// is held while it waits. Any number of goroutines may block at once: one
-// waits on the eventfd and wakes the others.
+// SRead arms the device's interrupt, polls once more, then sleeps on the
+// CQ's eventfd with its own thread in the kernel (eventfd.WaitOnThread), so
+// that the interrupt wakes the thread that reads; that thread is held while
+// it waits. Any number of goroutines may block at once: one waits on the
+// eventfd and wakes the others.
 func (c *CQ) SRead(ctx context.Context, ents []Entry, cond int, timeout time.Duration) (int, error) {
 	return c.sread(ctx, ents, nil, cond, timeout)
 }
@@ -186,7 +187,7 @@ func (c *CQ) park(ctx context.Context, deadline time.Time, gen uint64) error {
 	if !c.leading {
 		c.leading = true
 		c.wmu.Unlock()
-		_, err := c.wait.Wait(ctx, deadline)
+		_, err := c.wait.WaitOnThread(ctx, deadline)
 		c.wmu.Lock()
 		c.leading = false
 		c.wakeGen++
