@@ -193,14 +193,13 @@ func (e *FD) Close() error {
 		kick(c)
 	}
 	e.mu.Unlock()
-	err := e.f.Close() // wakes Wait
 	if old != 0 {
 		<-e.drained
 	}
 	if e.spare >= 0 {
 		_ = unix.Close(e.spare)
 	}
-	return err
+	return e.f.Close() // wakes Wait, which holds the os.File's own reference
 }
 
 // WaitOnThread is Wait with the calling goroutine's thread asleep in the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,25 +185,54 @@ func TestWaitOnThreadClose(t *testing.T) {
 	require.Equal(t, before, openFDs(t), "descriptors left open")
 }
 
-// Close racing Adds, Takes and sleepers: every call returns, none uses a
-// closed descriptor (the race detector and the fd count check it).
+// Close racing Adds, Takes and sleepers: every call returns nil or
+// ErrClosed, none reaches a closed descriptor (EBADF), and no descriptor
+// is left open.
 func TestCloseRace(t *testing.T) {
 	before := openFDs(t)
+	var bad atomic.Value
+	check := func(err error) {
+		if err != nil && !errors.Is(err, ErrClosed) {
+			bad.Store(err)
+		}
+	}
 	for range 50 {
 		e, err := New()
 		require.NoError(t, err)
 		var wg sync.WaitGroup
-		for range 4 {
+		for range 3 {
 			wg.Add(3)
-			go func() { defer wg.Done(); _ = e.Add(1) }()
-			go func() { defer wg.Done(); _, _ = e.Take() }()
 			go func() {
 				defer wg.Done()
-				_, _ = e.WaitOnThread(context.Background(), time.Now().Add(time.Second))
+				for e.Add(1) == nil {
+				}
+				check(e.Add(1))
+			}()
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := e.Take(); err != nil {
+						check(err)
+						return
+					}
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := e.WaitOnThread(context.Background(), time.Now().Add(time.Second)); err != nil {
+						check(err)
+						return
+					}
+				}
 			}()
 		}
+		time.Sleep(100 * time.Microsecond)
 		require.NoError(t, e.Close())
 		wg.Wait()
+		if err, _ := bad.Load().(error); err != nil {
+			t.Fatalf("a call racing Close: %v", err)
+		}
 	}
 	require.Equal(t, before, openFDs(t), "descriptors left open")
 }
