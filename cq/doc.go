@@ -4,8 +4,8 @@
 // A CQ comes from a device (nic/sim's OpenCQ) or from New and a device's
 // BindCQ. Read, ReadFrom and ReadErr take completions without blocking and
 // without allocating; SRead and SReadFrom block, arming the device's
-// interrupt, polling again and sleeping on an eventfd with the reading
-// thread in the kernel; Signal wakes a blocked SRead; WaitFD and TryWait
+// interrupt, polling again and parking the goroutine on an eventfd through
+// Go's runtime poller; Signal wakes a blocked SRead; WaitFD and TryWait
 // hand the wait object to an epoll loop; StrError describes a provider
 // error; Close releases the CQ and its device rings.
 //

@@ -20,10 +20,10 @@ import (
 // ErrClosed. On a CQ without a wait object SRead returns ErrNoWait.
 //
 // SRead arms the device's interrupt, polls once more, then sleeps on the
-// CQ's eventfd with its own thread in the kernel (eventfd.WaitOnThread), so
-// that the interrupt wakes the thread that reads; that thread is held while
-// it waits. Any number of goroutines may block at once: one waits on the
-// eventfd and wakes the others.
+// CQ's eventfd (eventfd.FD.Wait): parked on the runtime poller, holding no
+// OS thread, or, on a thread pinned to one CPU, with that thread asleep in
+// the kernel so that the interrupt wakes it directly. Any number of goroutines may block at once: one
+// waits on the eventfd and wakes the others.
 func (c *CQ) SRead(ctx context.Context, ents []Entry, cond int, timeout time.Duration) (int, error) {
 	return c.sread(ctx, ents, nil, cond, timeout)
 }
@@ -187,7 +187,7 @@ func (c *CQ) park(ctx context.Context, deadline time.Time, gen uint64) error {
 	if !c.leading {
 		c.leading = true
 		c.wmu.Unlock()
-		_, err := c.wait.WaitOnThread(ctx, deadline)
+		_, err := c.wait.Wait(ctx, deadline)
 		c.wmu.Lock()
 		c.leading = false
 		c.wakeGen++

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestAddTake(t *testing.T) {
@@ -82,7 +84,7 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-func TestWaitOnThread(t *testing.T) {
+func TestWaitThread(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	defer e.Close()
@@ -90,49 +92,93 @@ func TestWaitOnThread(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 		_ = e.Add(2)
 	}()
-	n, err := e.WaitOnThread(context.Background(), time.Time{})
+	n, err := e.waitThread(context.Background(), time.Time{})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 
 	// A count already there returns at once, and is taken.
 	require.NoError(t, e.Add(1))
-	n, err = e.WaitOnThread(context.Background(), time.Now().Add(time.Second))
+	n, err = e.waitThread(context.Background(), time.Now().Add(time.Second))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	n, err = e.Take()
 	require.NoError(t, err)
 	require.Zero(t, n)
-
-	//nolint:staticcheck // a nil context is the error under test
-	_, err = e.WaitOnThread(nil, time.Time{})
-	require.ErrorIs(t, err, os.ErrInvalid)
 }
 
-func TestWaitOnThreadTimeoutAndCancel(t *testing.T) {
+// Wait sleeps a thread pinned to one CPU in the kernel (its cancel
+// eventfd is left for the next one) and parks any other on the poller.
+func TestWaitPicksThePath(t *testing.T) {
+	cpus, err := allowedCPUs()
+	require.NoError(t, err)
+	e, err := New()
+	require.NoError(t, err)
+	defer e.Close()
+	if len(cpus) > 1 {
+		require.NoError(t, e.Add(1))
+		_, err = e.Wait(context.Background(), time.Time{})
+		require.NoError(t, err)
+		require.Equal(t, -1, e.spare, "an unpinned thread slept on its own")
+	}
+	done := make(chan error)
+	go func() {
+		// Never unlocked: the pinned thread ends with the goroutine.
+		runtime.LockOSThread()
+		var one unix.CPUSet
+		one.Set(cpus[0])
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			done <- err
+			return
+		}
+		go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
+		_, err := e.Wait(context.Background(), time.Now().Add(5*time.Second))
+		done <- err
+	}()
+	require.NoError(t, <-done)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.GreaterOrEqual(t, e.spare, 0, "the pinned thread did not sleep on its own")
+}
+
+func allowedCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for i := 0; i < 1024; i++ {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	return cpus, nil
+}
+
+func TestWaitThreadTimeoutAndCancel(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	defer e.Close()
 	deadline := time.Now().Add(20 * time.Millisecond)
-	_, err = e.WaitOnThread(context.Background(), deadline)
+	_, err = e.waitThread(context.Background(), deadline)
 	require.ErrorIs(t, err, ErrTimeout)
 	require.False(t, time.Now().Before(deadline), "returned before its deadline")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
-	_, err = e.WaitOnThread(ctx, time.Time{})
+	_, err = e.waitThread(ctx, time.Time{})
 	require.ErrorIs(t, err, context.Canceled)
 
 	// The next sleeper reuses the cancel eventfd the first one kicked:
 	// it still sleeps until its own event.
 	go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
-	n, err := e.WaitOnThread(context.Background(), time.Now().Add(5*time.Second))
+	n, err := e.waitThread(context.Background(), time.Now().Add(5*time.Second))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 }
 
 // Several sleepers all wake on an event; one takes it and the others sleep
 // on until the next.
-func TestWaitOnThreadSleepers(t *testing.T) {
+func TestWaitThreadSleepers(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	defer e.Close()
@@ -140,7 +186,7 @@ func TestWaitOnThreadSleepers(t *testing.T) {
 	got := make(chan uint64, sleepers)
 	for range sleepers {
 		go func() {
-			n, err := e.WaitOnThread(context.Background(), time.Now().Add(10*time.Second))
+			n, err := e.waitThread(context.Background(), time.Now().Add(10*time.Second))
 			if err != nil {
 				n = 0
 			}
@@ -155,7 +201,7 @@ func TestWaitOnThreadSleepers(t *testing.T) {
 }
 
 // Close wakes every sleeper, waits for them, and leaves no descriptor open.
-func TestWaitOnThreadClose(t *testing.T) {
+func TestWaitThreadClose(t *testing.T) {
 	before := openFDs(t)
 	e, err := New()
 	require.NoError(t, err)
@@ -163,7 +209,7 @@ func TestWaitOnThreadClose(t *testing.T) {
 	done := make(chan error, sleepers+1)
 	for range sleepers {
 		go func() {
-			_, err := e.WaitOnThread(context.Background(), time.Time{})
+			_, err := e.waitThread(context.Background(), time.Time{})
 			done <- err
 		}()
 	}
@@ -180,7 +226,7 @@ func TestWaitOnThreadClose(t *testing.T) {
 	require.ErrorIs(t, e.Add(1), ErrClosed)
 	_, err = e.Take()
 	require.ErrorIs(t, err, ErrClosed)
-	_, err = e.WaitOnThread(context.Background(), time.Time{})
+	_, err = e.waitThread(context.Background(), time.Time{})
 	require.ErrorIs(t, err, ErrClosed)
 	require.Equal(t, before, openFDs(t), "descriptors left open")
 }
@@ -220,7 +266,7 @@ func TestCloseRace(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					if _, err := e.WaitOnThread(context.Background(), time.Now().Add(time.Second)); err != nil {
+					if _, err := e.waitThread(context.Background(), time.Now().Add(time.Second)); err != nil {
 						check(err)
 						return
 					}

@@ -11,7 +11,8 @@ import (
 
 // An eventfd counts events: writes add up until a reader takes them all at
 // once, which is why a driver woken by an interrupt drains its whole ring.
-// Wait parks the goroutine on Go's runtime poller, not an OS thread.
+// Wait parks the goroutine on Go's runtime poller, not an OS thread (a
+// thread pinned to one CPU sleeps in the kernel instead).
 func Example() {
 	fd, err := eventfd.New()
 	if err != nil {
@@ -38,26 +39,4 @@ func Example() {
 	// woken with 3 <nil>
 	// nothing pending: true
 	// closed while waiting: true
-}
-
-// The goroutine that reads a queue sleeps with WaitOnThread: its own
-// thread waits in the kernel and is the one the event wakes.
-func ExampleFD_WaitOnThread() {
-	fd, err := eventfd.New()
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer fd.Close()
-	go func() { time.Sleep(10 * time.Millisecond); _ = fd.Add(1) }() // the "interrupt"
-	n, err := fd.WaitOnThread(context.Background(), time.Now().Add(5*time.Second))
-	fmt.Println("woken with", n, err)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	_, err = fd.WaitOnThread(ctx, time.Time{})
-	fmt.Println("context ended:", errors.Is(err, context.DeadlineExceeded))
-	// Output:
-	// woken with 1 <nil>
-	// context ended: true
 }

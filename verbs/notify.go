@@ -13,8 +13,8 @@ import (
 
 // CompChannel is a completion channel (struct ibv_comp_channel): a queue
 // of completion events from any number of CQs, behind a file descriptor
-// that is readable while events are queued. GetEvent sleeps on it with its
-// thread in the kernel (eventfd.WaitOnThread); an event loop in another library may watch Fd with
+// that is readable while events are queued. GetEvent sleeps on it through
+// Go's runtime poller; an event loop in another library may watch Fd with
 // epoll and call TryGetEvent. Its methods are safe for concurrent use.
 type CompChannel struct {
 	efd *eventfd.FD
@@ -56,7 +56,7 @@ func (ch *CompChannel) GetEvent(ctx context.Context) (*CQ, any, error) {
 			}
 			return c, c.ctx, nil
 		}
-		if _, err := ch.efd.WaitOnThread(ctx, time.Time{}); err != nil {
+		if _, err := ch.efd.Wait(ctx, time.Time{}); err != nil {
 			switch {
 			case errors.Is(err, eventfd.ErrClosed):
 				return nil, nil, cq.ErrClosed

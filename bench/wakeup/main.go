@@ -5,11 +5,10 @@
 // software queue complete one entry and write its eventfd, and sleeps until
 // the reader has stamped the time it got the completion.
 //
-//	sread:        nic.SRead on an ordinary goroutine: arm, poll, sleep
-//	              with its thread in ppoll (eventfd.FD.WaitOnThread), poll
-//	sread-locked: the same from a goroutine locked to a pinned thread
-//	poller, poller-locked: the same loop parked on Go's runtime poller
-//	              instead (eventfd.FD.Wait), as SRead slept before
+//	sread:        nic.SRead on an ordinary goroutine: arm, poll, park on
+//	              Go's runtime poller (eventfd.FD.Wait), poll
+//	sread-locked: the same from a goroutine locked to a pinned thread,
+//	              where eventfd.FD.Wait sleeps the thread itself in ppoll
 //	lcore:        an lcore.Core in Interrupt mode: epoll_wait on its own
 //	              pinned thread, then a round of polls into the Handler
 //	adaptive:     an lcore.Core in Adaptive mode (default idle interval):
@@ -43,7 +42,7 @@ func main() {
 	samples := flag.Int("n", 2000, "samples per mode")
 	readerCPU := flag.Int("r", -1, "CPU of the reader's thread (-1: not pinned)")
 	writerCPU := flag.Int("w", -1, "CPU of the writer's thread (-1: not pinned)")
-	modes := flag.String("modes", "sread,sread-locked,poller,poller-locked,lcore,adaptive", "modes to run, comma-separated")
+	modes := flag.String("modes", "sread,sread-locked,lcore,adaptive", "modes to run, comma-separated")
 	flag.Parse()
 	if *samples < 1 {
 		fmt.Fprintln(os.Stderr, "wakeup: -n must be positive")
@@ -76,25 +75,6 @@ func pin(cpu int) error {
 	return unix.SchedSetaffinity(0, &set)
 }
 
-// pollerRead is SRead's arm-poll-sleep with the sleep parked on the
-// runtime poller.
-func pollerRead(ctx context.Context, q *lcoretest.Queue, out []nic.Completion) (int, error) {
-	for {
-		if n := q.Poll(out); n > 0 {
-			return n, nil
-		}
-		if err := q.Arm(1); err != nil {
-			return 0, err
-		}
-		if n := q.Poll(out); n > 0 {
-			return n, nil
-		}
-		if _, err := q.Interrupt().Wait(ctx, time.Time{}); err != nil {
-			return 0, err
-		}
-	}
-}
-
 func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 	q, err := lcoretest.New(0, 256)
 	if err != nil {
@@ -108,10 +88,10 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 	var extraPause time.Duration // so that an adaptive core is asleep
 
 	switch mode {
-	case "sread", "sread-locked", "poller", "poller-locked":
+	case "sread", "sread-locked":
 		ready := make(chan error, 1)
 		go func() {
-			if strings.HasSuffix(mode, "-locked") {
+			if mode == "sread-locked" {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				if err := pin(readerCPU); err != nil {
@@ -121,12 +101,8 @@ func run(mode string, samples, readerCPU, writerCPU int) ([]int64, error) {
 			}
 			ready <- nil
 			out := make([]nic.Completion, 32)
-			read := func() (int, error) { return q.SRead(ctx, out, 1, -1) }
-			if strings.HasPrefix(mode, "poller") {
-				read = func() (int, error) { return pollerRead(ctx, q, out) }
-			}
 			for {
-				n, err := read()
+				n, err := q.SRead(ctx, out, 1, -1)
 				if n > 0 {
 					wokeAt.Store(since())
 				}

@@ -2,7 +2,7 @@
 # run.sh: interrupt wake-up latency, vfnic's sleeping paths against C (see
 # README.md). Builds ../c/wakeup.c with gcc -O2 and this folder's Go
 # program, then REPEAT times, alternating, runs the C reference and the Go
-# modes (sread, sread-locked, poller, poller-locked, lcore, adaptive) in two placements: "cross" (reader on
+# modes (sread, sread-locked, lcore, adaptive) in two placements: "cross" (reader on
 # one CPU, writer on another: an interrupt from elsewhere wakes an idle CPU)
 # and "same" (both on one CPU: no idle CPU to wake, the kernel's and the
 # runtime's own path). Prints a table of the medians over the runs of each
@@ -21,7 +21,7 @@ REPEAT=${REPEAT:-5}
 READER=${READER:-1}
 WRITER=${WRITER:-0}
 PLACEMENTS=${PLACEMENTS:-"cross same"}
-MODES="c sread sread-locked poller poller-locked lcore adaptive"
+MODES="c sread sread-locked lcore adaptive"
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 command -v gcc >/dev/null 2>&1 || die "gcc is missing; install it with: apt-get install gcc"

@@ -173,7 +173,7 @@ func (q *Queue) Interrupt() *eventfd.FD { return q.efd }
 
 // WaitInterrupt implements nic.Queue.
 func (q *Queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	_, err := q.efd.WaitOnThread(ctx, deadline)
+	_, err := q.efd.Wait(ctx, deadline)
 	switch {
 	case errors.Is(err, eventfd.ErrTimeout):
 		return nic.ErrTimeout

@@ -197,7 +197,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if bound {
 		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
 	}
-	n, err := q.efd.WaitOnThread(ctx, deadline)
+	n, err := q.efd.Wait(ctx, deadline)
 	q.interrupts.Add(n)
 	switch {
 	case err == nil:

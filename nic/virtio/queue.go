@@ -140,7 +140,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.isBound() {
 		return q.errBound()
 	}
-	n, err := q.efd.WaitOnThread(ctx, deadline)
+	n, err := q.efd.Wait(ctx, deadline)
 	q.interrupts.Add(n)
 	switch {
 	case err == nil:
