@@ -19,9 +19,10 @@ import (
 // match ErrAgain. ctx cancellation returns ctx.Err(); Close returns
 // ErrClosed. On a CQ without a wait object SRead returns ErrNoWait.
 //
-// SRead arms the device's interrupt, polls once more, then parks the
-// goroutine on the CQ's eventfd through the runtime poller; no OS thread
-// is held while it waits. Any number of goroutines may block at once: one
+// SRead arms the device's interrupt, polls once more, then sleeps on the
+// CQ's eventfd (eventfd.FD.Wait): parked on the runtime poller, holding no
+// OS thread, or, on a thread pinned to one CPU, with that thread asleep in
+// the kernel so that the interrupt wakes it directly. Any number of goroutines may block at once: one
 // waits on the eventfd and wakes the others.
 func (c *CQ) SRead(ctx context.Context, ents []Entry, cond int, timeout time.Duration) (int, error) {
 	return c.sread(ctx, ents, nil, cond, timeout)

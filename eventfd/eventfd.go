@@ -1,5 +1,6 @@
 // Package eventfd wraps a Linux eventfd so that a goroutine can sleep on it
-// through Go's runtime poller instead of pinning an OS thread. vfnic uses
+// without spinning: parked on Go's runtime poller, or, on a thread pinned to
+// one CPU, with that thread asleep in the kernel. vfnic uses
 // eventfds for MSI-X interrupts (VFIO writes them), for the software device's
 // interrupts and for completion-queue wait objects.
 package eventfd
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,17 +24,30 @@ var ErrTimeout = os.ErrDeadlineExceeded
 // ErrClosed is returned by operations on a closed FD. It is os.ErrClosed.
 var ErrClosed = os.ErrClosed
 
-// FD is an eventfd counter. Add and Take may be called from any goroutine;
-// Wait parks the calling goroutine on the runtime poller. Concurrent Waits
-// are serialised by the poller's read lock, so callers that need several
-// sleepers on one source arrange for one of them to wait on the FD.
+// FD is an eventfd counter. Add and Take may be called from any goroutine.
+// Concurrent Waits on the runtime poller are serialised by its read lock,
+// so callers that need several sleepers on one source arrange for one of
+// them to wait on the FD.
 type FD struct {
 	f  *os.File
 	fd int
 
-	mu     sync.Mutex // guards closed against Close racing Add/Take
-	closed bool
+	// users counts the calls using fd (Add, Take, a thread's Wait), with
+	// closedBit set by Close, which waits on drained for them to end:
+	// the kernel could hand a closed descriptor's number to another file.
+	// No lock is held across a system call: a reader that Add wakes on
+	// the writer's CPU must not then wait for the writer to let go.
+	users   atomic.Uint64
+	drained chan struct{}
+
+	mu      sync.Mutex
+	closing bool  // Close has kicked the sleepers: no new ones
+	wakers  []int // each thread sleeper's cancel eventfd, which Close kicks
+	spare   int   // a cancel eventfd for the next thread sleeper, or -1
 }
+
+// closedBit marks a closed FD in users; the bits below count calls.
+const closedBit = 1 << 63
 
 // New creates a non-blocking, close-on-exec eventfd with a zero counter.
 func New() (*FD, error) {
@@ -42,15 +57,33 @@ func New() (*FD, error) {
 	}
 	// A non-blocking fd handed to os.NewFile is registered with the poller,
 	// which is what lets Wait sleep without holding a thread.
-	return &FD{f: os.NewFile(uintptr(fd), "eventfd"), fd: fd}, nil
+	return &FD{f: os.NewFile(uintptr(fd), "eventfd"), fd: fd, drained: make(chan struct{}), spare: -1}, nil
+}
+
+// acquire counts a call that uses the descriptor; false once closed.
+func (e *FD) acquire() bool {
+	for {
+		s := e.users.Load()
+		if s&closedBit != 0 {
+			return false
+		}
+		if e.users.CompareAndSwap(s, s+1) {
+			return true
+		}
+	}
+}
+
+// release ends a call; the last one out of a closed FD lets Close go on.
+func (e *FD) release() {
+	if e.users.Add(^uint64(0)) == closedBit {
+		close(e.drained)
+	}
 }
 
 // Fd returns the descriptor, for epoll/poll or for VFIO's SET_IRQS. It stays
 // owned by the FD: do not close it. It is -1 after Close.
 func (e *FD) Fd() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	if e.users.Load()&closedBit != 0 {
 		return -1
 	}
 	return e.fd
@@ -61,11 +94,10 @@ func (e *FD) Fd() int {
 func (e *FD) Add(n uint64) error {
 	var b [8]byte
 	putU64(b[:], n)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	if !e.acquire() {
 		return ErrClosed
 	}
+	defer e.release()
 	if _, err := unix.Write(e.fd, b[:]); err != nil {
 		return fmt.Errorf("eventfd: write: %w", err)
 	}
@@ -75,13 +107,17 @@ func (e *FD) Add(n uint64) error {
 // Take reads and resets the counter without blocking; it returns 0 when no
 // event is pending.
 func (e *FD) Take() (uint64, error) {
-	var b [8]byte
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	if !e.acquire() {
 		return 0, ErrClosed
 	}
-	n, err := unix.Read(e.fd, b[:])
+	defer e.release()
+	return take(e.fd)
+}
+
+// take reads and resets the counter of fd; 0 when it is zero.
+func take(fd int) (uint64, error) {
+	var b [8]byte
+	n, err := unix.Read(fd, b[:])
 	if err == unix.EAGAIN {
 		return 0, nil
 	}
@@ -98,6 +134,15 @@ func (e *FD) Take() (uint64, error) {
 // returns ErrTimeout when deadline (if not zero) passes first, ctx.Err() when
 // ctx is cancelled, and ErrClosed when the FD is closed, including by a Close
 // that happens while it waits.
+//
+// On a thread that may run on one CPU only (a polling core's pinned thread,
+// or any thread of a process confined to one CPU), Wait sleeps that thread
+// in the kernel (ppoll), and the event wakes it where it slept, as it wakes
+// a C thread in epoll_wait. Elsewhere it parks the goroutine on Go's
+// runtime poller and holds no thread. Measured in bench/wakeup: a pinned
+// reader parked on the poller waits for the poller's thread to wake and
+// hand it the goroutine; an unpinned one wakes faster through the poller,
+// which may run it on a CPU that is already awake.
 func (e *FD) Wait(ctx context.Context, deadline time.Time) (uint64, error) {
 	if ctx == nil {
 		return 0, fmt.Errorf("eventfd: nil context: %w", os.ErrInvalid)
@@ -105,6 +150,20 @@ func (e *FD) Wait(ctx context.Context, deadline time.Time) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if onOneCPU() {
+		return e.waitThread(ctx, deadline)
+	}
+	return e.waitPoller(ctx, deadline)
+}
+
+// onOneCPU reports whether the calling thread may run on one CPU only.
+func onOneCPU() bool {
+	var set unix.CPUSet
+	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
+}
+
+// waitPoller is Wait parked on the runtime poller.
+func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error) {
 	if err := e.f.SetReadDeadline(deadline); err != nil {
 		return 0, e.mapErr(ctx, err)
 	}
@@ -140,16 +199,125 @@ func (e *FD) mapErr(ctx context.Context, err error) error {
 	return fmt.Errorf("eventfd: wait: %w", err)
 }
 
-// Close releases the descriptor and wakes a goroutine blocked in Wait.
-// It is safe to call more than once.
+// Close releases the descriptor and wakes the goroutines blocked in Wait,
+// waiting for those that use it to let go of it. It is safe to call
+// more than once.
 func (e *FD) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	old := e.users.Or(closedBit)
+	if old&closedBit != 0 {
 		return nil
 	}
-	e.closed = true
-	return e.f.Close()
+	e.mu.Lock()
+	e.closing = true
+	for _, c := range e.wakers {
+		kick(c)
+	}
+	e.mu.Unlock()
+	if old != 0 {
+		<-e.drained
+	}
+	if e.spare >= 0 {
+		_ = unix.Close(e.spare)
+	}
+	return e.f.Close() // wakes Wait, which holds the os.File's own reference
+}
+
+// waitThread is Wait with the calling thread asleep in ppoll on the
+// eventfd and a cancel eventfd that the context and Close write. Several
+// may sleep at once: all wake on an event and one takes it.
+func (e *FD) waitThread(ctx context.Context, deadline time.Time) (uint64, error) {
+	if !e.acquire() {
+		return 0, ErrClosed
+	}
+	defer e.release()
+	cancel, err := e.enter()
+	if err != nil {
+		return 0, err
+	}
+	defer e.leave(cancel)
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { kick(cancel) })
+		defer stop()
+	}
+	fds := [2]unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}, {Fd: int32(cancel), Events: unix.POLLIN}}
+	for {
+		var ts *unix.Timespec
+		if !deadline.IsZero() {
+			d := time.Until(deadline)
+			if d <= 0 {
+				return 0, ErrTimeout
+			}
+			t := unix.NsecToTimespec(int64(d))
+			ts = &t
+		}
+		if _, err := unix.Ppoll(fds[:], ts, nil); err != nil && err != unix.EINTR {
+			return 0, fmt.Errorf("eventfd: ppoll: %w", err)
+		}
+		if fds[1].Revents != 0 {
+			if _, err := take(cancel); err != nil {
+				return 0, err
+			}
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			if e.users.Load()&closedBit != 0 {
+				return 0, ErrClosed
+			}
+		}
+		if fds[0].Revents != 0 {
+			// Another sleeper may have taken the count: then sleep again.
+			if n, err := take(e.fd); n != 0 || err != nil {
+				return n, err
+			}
+		}
+	}
+}
+
+// enter registers a sleeper and gives it a cancel eventfd for Close and
+// its context to kick.
+func (e *FD) enter() (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return -1, ErrClosed
+	}
+	c := e.spare
+	if c >= 0 {
+		e.spare = -1
+	} else {
+		var err error
+		if c, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+			return -1, fmt.Errorf("eventfd: eventfd2: %w", err)
+		}
+	}
+	e.wakers = append(e.wakers, c)
+	return c, nil
+}
+
+// leave unregisters a sleeper and keeps its cancel eventfd for the next
+// one (a kick left in it only makes that one look again).
+func (e *FD) leave(c int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, w := range e.wakers {
+		if w == c {
+			e.wakers[i] = e.wakers[len(e.wakers)-1]
+			e.wakers = e.wakers[:len(e.wakers)-1]
+			break
+		}
+	}
+	if e.spare < 0 {
+		e.spare = c
+	} else {
+		_ = unix.Close(c)
+	}
+}
+
+// kick adds one to the eventfd fd, waking whoever polls it.
+func kick(fd int) {
+	var b [8]byte
+	putU64(b[:], 1)
+	_, _ = unix.Write(fd, b[:])
 }
 
 func putU64(b []byte, v uint64) {

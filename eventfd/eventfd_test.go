@@ -3,10 +3,15 @@ package eventfd
 import (
 	"context"
 	"errors"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestAddTake(t *testing.T) {
@@ -69,4 +74,211 @@ func TestCloseWakesWaiter(t *testing.T) {
 	require.NoError(t, e.Close(), "Close is idempotent")
 	require.ErrorIs(t, e.Add(1), ErrClosed)
 	require.Equal(t, -1, e.Fd())
+}
+
+// openFDs counts the process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+func TestWaitThread(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	defer e.Close()
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		_ = e.Add(2)
+	}()
+	n, err := e.waitThread(context.Background(), time.Time{})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+
+	// A count already there returns at once, and is taken.
+	require.NoError(t, e.Add(1))
+	n, err = e.waitThread(context.Background(), time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = e.Take()
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// Wait sleeps a thread pinned to one CPU in the kernel (its cancel
+// eventfd is left for the next one) and parks any other on the poller.
+func TestWaitPicksThePath(t *testing.T) {
+	cpus, err := allowedCPUs()
+	require.NoError(t, err)
+	e, err := New()
+	require.NoError(t, err)
+	defer e.Close()
+	if len(cpus) > 1 {
+		require.NoError(t, e.Add(1))
+		_, err = e.Wait(context.Background(), time.Time{})
+		require.NoError(t, err)
+		require.Equal(t, -1, e.spare, "an unpinned thread slept on its own")
+	}
+	done := make(chan error)
+	go func() {
+		// Never unlocked: the pinned thread ends with the goroutine.
+		runtime.LockOSThread()
+		var one unix.CPUSet
+		one.Set(cpus[0])
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			done <- err
+			return
+		}
+		go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
+		_, err := e.Wait(context.Background(), time.Now().Add(5*time.Second))
+		done <- err
+	}()
+	require.NoError(t, <-done)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.GreaterOrEqual(t, e.spare, 0, "the pinned thread did not sleep on its own")
+}
+
+func allowedCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for i := 0; i < 1024; i++ {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	return cpus, nil
+}
+
+func TestWaitThreadTimeoutAndCancel(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	defer e.Close()
+	deadline := time.Now().Add(20 * time.Millisecond)
+	_, err = e.waitThread(context.Background(), deadline)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.False(t, time.Now().Before(deadline), "returned before its deadline")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+	_, err = e.waitThread(ctx, time.Time{})
+	require.ErrorIs(t, err, context.Canceled)
+
+	// The next sleeper reuses the cancel eventfd the first one kicked:
+	// it still sleeps until its own event.
+	go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
+	n, err := e.waitThread(context.Background(), time.Now().Add(5*time.Second))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// Several sleepers all wake on an event; one takes it and the others sleep
+// on until the next.
+func TestWaitThreadSleepers(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	defer e.Close()
+	const sleepers = 3
+	got := make(chan uint64, sleepers)
+	for range sleepers {
+		go func() {
+			n, err := e.waitThread(context.Background(), time.Now().Add(10*time.Second))
+			if err != nil {
+				n = 0
+			}
+			got <- n
+		}()
+	}
+	for i := range sleepers {
+		time.Sleep(5 * time.Millisecond)
+		require.NoError(t, e.Add(1))
+		require.EqualValues(t, 1, <-got, "event %d", i)
+	}
+}
+
+// Close wakes every sleeper, waits for them, and leaves no descriptor open.
+func TestWaitThreadClose(t *testing.T) {
+	before := openFDs(t)
+	e, err := New()
+	require.NoError(t, err)
+	const sleepers = 3
+	done := make(chan error, sleepers+1)
+	for range sleepers {
+		go func() {
+			_, err := e.waitThread(context.Background(), time.Time{})
+			done <- err
+		}()
+	}
+	go func() {
+		_, err := e.Wait(context.Background(), time.Time{})
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, e.Close())
+	for range sleepers + 1 {
+		require.ErrorIs(t, <-done, ErrClosed)
+	}
+	require.Equal(t, -1, e.Fd())
+	require.ErrorIs(t, e.Add(1), ErrClosed)
+	_, err = e.Take()
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = e.waitThread(context.Background(), time.Time{})
+	require.ErrorIs(t, err, ErrClosed)
+	require.Equal(t, before, openFDs(t), "descriptors left open")
+}
+
+// Close racing Adds, Takes and sleepers: every call returns nil or
+// ErrClosed, none reaches a closed descriptor (EBADF), and no descriptor
+// is left open.
+func TestCloseRace(t *testing.T) {
+	before := openFDs(t)
+	var bad atomic.Value
+	check := func(err error) {
+		if err != nil && !errors.Is(err, ErrClosed) {
+			bad.Store(err)
+		}
+	}
+	for range 50 {
+		e, err := New()
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(3)
+			go func() {
+				defer wg.Done()
+				for e.Add(1) == nil {
+				}
+				check(e.Add(1))
+			}()
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := e.Take(); err != nil {
+						check(err)
+						return
+					}
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := e.waitThread(context.Background(), time.Now().Add(time.Second)); err != nil {
+						check(err)
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(100 * time.Microsecond)
+		require.NoError(t, e.Close())
+		wg.Wait()
+		if err, _ := bad.Load().(error); err != nil {
+			t.Fatalf("a call racing Close: %v", err)
+		}
+	}
+	require.Equal(t, before, openFDs(t), "descriptors left open")
 }

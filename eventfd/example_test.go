@@ -11,7 +11,8 @@ import (
 
 // An eventfd counts events: writes add up until a reader takes them all at
 // once, which is why a driver woken by an interrupt drains its whole ring.
-// Wait parks the goroutine on Go's runtime poller, not an OS thread.
+// Wait parks the goroutine on Go's runtime poller, not an OS thread (a
+// thread pinned to one CPU sleeps in the kernel instead).
 func Example() {
 	fd, err := eventfd.New()
 	if err != nil {

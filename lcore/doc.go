@@ -25,7 +25,8 @@
 // Sleeping in epoll_wait on the locked thread, rather than parking the
 // goroutine on Go's runtime poller, makes a wake-up one thread wake-up
 // instead of a poller wake-up followed by a hand-off to the locked thread
-// (bench/wakeup measures both against C).
+// (bench/wakeup measures both against C). SRead on a pinned thread sleeps
+// the same way (eventfd.FD.Wait).
 //
 // A Core is stopped by its context, by Close, or by a Handler or Func that
 // returns an error. A core started with Start runs on a goroutine of its

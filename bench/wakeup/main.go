@@ -6,9 +6,9 @@
 // the reader has stamped the time it got the completion.
 //
 //	sread:        nic.SRead on an ordinary goroutine: arm, poll, park on
-//	              Go's runtime poller (eventfd.FD.Wait), poll (today's path)
-//	sread-locked: the same from a goroutine locked to a pinned thread, as
-//	              a polling core would if it slept on the runtime poller
+//	              Go's runtime poller (eventfd.FD.Wait), poll
+//	sread-locked: the same from a goroutine locked to a pinned thread,
+//	              where eventfd.FD.Wait sleeps the thread itself in ppoll
 //	lcore:        an lcore.Core in Interrupt mode: epoll_wait on its own
 //	              pinned thread, then a round of polls into the Handler
 //	adaptive:     an lcore.Core in Adaptive mode (default idle interval):
