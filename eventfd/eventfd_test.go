@@ -28,36 +28,65 @@ func TestAddTake(t *testing.T) {
 	require.EqualValues(t, 5, n, "the counter merges events")
 }
 
+type waitFunc func(context.Context, time.Time) (uint64, error)
+
+// eachWait runs f on a new FD with each of Wait's two ways to sleep.
+func eachWait(t *testing.T, f func(t *testing.T, e *FD, wait waitFunc)) {
+	for _, name := range []string{"poller", "thread"} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New()
+			require.NoError(t, err)
+			defer e.Close()
+			wait := e.waitPoller
+			if name == "thread" {
+				wait = e.waitThread
+			}
+			f(t, e, wait)
+		})
+	}
+}
+
 func TestWaitWakes(t *testing.T) {
-	e, err := New()
-	require.NoError(t, err)
-	defer e.Close()
-	go func() {
-		time.Sleep(10 * time.Millisecond)
-		_ = e.Add(1)
-	}()
-	n, err := e.Wait(context.Background(), time.Time{})
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	eachWait(t, func(t *testing.T, e *FD, wait waitFunc) {
+		go func() {
+			time.Sleep(10 * time.Millisecond)
+			_ = e.Add(2)
+		}()
+		n, err := wait(context.Background(), time.Time{})
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n)
+
+		// A count already there returns at once, and is taken.
+		require.NoError(t, e.Add(1))
+		n, err = wait(context.Background(), time.Now().Add(time.Second))
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		n, err = e.Take()
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
 }
 
 func TestWaitTimeoutAndCancel(t *testing.T) {
-	e, err := New()
-	require.NoError(t, err)
-	defer e.Close()
-	_, err = e.Wait(context.Background(), time.Now().Add(20*time.Millisecond))
-	require.ErrorIs(t, err, ErrTimeout)
+	eachWait(t, func(t *testing.T, e *FD, wait waitFunc) {
+		var err error
+		deadline := time.Now().Add(20 * time.Millisecond)
+		_, err = wait(context.Background(), deadline)
+		require.ErrorIs(t, err, ErrTimeout)
+		require.False(t, time.Now().Before(deadline), "returned before its deadline")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
-	_, err = e.Wait(ctx, time.Time{})
-	require.ErrorIs(t, err, context.Canceled)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+		_, err = wait(ctx, time.Time{})
+		require.ErrorIs(t, err, context.Canceled)
 
-	// After a cancellation the FD still works.
-	require.NoError(t, e.Add(1))
-	n, err := e.Wait(context.Background(), time.Now().Add(time.Second))
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+		// After a cancellation the FD still works (on a thread, the
+		// next sleeper reuses the cancel eventfd the first one kicked).
+		go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
+		n, err := wait(context.Background(), time.Now().Add(5*time.Second))
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+	})
 }
 
 func TestCloseWakesWaiter(t *testing.T) {
@@ -82,28 +111,6 @@ func openFDs(t *testing.T) int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(ents)
-}
-
-func TestWaitThread(t *testing.T) {
-	e, err := New()
-	require.NoError(t, err)
-	defer e.Close()
-	go func() {
-		time.Sleep(10 * time.Millisecond)
-		_ = e.Add(2)
-	}()
-	n, err := e.waitThread(context.Background(), time.Time{})
-	require.NoError(t, err)
-	require.EqualValues(t, 2, n)
-
-	// A count already there returns at once, and is taken.
-	require.NoError(t, e.Add(1))
-	n, err = e.waitThread(context.Background(), time.Now().Add(time.Second))
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	n, err = e.Take()
-	require.NoError(t, err)
-	require.Zero(t, n)
 }
 
 // Wait sleeps a thread pinned to one CPU in the kernel (its cancel
@@ -152,28 +159,6 @@ func allowedCPUs() ([]int, error) {
 		}
 	}
 	return cpus, nil
-}
-
-func TestWaitThreadTimeoutAndCancel(t *testing.T) {
-	e, err := New()
-	require.NoError(t, err)
-	defer e.Close()
-	deadline := time.Now().Add(20 * time.Millisecond)
-	_, err = e.waitThread(context.Background(), deadline)
-	require.ErrorIs(t, err, ErrTimeout)
-	require.False(t, time.Now().Before(deadline), "returned before its deadline")
-
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
-	_, err = e.waitThread(ctx, time.Time{})
-	require.ErrorIs(t, err, context.Canceled)
-
-	// The next sleeper reuses the cancel eventfd the first one kicked:
-	// it still sleeps until its own event.
-	go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(1) }()
-	n, err := e.waitThread(context.Background(), time.Now().Add(5*time.Second))
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
 }
 
 // Several sleepers all wake on an event; one takes it and the others sleep
