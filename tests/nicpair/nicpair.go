@@ -247,10 +247,16 @@ func (p *Provider) open(pair int, c *cq.CQ, attr conformance.EndpointAttr) (*End
 	fail := func(err error) (*Endpoint, int, error) {
 		return nil, 0, errors.Join(err, e.a.Close(), e.b.Close())
 	}
-	if e.atx, e.btx, err = txQueues(e.a, e.b); err != nil {
+	if e.atx, err = as[TxQueue](e.a.Tx(0)); err != nil {
 		return fail(err)
 	}
-	if e.arx, e.brx, err = rxQueues(e.a, e.b); err != nil {
+	if e.btx, err = as[TxQueue](e.b.Tx(0)); err != nil {
+		return fail(err)
+	}
+	if e.arx, err = as[RxQueue](e.a.Rx(0)); err != nil {
+		return fail(err)
+	}
+	if e.brx, err = as[RxQueue](e.b.Rx(0)); err != nil {
 		return fail(err)
 	}
 	copy(e.frame[0:6], e.b.MAC())
@@ -276,36 +282,14 @@ func (p *Provider) open(pair int, c *cq.CQ, attr conformance.EndpointAttr) (*End
 	return e, stale, nil
 }
 
-// txQueues returns transmit queue 0 of a and b.
-func txQueues(a, b nic.Device) (TxQueue, TxQueue, error) {
-	var qs [2]TxQueue
-	for i, d := range []nic.Device{a, b} {
-		q, err := d.Tx(0)
-		if err != nil {
-			return nil, nil, err
-		}
-		var ok bool
-		if qs[i], ok = q.(TxQueue); !ok {
-			return nil, nil, fmt.Errorf("%w: %T has no Ready", nic.ErrNotSupported, q)
-		}
+// as gives a driver's queue q (with the error of the call that returned
+// it) as the provider's interface Q.
+func as[Q any](q any, err error) (Q, error) {
+	v, ok := q.(Q)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: %T lacks what the provider uses", nic.ErrNotSupported, q)
 	}
-	return qs[0], qs[1], nil
-}
-
-// rxQueues returns receive queue 0 of a and b.
-func rxQueues(a, b nic.Device) (RxQueue, RxQueue, error) {
-	var qs [2]RxQueue
-	for i, d := range []nic.Device{a, b} {
-		q, err := d.Rx(0)
-		if err != nil {
-			return nil, nil, err
-		}
-		var ok bool
-		if qs[i], ok = q.(RxQueue); !ok {
-			return nil, nil, fmt.Errorf("%w: %T has no PostRecvBuf", nic.ErrNotSupported, q)
-		}
-	}
-	return qs[0], qs[1], nil
+	return v, err
 }
 
 // Endpoint is one NIC pair bound to a CQ: sends go out of A's transmit
