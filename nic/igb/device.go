@@ -681,18 +681,12 @@ func (d *Device) Tx(i int) (nic.TxQueue, error) {
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
-	if i < 0 || i >= len(d.rx) {
-		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	}
-	return d.rx[i], nil
+	return nic.QueueAt(d.rx, i, d.name, "receive")
 }
 
 // TxQueue returns transmit queue i as its concrete type.
 func (d *Device) TxQueue(i int) (*TxQueue, error) {
-	if i < 0 || i >= len(d.tx) {
-		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
-	}
-	return d.tx[i], nil
+	return nic.QueueAt(d.tx, i, d.name, "transmit")
 }
 
 // Link implements nic.Device: STATUS.LU, FD and SPEED.
@@ -761,15 +755,8 @@ func (d *Device) Stats() nic.Stats {
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch {
-	case d.closed:
-		return nic.ErrClosed
-	case c == nil:
-		return fmt.Errorf("%w: %s: nil CQ", nic.ErrInvalid, d.name)
-	case i < 0 || i >= len(d.rx):
-		return fmt.Errorf("%w: %s: queue pair %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	case dir == 0 || dir&^(nic.Recv|nic.Send) != 0:
-		return fmt.Errorf("%w: %s: direction %#x", nic.ErrInvalid, d.name, uint8(dir))
+	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+		return err
 	}
 	var qs []*queue
 	if dir&nic.Recv != 0 {

@@ -13,15 +13,8 @@ import (
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch {
-	case d.closed:
-		return nic.ErrClosed
-	case c == nil:
-		return fmt.Errorf("%w: %s: nil CQ", nic.ErrInvalid, d.name)
-	case i < 0 || i >= len(d.rx):
-		return fmt.Errorf("%w: %s: queue pair %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	case dir == 0 || dir&^(nic.Recv|nic.Send) != 0:
-		return fmt.Errorf("%w: %s: direction %#x", nic.ErrInvalid, d.name, uint8(dir))
+	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+		return err
 	}
 	var srcs []*cqSource
 	if dir&nic.Recv != 0 {

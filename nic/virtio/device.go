@@ -626,18 +626,12 @@ func (d *Device) Tx(i int) (nic.TxQueue, error) {
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
-	if i < 0 || i >= len(d.rx) {
-		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	}
-	return d.rx[i], nil
+	return nic.QueueAt(d.rx, i, d.name, "receive")
 }
 
 // TxQueue returns transmit queue i as its concrete type.
 func (d *Device) TxQueue(i int) (*TxQueue, error) {
-	if i < 0 || i >= len(d.tx) {
-		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
-	}
-	return d.tx[i], nil
+	return nic.QueueAt(d.tx, i, d.name, "transmit")
 }
 
 // Link implements nic.Device: the STATUS field of the device configuration
