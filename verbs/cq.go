@@ -64,6 +64,19 @@ const errSlot = batch
 // between a successful StartPoll or NextPoll and the next call of either
 // or EndPoll; out of place they return stale or zero values, never panic.
 type CQ struct {
+	// linePad puts ents on a cache line: the allocator places an object
+	// of the CQ's size class on a multiple of 64 bytes and, since it holds
+	// pointers and is over 512 bytes, starts it with an 8-byte type header
+	// (TestEntriesOnCacheLines checks the sum). An entry spanning two lines
+	// costs the ring reader's writes and the accessors' reads a second line
+	// each.
+	linePad [64 - 8]byte
+	// ents[:batch] buffers completions read from the ring; ents[errSlot]
+	// holds the error completion being iterated over. The current one is
+	// ents[ci]: an index, not a pointer, so that moving to the next entry
+	// stores no pointer (no write barrier).
+	ents [2 * batch]cq.Entry
+
 	c       *cq.CQ
 	prov    Provider
 	ctx     any
@@ -76,12 +89,7 @@ type CQ struct {
 	cqe     atomic.Int64 // Resize changes it
 
 	// Iterator state, guarded by mu (or by the single thread).
-	mu sync.Mutex
-	// ents[:batch] buffers completions read from the ring; ents[errSlot]
-	// holds the error completion being iterated over. The current one is
-	// ents[ci]: an index, not a pointer, so that moving to the next entry
-	// stores no pointer (no write barrier).
-	ents   [2 * batch]cq.Entry
+	mu     sync.Mutex
 	addrs  [batch]cq.Addr
 	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
 	lim    int      // n while the current completion is buffered, else 0 (NextPoll's fast test)
