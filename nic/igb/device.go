@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
@@ -16,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
 )
@@ -501,10 +501,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 		if err != nil {
 			return fmt.Errorf("igb: receive buffers of %s: %w", d.name, err)
 		}
-		rq.pool, rq.bufLen = pool, uint32(cfg.BufferSize)
-		rq.base = uintptr(unsafe.Pointer(&pool.Buf(0)[0]))
-		rq.stride = uintptr(pool.BufSize())
-		rq.state = make([]uint8, pool.Cap())
+		rq.bufs, rq.bufLen = rxbuf.New(pool, 0), uint32(cfg.BufferSize)
 		rq.posBuf = make([]uint32, n)
 		rq.meta = make([]rxMeta, pool.Cap())
 		rq.rss = pairs > 1

@@ -135,9 +135,13 @@ func (n *fakeNIC) writeBack(pos uint32, status uint32, length uint16) {
 // buf is the buffer at a device address, found through the queue's pool
 // (the device would DMA there).
 func (n *fakeNIC) buf(q *queue, iova uint64) []byte {
-	i, err := q.pool.Index(iova)
+	p := q.pool // transmit
+	if q.rx {
+		p = q.bufs.Pool
+	}
+	i, err := p.Index(iova)
 	require.NoError(n.t, err, "descriptor address %#x is not a buffer of %s", iova, q.name)
-	return q.pool.Buf(i)
+	return p.Buf(i)
 }
 
 // receive delivers frame into the next posted buffer.

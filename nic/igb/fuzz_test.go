@@ -235,20 +235,12 @@ func (s *fuzzSide) accounted(t *testing.T, posts int) {
 	if !q.rx {
 		return
 	}
-	posted, lent := 0, 0
-	for _, st := range q.state {
-		switch st {
-		case bufPosted:
-			posted++
-		case bufLent:
-			lent++
-		}
-	}
+	posted, lent := q.bufs.Counts()
 	require.Equal(t, out, posted, "one posted buffer per outstanding descriptor")
 	require.Equal(t, len(s.lent), lent, "lent buffers are those the reader kept")
-	require.Equal(t, q.pool.Cap(), q.pool.Free()+posted+lent, "free + posted + lent == capacity")
+	require.Equal(t, q.bufs.Cap(), q.bufs.Free()+posted+lent, "free + posted + lent == capacity")
 	for _, b := range s.lent {
-		_, err := (*RxQueue)(unsafe.Pointer(q)).bufIndex(b)
+		_, err := q.bufs.Lent(b)
 		require.NoError(t, err, "kept buffer %#x is lent", b)
 	}
 }

@@ -35,7 +35,7 @@ func TestMisbehaveLengthBeyondBuffer(t *testing.T) {
 	require.NoError(t, out[0].Err)
 	require.Equal(t, frameOf(2, 64), out[0].Data)
 	require.Equal(t, 4, rx.Outstanding())
-	require.Equal(t, 3, rx.pool.Free(), "two refused buffers recycled, one lent")
+	require.Equal(t, 3, rx.bufs.Free(), "two refused buffers recycled, one lent")
 	require.EqualValues(t, 2, rx.Stats().Errors)
 	require.NoError(t, rx.Repost(out[0].Buf, nil), "the queue keeps working")
 }
@@ -94,7 +94,7 @@ func TestMisbehaveNoEOP(t *testing.T) {
 	dev := newFakeNIC(t, d, f)
 	rx := d.rx[0]
 	require.Equal(t, 15, fill(t, rx))
-	free := rx.pool.Free()
+	free := rx.bufs.Free()
 	dev.writeBack(0, rxdStatusDD, 2048) // first part of a frame
 	dev.writeBack(1, rxdStatusDD, 2048) // middle part
 	dev.writeBack(2, rxdStatusDD|rxdStatusEOP, 100)
@@ -114,6 +114,6 @@ func TestMisbehaveNoEOP(t *testing.T) {
 	}
 	require.NoError(t, got[3].Err)
 	require.Equal(t, frameOf(7, 77), got[3].Data)
-	require.Equal(t, free+3, rx.pool.Free(), "every part of the frame recycled")
+	require.Equal(t, free+3, rx.bufs.Free(), "every part of the frame recycled")
 	require.Equal(t, 11, rx.Outstanding())
 }

@@ -117,7 +117,7 @@ func (q *RxQueue) Offload(buf uintptr) (RxOffload, error) {
 	if q.closed {
 		return RxOffload{}, errClosed
 	}
-	b, err := q.bufIndex(buf)
+	b, err := q.bufs.Lent(buf)
 	if err != nil {
 		return RxOffload{}, err
 	}

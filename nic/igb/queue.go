@@ -15,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
 
 // Errors returned on the data path, prepared once so returning them does
@@ -23,22 +24,13 @@ var (
 	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
 	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
 	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
-	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
 	errClosed    = nic.ErrClosed
-	errNotBuffer = fmt.Errorf("%w: address is not the start of a buffer of this queue", nic.ErrBadBuffer)
 
 	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
 	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer", nic.ErrBadLen)
 	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
 	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
 	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
-)
-
-// Buffer states of a receive pool.
-const (
-	bufFree   = 0
-	bufPosted = 1 // lent to the device
-	bufLent   = 2 // lent to the caller in a completion
 )
 
 // queue is what receive and transmit queues share: the descriptor ring,
@@ -66,16 +58,15 @@ type queue struct {
 	efd        *eventfd.FD
 
 	// receive
-	pool   *dma.Pool
-	base   uintptr // address of buffer 0
-	stride uintptr
+	bufs   rxbuf.Pool
 	bufLen uint32
-	state  []uint8  // per pool buffer
 	posBuf []uint32 // per descriptor: the pool buffer posted there
 	meta   []rxMeta // per pool buffer: the write-back of the frame lent
 	rss    bool     // RSS on: the write-back carries the hash
 	skip   bool     // the next frame is the rest of one without EOP
 
+	// transmit
+	pool *dma.Pool // buffer i for descriptor i
 	// transmit: context descriptors (txoffload.go)
 	silent  []bool       // per descriptor: a context descriptor the device has not passed yet
 	ctxOut  int          // context descriptors among out
@@ -267,12 +258,11 @@ again:
 		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
 	}
 	if c.Err != 0 {
-		q.state[b] = bufFree
-		_ = q.pool.Put(b) // a buffer this queue posted at c.Pos
+		q.bufs.Recycle(b) // a buffer this queue posted at c.Pos
 		c.Buf = 0
 		return true
 	}
-	q.state[b] = bufLent
+	q.bufs.Lend(b)
 	q.meta[b] = rxMeta{c.Meta[0], c.Meta[1]}
 	return true
 }
@@ -328,7 +318,7 @@ func (q *queue) poll(out []nic.Completion) int {
 		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
 		if q.rx {
 			o.Buf = c.Buf
-			o.Data = q.pool.Buf(uint32((c.Buf - q.base) / q.stride))[:c.Len]
+			o.Data = q.bufs.Buf(q.bufs.Of(c.Buf))[:c.Len]
 		}
 		bytes += uint64(c.Len)
 	}
@@ -410,7 +400,7 @@ func (q *RxQueue) PostRecv(ctx any) error {
 	if !q.room() {
 		return errNoDesc
 	}
-	b, ok := q.pool.Get()
+	b, ok := q.bufs.Get()
 	if !ok {
 		return errNoBuffer
 	}
@@ -430,42 +420,28 @@ func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
 	if !q.room() {
 		return nil, errNoDesc
 	}
-	b, ok := q.pool.Get()
+	b, ok := q.bufs.Get()
 	if !ok {
 		return nil, errNoBuffer
 	}
 	if err := q.post(b, ctx); err != nil {
 		return nil, err
 	}
-	return q.pool.Buf(b)[:q.bufLen], nil
+	return q.bufs.Buf(b)[:q.bufLen], nil
 }
 
 // post lends pool buffer b to the device at the tail. Called locked with
 // room.
 func (q *RxQueue) post(b uint32, ctx any) error {
-	if err := q.postTail(ctx, q.base+uintptr(b)*q.stride, int(q.bufLen)); err != nil {
-		q.state[b] = bufFree
-		_ = q.pool.Put(b)
+	if err := q.postTail(ctx, q.bufs.Start(b), int(q.bufLen)); err != nil {
+		q.bufs.Recycle(b)
 		return err
 	}
-	q.state[b] = bufPosted
+	q.bufs.Posted(b)
 	q.posBuf[q.tail] = b
-	q.writeDesc(q.tail, q.pool.Addr(b), 0)
+	q.writeDesc(q.tail, q.bufs.Addr(b), 0)
 	q.advance()
 	return nil
-}
-
-// bufIndex maps a completion's Buf back to a lent pool buffer.
-func (q *RxQueue) bufIndex(buf uintptr) (uint32, error) {
-	off := buf - q.base
-	if buf < q.base || off%q.stride != 0 || off/q.stride >= uintptr(len(q.state)) {
-		return 0, errNotBuffer
-	}
-	b := uint32(off / q.stride)
-	if q.state[b] != bufLent {
-		return 0, errNotLent
-	}
-	return b, nil
 }
 
 // Repost implements nic.RxQueue.
@@ -475,7 +451,7 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 	if err := q.usable(); err != nil {
 		return err
 	}
-	b, err := q.bufIndex(buf)
+	b, err := q.bufs.Lent(buf)
 	if err != nil {
 		return err
 	}
@@ -492,12 +468,7 @@ func (q *RxQueue) Release(buf uintptr) error {
 	if q.closed {
 		return nic.ErrClosed
 	}
-	b, err := q.bufIndex(buf)
-	if err != nil {
-		return err
-	}
-	q.state[b] = bufFree
-	return q.pool.Put(b)
+	return q.bufs.Release(buf)
 }
 
 // Frame implements nic.RxQueue.
@@ -507,14 +478,7 @@ func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
 	if q.closed {
 		return nil, nic.ErrClosed
 	}
-	b, err := q.bufIndex(buf)
-	if err != nil {
-		return nil, err
-	}
-	if length < 0 || length > int(q.bufLen) {
-		return nil, fmt.Errorf("%w: %d bytes in a %d-byte buffer", nic.ErrInvalid, length, q.bufLen)
-	}
-	return q.pool.Buf(b)[:length], nil
+	return q.bufs.Frame(buf, length, int(q.bufLen))
 }
 
 // TxQueue is an igb transmit queue (nic.TxQueue). Descriptor i always

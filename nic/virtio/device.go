@@ -581,7 +581,7 @@ func (d *Device) fillInfo(cfg Config, pairs int) {
 	d.info = nic.Info{
 		Driver: "virtio", Address: d.name, Model: "virtio-net (" + ring + " ring)",
 		MAC: d.mac, MTU: d.mtu, QueuePairs: pairs, MaxQueuePairs: d.maxPairs,
-		QueueSize: int(d.rx[0].vq.size), RxBuffers: cfg.RxBuffers, BufferSize: d.rx[0].pool.BufSize(),
+		QueueSize: int(d.rx[0].vq.size), RxBuffers: cfg.RxBuffers, BufferSize: d.rx[0].bufs.BufSize(),
 		Vectors: len(d.efds), Features: d.features.Names(),
 	}
 }

@@ -7,23 +7,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
 
 // Errors returned on the data path are prepared once so that returning
 // them does not allocate.
 var (
-	errNoBuffer  = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
-	errNoDesc    = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
-	errCanceled  = fmt.Errorf("%w (%w)", nic.ErrCanceled, nic.ErrRemoved)
-	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
-	errNotBuffer = fmt.Errorf("%w: address is not the start of a frame in this queue's buffers", nic.ErrBadBuffer)
+	errNoBuffer = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
+	errNoDesc   = fmt.Errorf("%w: no free descriptor (read completions first)", nic.ErrFull)
+	errCanceled = fmt.Errorf("%w (%w)", nic.ErrCanceled, nic.ErrRemoved)
 )
 
 // queue is what receive and transmit queues share: the ring, its lock,
@@ -229,21 +227,11 @@ func (q *queue) takeCanceled(out []nic.Completion) int {
 	return 1
 }
 
-// Buffer states of a receive pool.
-const (
-	bufFree   = 0
-	bufPosted = 1 // lent to the device
-	bufLent   = 2 // lent to the caller in a completion
-)
-
 // RxQueue is a virtio-net receive queue (nic.RxQueue).
 type RxQueue struct {
 	queue
-	pool    *dma.Pool
-	base    uintptr // address of buffer 0
-	stride  uintptr
+	bufs    rxbuf.Pool // frames netHdrLen bytes into each buffer
 	bufSize uint32
-	state   []uint8               // per pool buffer: bufFree, bufPosted, bufLent
 	mrg     bool                  // MRG_RXBUF: check num_buffers
 	skip    int                   // buffers of a multi-buffer frame still to drop
 	span    int                   // buffers of that frame in all
@@ -256,9 +244,8 @@ func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) (*R
 	if err := v.setReader(usedRx); err != nil {
 		return nil, err
 	}
-	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
-		base: uintptr(unsafe.Pointer(&pool.Buf(0)[0])), stride: uintptr(pool.BufSize()),
-		bufSize: uint32(pool.BufSize()), state: make([]uint8, pool.Cap()), mrg: mrg}
+	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1},
+		bufs: rxbuf.New(pool, netHdrLen), bufSize: uint32(pool.BufSize()), mrg: mrg}
 	return q, nil
 }
 
@@ -281,7 +268,7 @@ func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return q.pool.Buf(b)[netHdrLen:], nil
+	return q.bufs.Buf(b)[netHdrLen:], nil
 }
 
 // postFree posts a free pool buffer and returns its index.
@@ -294,12 +281,12 @@ func (q *RxQueue) postFree(ctx any) (uint32, error) {
 	if q.vq.room() < 1 {
 		return 0, errNoDesc
 	}
-	b, ok := q.pool.Get()
+	b, ok := q.bufs.Get()
 	if !ok {
 		return 0, errNoBuffer
 	}
 	if !q.post(b, ctx) {
-		_ = q.pool.Put(b)
+		_ = q.bufs.Put(b)
 		return 0, errNoDesc
 	}
 	return b, nil
@@ -308,27 +295,13 @@ func (q *RxQueue) postFree(ctx any) (uint32, error) {
 // post lends pool buffer b to the device. Called locked with room; false
 // when no id is free yet (ids freed by a read are published at its end).
 func (q *RxQueue) post(b uint32, ctx any) bool {
-	buf := q.base + uintptr(b)*q.stride
-	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Buf: buf, Len: int(q.bufSize), Flags: cq.FlagRecv | cq.FlagMsg}, 1)
+	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: int(q.bufSize), Flags: cq.FlagRecv | cq.FlagMsg}, 1)
 	if !ok {
 		return false
 	}
-	q.state[b] = bufPosted
-	q.vq.add(id, q.pool.Addr(b), q.bufSize, descWrite)
+	q.bufs.Posted(b)
+	q.vq.add(id, q.bufs.Addr(b), q.bufSize, descWrite)
 	return true
-}
-
-// bufIndex maps a completion's Buf back to a lent pool buffer.
-func (q *RxQueue) bufIndex(buf uintptr) (uint32, error) {
-	off := buf - q.base - netHdrLen
-	if buf < q.base+netHdrLen || off%q.stride != 0 || off/q.stride >= uintptr(len(q.state)) {
-		return 0, errNotBuffer
-	}
-	b := uint32(off / q.stride)
-	if q.state[b] != bufLent {
-		return 0, errNotLent
-	}
-	return b, nil
 }
 
 // Repost implements nic.RxQueue.
@@ -338,7 +311,7 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 	if err := q.usable(); err != nil {
 		return err
 	}
-	b, err := q.bufIndex(buf)
+	b, err := q.bufs.Lent(buf)
 	if err != nil {
 		return err
 	}
@@ -355,12 +328,7 @@ func (q *RxQueue) Release(buf uintptr) error {
 	if q.closed {
 		return nic.ErrClosed
 	}
-	b, err := q.bufIndex(buf)
-	if err != nil {
-		return err
-	}
-	q.state[b] = bufFree
-	return q.pool.Put(b)
+	return q.bufs.Release(buf)
 }
 
 // Frame implements nic.RxQueue: the bytes of a frame lent to the caller,
@@ -371,20 +339,7 @@ func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
 	if q.closed {
 		return nil, nic.ErrClosed
 	}
-	b, err := q.bufIndex(buf)
-	if err != nil {
-		return nil, err
-	}
-	if length < 0 || length > q.MaxFrame() {
-		return nil, fmt.Errorf("%w: %d bytes in a %d-byte frame buffer", nic.ErrInvalid, length, q.MaxFrame())
-	}
-	return q.pool.Buf(b)[netHdrLen : netHdrLen+length], nil
-}
-
-// recycle returns a buffer the caller never saw to the pool.
-func (q *RxQueue) recycle(b uint32) {
-	q.state[b] = bufFree
-	_ = q.pool.Put(b) // b came from the slot table: a buffer this queue posted
+	return q.bufs.Frame(buf, length, q.MaxFrame())
 }
 
 // Poll implements nic.Queue: it reads used buffers, strips the virtio-net

@@ -140,7 +140,7 @@ func (q *RxQueue) poll(out []nic.Completion) int {
 			errs++
 			break
 		}
-		frame := q.pool.Buf(q.bufOf(c.Buf - netHdrLen))[netHdrLen : netHdrLen+c.Len]
+		frame := q.bufs.Buf(q.bufs.Of(c.Buf))[netHdrLen : netHdrLen+c.Len]
 		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
 		bytes += uint64(c.Len)
 	}
@@ -159,12 +159,6 @@ func (q *RxQueue) errOf(c *cqring.Completion) error {
 	return nic.CompletionError(c.Prov, c.Err)
 }
 
-// bufOf is the pool index of a buffer from its address as posted, which
-// the ring reader reports from the posted operation (not from the device).
-func (q *RxQueue) bufOf(buf uintptr) uint32 {
-	return uint32((buf - q.base) / q.stride)
-}
-
 // next takes the next receive completion into c, for Poll and for the CQ
 // the queue feeds alike: the ring reader's single read and checks of the
 // used entry (id, length within the posted buffer), then virtio-net's own
@@ -180,7 +174,7 @@ func (q *RxQueue) next(c *cqring.Completion) bool {
 	}
 	if c.Err != 0 {
 		if c.Done && c.Buf != 0 {
-			q.recycle(q.bufOf(c.Buf))
+			q.bufs.Recycle(q.bufs.Of(c.Buf))
 			if q.skip > 0 {
 				q.skip-- // a refused part of a frame is still one of its parts
 			}
@@ -188,19 +182,19 @@ func (q *RxQueue) next(c *cqring.Completion) bool {
 		c.Buf = 0
 		return true
 	}
-	b := q.bufOf(c.Buf)
+	b := q.bufs.Of(c.Buf)
 	if q.skip > 0 { // only the first buffer of a frame holds the header
 		q.skip--
 		q.multiBuffer(c, b, &nic.MultiBufferError{Queue: q.vq.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
 		return true
 	}
 	if c.Len < netHdrLen+nic.MinFrame {
-		q.recycle(b)
+		q.bufs.Recycle(b)
 		c.Err, c.Prov, c.Buf = cq.EIO, cq.ProvBadLen, 0
 		return true
 	}
 	if q.mrg {
-		hdr := q.pool.Buf(b)
+		hdr := q.bufs.Buf(b)
 		if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
 			e := &nic.MultiBufferError{Queue: q.vq.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 			if nb > 1 {
@@ -212,7 +206,7 @@ func (q *RxQueue) next(c *cqring.Completion) bool {
 			return true
 		}
 	}
-	q.state[b] = bufLent
+	q.bufs.Lend(b)
 	c.Buf += netHdrLen
 	c.Len -= netHdrLen
 	return true
@@ -221,7 +215,7 @@ func (q *RxQueue) next(c *cqring.Completion) bool {
 // multiBuffer turns c, whose buffer b holds part of a frame that spans
 // buffers, into an error completion and recycles the buffer. Cold path.
 func (q *RxQueue) multiBuffer(c *cqring.Completion, b uint32, e *nic.MultiBufferError) {
-	q.recycle(b)
+	q.bufs.Recycle(b)
 	q.mbErr = e
 	c.Err, c.Prov, c.Buf = cq.ETRUNC, cq.ProvMultiBuffer, 0
 }

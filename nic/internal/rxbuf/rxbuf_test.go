@@ -1,0 +1,65 @@
+package rxbuf
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/nic"
+)
+
+func newPool(t *testing.T, headroom int) Pool {
+	t.Helper()
+	space := dma.NewIdentitySpace()
+	t.Cleanup(func() { _ = space.Close() })
+	region, err := space.Alloc(4*2048, hugepage.Options{PageSize: hugepage.Size4K})
+	require.NoError(t, err)
+	p, err := dma.NewPool(region, 4, 2048)
+	require.NoError(t, err)
+	return New(p, headroom)
+}
+
+// TestLifecycle walks a buffer through free, posted, lent and back, with
+// the frame headroom bytes in, and checks every address handed back.
+func TestLifecycle(t *testing.T) {
+	for _, headroom := range []int{0, 12} {
+		p := newPool(t, headroom)
+		b, ok := p.Get()
+		require.True(t, ok)
+		p.Posted(b)
+		frame := p.Start(b) + uintptr(headroom)
+		require.Equal(t, b, p.Of(frame), "an address inside the buffer")
+		_, err := p.Lent(frame)
+		require.ErrorIs(t, err, ErrNotLent, "posted, not lent")
+		posted, lent := p.Counts()
+		require.Equal(t, [2]int{1, 0}, [2]int{posted, lent})
+
+		p.Lend(b)
+		got, err := p.Lent(frame)
+		require.NoError(t, err)
+		require.Equal(t, b, got)
+		for _, bad := range []uintptr{frame + 1, frame - 1, p.Start(0) + uintptr(headroom) - 1, p.Start(4) + uintptr(headroom), 0} {
+			_, err := p.Lent(bad)
+			require.ErrorIs(t, err, ErrNotBuffer, "address %#x", bad)
+			require.ErrorIs(t, err, nic.ErrBadBuffer)
+		}
+		data, err := p.Frame(frame, 64, 2048-headroom)
+		require.NoError(t, err)
+		require.Len(t, data, 64)
+		require.Equal(t, &p.Buf(b)[headroom], &data[0], "the frame starts headroom bytes in")
+		for _, n := range []int{-1, 2048 - headroom + 1} {
+			_, err := p.Frame(frame, n, 2048-headroom)
+			require.ErrorIs(t, err, nic.ErrInvalid, "length %d", n)
+		}
+		posted, lent = p.Counts()
+		require.Equal(t, [2]int{0, 1}, [2]int{posted, lent})
+
+		require.NoError(t, p.Release(frame))
+		require.ErrorIs(t, p.Release(frame), ErrNotLent, "released twice")
+		require.Equal(t, 4, p.Free(), "back on the free list")
+		posted, lent = p.Counts()
+		require.Equal(t, [2]int{0, 0}, [2]int{posted, lent})
+	}
+}
