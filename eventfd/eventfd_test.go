@@ -3,6 +3,7 @@ package eventfd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
@@ -39,7 +40,7 @@ func eachWait(t *testing.T, f func(t *testing.T, e *FD, wait waitFunc)) {
 			defer e.Close()
 			wait := e.waitPoller
 			if name == "thread" {
-				wait = e.waitThread
+				wait = func(ctx context.Context, d time.Time) (uint64, error) { return e.waitThread(ctx, d, true) }
 			}
 			f(t, e, wait)
 		})
@@ -171,7 +172,7 @@ func TestWaitThreadSleepers(t *testing.T) {
 	got := make(chan uint64, sleepers)
 	for range sleepers {
 		go func() {
-			n, err := e.waitThread(context.Background(), time.Now().Add(10*time.Second))
+			n, err := e.waitThread(context.Background(), time.Now().Add(10*time.Second), true)
 			if err != nil {
 				n = 0
 			}
@@ -194,7 +195,7 @@ func TestWaitThreadClose(t *testing.T) {
 	done := make(chan error, sleepers+1)
 	for range sleepers {
 		go func() {
-			_, err := e.waitThread(context.Background(), time.Time{})
+			_, err := e.waitThread(context.Background(), time.Time{}, true)
 			done <- err
 		}()
 	}
@@ -211,7 +212,7 @@ func TestWaitThreadClose(t *testing.T) {
 	require.ErrorIs(t, e.Add(1), ErrClosed)
 	_, err = e.Take()
 	require.ErrorIs(t, err, ErrClosed)
-	_, err = e.waitThread(context.Background(), time.Time{})
+	_, err = e.waitThread(context.Background(), time.Time{}, true)
 	require.ErrorIs(t, err, ErrClosed)
 	require.Equal(t, before, openFDs(t), "descriptors left open")
 }
@@ -251,7 +252,7 @@ func TestCloseRace(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					if _, err := e.waitThread(context.Background(), time.Now().Add(time.Second)); err != nil {
+					if _, err := e.waitThread(context.Background(), time.Now().Add(time.Second), true); err != nil {
 						check(err)
 						return
 					}
@@ -266,4 +267,62 @@ func TestCloseRace(t *testing.T) {
 		}
 	}
 	require.Equal(t, before, openFDs(t), "descriptors left open")
+}
+
+// Await on a pinned thread wakes on the event and leaves the count for the
+// caller's Take; elsewhere it takes the count, as Wait does.
+func TestAwait(t *testing.T) {
+	cpus, err := allowedCPUs()
+	require.NoError(t, err)
+	for _, pinned := range []bool{false, true} {
+		if !pinned && len(cpus) < 2 {
+			continue // every thread is on one CPU: no poller path
+		}
+		t.Run(fmt.Sprintf("pinned=%v", pinned), func(t *testing.T) {
+			e, err := New()
+			require.NoError(t, err)
+			defer e.Close()
+			type result struct {
+				n, left uint64
+				err     error
+			}
+			done := make(chan result)
+			go func() {
+				if pinned {
+					runtime.LockOSThread() // never unlocked: the pinned thread ends with the goroutine
+					var one unix.CPUSet
+					one.Set(cpus[0])
+					if err := unix.SchedSetaffinity(0, &one); err != nil {
+						done <- result{err: err}
+						return
+					}
+				}
+				go func() { time.Sleep(10 * time.Millisecond); _ = e.Add(3) }()
+				n, err := e.Await(context.Background(), time.Now().Add(5*time.Second))
+				left, _ := e.TakeLeft()
+				done <- result{n, left, err}
+			}()
+			r := <-done
+			require.NoError(t, r.err)
+			require.NoError(t, e.Add(1))
+			n, err := e.TakeLeft()
+			require.NoError(t, err)
+			require.Zero(t, n, "TakeLeft takes only what an Await left")
+			n, err = e.Take()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+			if pinned {
+				require.Zero(t, r.n, "the count is left")
+				require.EqualValues(t, 3, r.left, "for the caller's Take")
+			} else {
+				require.EqualValues(t, 3, r.n, "the poller path takes the count")
+				require.Zero(t, r.left)
+			}
+			_, err = e.Await(context.Background(), time.Now().Add(10*time.Millisecond))
+			require.ErrorIs(t, err, ErrTimeout)
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			_, err = e.Await(nil, time.Time{}) //nolint:staticcheck // the nil context is the test
+			require.ErrorIs(t, err, os.ErrInvalid)
+		})
+	}
 }

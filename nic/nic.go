@@ -85,14 +85,18 @@ type Queue interface {
 	// poll once more after Arm: entries written before it raise no
 	// interrupt. Threshold 0 asks for the completion after those ready
 	// now, where the device can count (virtio with EVENT_IDX); elsewhere
-	// it means 1.
+	// it means 1. It first takes the count a WaitInterrupt on a pinned
+	// thread left on the eventfd (counted in Stats), so that the next
+	// WaitInterrupt sleeps until a new interrupt.
 	Arm(threshold int) error
 	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
 	// loops that poll(2) it themselves; the queue keeps ownership.
 	Interrupt() *eventfd.FD
 	// WaitInterrupt sleeps until the queue's interrupt fires (nil), the
 	// deadline passes (ErrTimeout; a zero deadline waits forever), ctx
-	// ends (its error) or the queue closes (ErrClosed).
+	// ends (its error) or the queue closes (ErrClosed). On a thread pinned
+	// to one CPU it leaves the eventfd's count for the next Arm to take
+	// (eventfd.FD.Await): the wake-up then costs one system call, not two.
 	WaitInterrupt(ctx context.Context, deadline time.Time) error
 	// Stats returns the queue's counters.
 	Stats() QueueStats

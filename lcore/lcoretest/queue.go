@@ -158,6 +158,9 @@ func (q *Queue) Arm(threshold int) error {
 	if f := q.BeforeArm; f != nil {
 		f()
 	}
+	// WaitInterrupt on a pinned thread leaves the count it woke on. Taken
+	// outside the lock, which Inject takes.
+	_, _ = q.efd.TakeLeft()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -173,7 +176,7 @@ func (q *Queue) Interrupt() *eventfd.FD { return q.efd }
 
 // WaitInterrupt implements nic.Queue.
 func (q *Queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	_, err := q.efd.Wait(ctx, deadline)
+	_, err := q.efd.Await(ctx, deadline)
 	switch {
 	case errors.Is(err, eventfd.ErrTimeout):
 		return nic.ErrTimeout

@@ -162,6 +162,9 @@ func (q *queue) disarm() {
 // descriptor (subject to EITR moderation), not per threshold, so the
 // threshold is left to SRead's re-poll.
 func (q *queue) Arm(threshold int) error {
+	if q.efd != nil {
+		q.takeInterrupts() // outside the lock: it may make a system call
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.usable(); err != nil {
@@ -177,6 +180,15 @@ func (q *queue) Arm(threshold int) error {
 // Interrupt implements nic.Queue.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
+// takeInterrupts counts the interrupts left on the eventfd (WaitInterrupt
+// on a pinned thread leaves the one it woke on), so that the next
+// WaitInterrupt sleeps until a new one.
+func (q *queue) takeInterrupts() {
+	if n, err := q.efd.TakeLeft(); err == nil {
+		q.interrupts.Add(n)
+	}
+}
+
 // WaitInterrupt implements nic.Queue.
 func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
@@ -188,7 +200,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if bound {
 		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
 	}
-	n, err := q.efd.Wait(ctx, deadline)
+	n, err := q.efd.Await(ctx, deadline)
 	q.interrupts.Add(n)
 	switch {
 	case err == nil:

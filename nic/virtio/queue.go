@@ -94,6 +94,9 @@ func (q *queue) Ready(max int) int {
 
 // Arm implements nic.Queue.
 func (q *queue) Arm(threshold int) error {
+	if q.efd != nil {
+		q.takeInterrupts() // outside the lock: it may make a system call
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.usable(); err != nil {
@@ -130,6 +133,15 @@ func (q *queue) boundError(out []nic.Completion) int {
 // Interrupt implements nic.Queue.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
+// takeInterrupts counts the interrupts left on the eventfd (WaitInterrupt
+// on a pinned thread leaves the one it woke on), so that the next
+// WaitInterrupt sleeps until a new one.
+func (q *queue) takeInterrupts() {
+	if n, err := q.efd.TakeLeft(); err == nil {
+		q.interrupts.Add(n)
+	}
+}
+
 // WaitInterrupt implements nic.Queue.
 func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
@@ -138,7 +150,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.isBound() {
 		return q.errBound()
 	}
-	n, err := q.efd.Wait(ctx, deadline)
+	n, err := q.efd.Await(ctx, deadline)
 	q.interrupts.Add(n)
 	switch {
 	case err == nil:
