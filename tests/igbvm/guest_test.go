@@ -14,6 +14,7 @@ import (
 	"github.com/vfnic/vfnic/nic/igb"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/tests/leakcheck"
+	"github.com/vfnic/vfnic/tests/nicpair"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,30 +81,12 @@ func (p *peer) ctl(typ uint8, arg uint32) []byte {
 // send transmits f, waiting for room when the ring is full.
 func (p *peer) send(f []byte) {
 	p.t.Helper()
-	for {
-		err := p.tx.Send(f, nil)
-		if err == nil {
-			break
-		}
-		require.ErrorIs(p.t, err, nic.ErrFull)
-		require.NoError(p.t, p.tx.Flush())
-		p.reclaim()
-	}
-	require.NoError(p.t, p.tx.Flush())
-	p.reclaim()
+	nicpair.Send(p.t, p.tx, f, p.txc)
 }
 
 func (p *peer) reclaim() {
 	p.t.Helper()
-	for {
-		n := p.tx.Poll(p.txc)
-		for _, c := range p.txc[:n] {
-			require.NoError(p.t, c.Err)
-		}
-		if n < len(p.txc) {
-			return
-		}
-	}
+	nicpair.Reclaim(p.t, p.tx, p.txc)
 }
 
 // recv hands every frame of this session to fn until fn says done,

@@ -5,7 +5,8 @@
 // (nic.Device.BindCQ), so a send is a frame on the wire, its completion an
 // entry the device wrote, and its MSI-X interrupt what wakes SRead. What
 // differs between drivers (opening a NIC, ring sizes, padding, the host's
-// oversized frame) is a Driver; the rest is the same for all.
+// oversized frame) is a Driver; the rest is the same for all. Send and
+// Reclaim are the drivers' guest tests' shared transmit helpers.
 package nicpair
 
 import (

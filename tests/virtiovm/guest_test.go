@@ -21,6 +21,7 @@ import (
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/tests/leakcheck"
+	"github.com/vfnic/vfnic/tests/nicpair"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,30 +99,7 @@ func (p *peer) ctl(typ uint8, args ...uint32) []byte { return ctlFrame(p.mac, p.
 // send transmits f and waits for nothing; completions are reclaimed.
 func (p *peer) send(f []byte) {
 	p.t.Helper()
-	for {
-		err := p.tx.Send(f, nil)
-		if err == nil {
-			break
-		}
-		require.ErrorIs(p.t, err, nic.ErrFull)
-		require.NoError(p.t, p.tx.Flush())
-		p.reclaim()
-	}
-	require.NoError(p.t, p.tx.Flush())
-	p.reclaim()
-}
-
-func (p *peer) reclaim() {
-	p.t.Helper()
-	for {
-		n := p.tx.Poll(p.txc)
-		for _, c := range p.txc[:n] {
-			require.NoError(p.t, c.Err)
-		}
-		if n < len(p.txc) {
-			return
-		}
-	}
+	nicpair.Send(p.t, p.tx, f, p.txc)
 }
 
 // recv hands every frame of this session to fn until fn says done (the
