@@ -449,15 +449,18 @@ func TestGuestModeration(t *testing.T) {
 		require.NoError(t, p.dev.Close())
 		return w.wakes, intr
 	}
-	// Under TCG the guest can be held off the CPU for the whole burst: then
-	// every frame is there before the first poll, the unmoderated read
-	// never sleeps and there is nothing to compare. Such a run is measured
-	// again (at most three times); the comparison itself is unchanged.
+	// Under TCG the guest can be held off the CPU for most of the burst:
+	// then the frames are there before the first polls, the unmoderated
+	// read sleeps once or never, and there is nothing to compare (measured
+	// here: 20-30 wake-ups when it runs, 0 or 1 when held off; moderated,
+	// 1-2). Such a run is measured again (at most three times); the
+	// comparison itself is unchanged.
+	const minPlain = 8
 	plain := 0
-	for try := 0; try < 3 && plain == 0; try++ {
+	for try := 0; try < 3 && plain < minPlain; try++ {
 		plain, _ = measure(0)
 	}
-	require.NotZero(t, plain, "the unmoderated read slept at least once in three tries")
+	require.GreaterOrEqual(t, plain, minPlain, "the unmoderated read slept through the burst in one of three tries")
 	moderated, _ := measure(8 * time.Millisecond)
 	require.Less(t, moderated, plain, "moderation saves wake-ups")
 }
