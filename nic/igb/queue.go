@@ -330,7 +330,7 @@ func (q *queue) poll(out []nic.Completion) int {
 		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
 		if q.rx {
 			o.Buf = c.Buf
-			o.Data = q.bufs.Buf(q.bufs.Of(c.Buf))[:c.Len]
+			o.Data = q.bufs.Bytes(c.Buf, c.Len)
 		}
 		bytes += uint64(c.Len)
 	}

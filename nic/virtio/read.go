@@ -140,7 +140,7 @@ func (q *RxQueue) poll(out []nic.Completion) int {
 			errs++
 			break
 		}
-		frame := q.bufs.Buf(q.bufs.Of(c.Buf))[netHdrLen : netHdrLen+c.Len]
+		frame := q.bufs.Bytes(c.Buf, c.Len)
 		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
 		bytes += uint64(c.Len)
 	}

@@ -99,8 +99,17 @@ func (p *Pool) Frame(frame uintptr, length, max int) ([]byte, error) {
 	if length < 0 || length > max {
 		return nil, fmt.Errorf("%w: %d bytes in a %d-byte frame buffer", nic.ErrInvalid, length, max)
 	}
+	return p.frame(b, length), nil
+}
+
+// Bytes returns the first length bytes of the frame at frame, an address
+// the ring reader reported from a posted operation, for a completion's
+// Data. The reader has checked length against the posted buffer.
+func (p *Pool) Bytes(frame uintptr, length int) []byte { return p.frame(p.Of(frame), length) }
+
+func (p *Pool) frame(b uint32, length int) []byte {
 	h := int(p.headroom)
-	return p.Buf(b)[h : h+length], nil
+	return p.Buf(b)[h : h+length]
 }
 
 // Counts returns how many buffers are posted to the device and lent to

@@ -49,6 +49,7 @@ func TestLifecycle(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, data, 64)
 		require.Equal(t, &p.Buf(b)[headroom], &data[0], "the frame starts headroom bytes in")
+		require.Equal(t, data, p.Bytes(frame, 64), "the ring reader's view of the same frame")
 		for _, n := range []int{-1, 2048 - headroom + 1} {
 			_, err := p.Frame(frame, n, 2048-headroom)
 			require.ErrorIs(t, err, nic.ErrInvalid, "length %d", n)
