@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/cq/ring"
@@ -51,11 +52,15 @@ type CQInitAttr struct {
 	Flags CreateFlags
 }
 
-// batch is the number of entries the iterator takes from the ring at once.
-const batch = 32
+// batch is the most entries the iterator takes from the ring at once (a
+// power of 2, for cur's mask). It is larger than a caller's usual batch
+// so that the cost of a ring read (its checks, the doorbell, the release
+// of ids to posters) is shared by more completions: BenchmarkFilledRing.
+const batch = 256
 
-// errSlot is the slot of ents that holds an error completion.
-const errSlot = batch
+// errSlot is the slot of ents that holds an error completion: the buffer
+// is empty when one is read.
+const errSlot = 0
 
 // CQ is a verbs completion queue (struct ibv_cq_ex). Unless created
 // SingleThreaded it is safe for concurrent use; a StartPoll..EndPoll
@@ -64,18 +69,34 @@ const errSlot = batch
 // between a successful StartPoll or NextPoll and the next call of either
 // or EndPoll; out of place they return stale or zero values, never panic.
 type CQ struct {
-	// linePad puts ents on a cache line: the allocator places an object
-	// of the CQ's size class on a multiple of 64 bytes and, since it holds
-	// pointers and is over 512 bytes, starts it with an 8-byte type header
-	// (TestEntriesOnCacheLines checks the sum). An entry spanning two lines
-	// costs the ring reader's writes and the accessors' reads a second line
-	// each.
-	linePad [64 - 8]byte
-	// ents[:batch] buffers completions read from the ring; ents[errSlot]
-	// holds the error completion being iterated over. The current one is
-	// ents[ci]: an index, not a pointer, so that moving to the next entry
+	// The iterator's state comes first, guarded by mu (or by the single
+	// thread). Below 4 KiB into the CQ, a load of it is also the nil check
+	// of c (the compiler tests a pointer explicitly before a load at a
+	// larger offset), and its 120 bytes put ents on a cache line: the
+	// allocator places an object of the CQ's size class on a multiple of
+	// 64 bytes and, since it holds pointers and is over 512 bytes, starts
+	// it with an 8-byte type header (TestEntriesOnCacheLines checks the
+	// sum). An entry spanning two lines would cost the ring reader's
+	// writes and the accessors' reads a second line each.
+	co     uintptr  // the current completion's byte offset in ents: an accessor adds it to the CQ's address, with no shift or bounds check
+	lim    uintptr  // n*entSize while the current completion is buffered, else 0 (NextPoll's fast test)
+	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
+	qshift uint     // Provider.QueueShift
+	status WCStatus // of the current completion (set once per batch for successes)
+	vendor uint32   // of the current completion
+	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
+	curErr bool     // the current completion is errEnt
+	single bool
+	_      [4]byte
+	// opc is opcodes, copied here so that Opcode indexes it from c, with
+	// no instruction to form a global's address.
+	opc [64]uint8
+
+	// ents buffers completions read from the ring, or holds the error
+	// completion being iterated over (at errSlot). The current one is
+	// at byte offset co: not a pointer, so that moving to the next entry
 	// stores no pointer (no write barrier).
-	ents [2 * batch]cq.Entry
+	ents [batch]cq.Entry
 
 	c       *cq.CQ
 	prov    Provider
@@ -83,21 +104,11 @@ type CQ struct {
 	ch      *CompChannel
 	fields  Fields
 	flags   CreateFlags
-	single  bool
 	withSrc bool
-	qshift  uint
 	cqe     atomic.Int64 // Resize changes it
 
-	// Iterator state, guarded by mu (or by the single thread).
-	mu     sync.Mutex
+	mu     sync.Mutex // the iterator's
 	addrs  [batch]cq.Addr
-	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
-	lim    int      // n while the current completion is buffered, else 0 (NextPoll's fast test)
-	ci     int      // the current completion's slot
-	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
-	curErr bool     // the current completion is errEnt
-	status WCStatus // of the current completion (set once per batch for successes)
-	vendor uint32   // of the current completion
 	errEnt cq.ErrEntry
 	errBuf [256]byte
 
@@ -146,7 +157,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	}
 	single := attr.Flags&SingleThreaded != 0
 	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
-		single: single, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
+		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
 	if c.ch != nil {
 		if err := c.ch.use(); err != nil {
 			return nil, err
@@ -226,8 +237,8 @@ func (c *CQ) StartPoll() error {
 func (c *CQ) NextPoll() error {
 	// The common case, small enough to inline: the next completion is in
 	// the buffer.
-	if i := c.ci + 1; i < c.lim {
-		c.ci = i
+	if o := c.co + entSize; o < c.lim {
+		c.co = o
 		return nil
 	}
 	return c.nextSlow()
@@ -256,14 +267,14 @@ func (c *CQ) consume() {
 		c.curErr = false
 		return
 	}
-	c.i = c.ci + 1
+	c.i = int(c.co/entSize) + 1
 }
 
 // load makes the next completion current, reading a batch from the ring
 // when the buffer is empty.
 func (c *CQ) load() error {
 	if c.i < c.n {
-		c.ci, c.valid, c.lim = c.i, true, c.n
+		c.co, c.valid, c.lim = uintptr(c.i)*entSize, true, uintptr(c.n)*entSize
 		c.status, c.vendor = WCSuccess, 0
 		return nil
 	}
@@ -271,13 +282,13 @@ func (c *CQ) load() error {
 	var k int
 	var err error
 	if c.withSrc {
-		k, err = c.c.ReadFrom(c.ents[:batch], c.addrs[:])
+		k, err = c.c.ReadFrom(c.ents[:], c.addrs[:])
 	} else {
-		k, err = c.c.Read(c.ents[:batch])
+		k, err = c.c.Read(c.ents[:])
 	}
 	if k > 0 {
 		c.n = k
-		c.ci, c.valid, c.lim = 0, true, k
+		c.co, c.valid, c.lim = 0, true, uintptr(k)*entSize
 		c.status, c.vendor = WCSuccess, 0
 		return nil
 	}
@@ -290,7 +301,7 @@ func (c *CQ) load() error {
 			return c.mapErr(err)
 		}
 		c.ents[errSlot] = c.errEnt.Entry
-		c.ci, c.valid, c.curErr = errSlot, true, true
+		c.co, c.valid, c.curErr = errSlot*entSize, true, true
 		c.status = StatusOf(&c.errEnt)
 		c.vendor = c.prov.VendorErr(&c.errEnt)
 		return nil
@@ -366,14 +377,14 @@ func (c *CQ) WRContext() any { return c.cur().Context }
 func (c *CQ) Status() WCStatus { return c.status }
 
 // Opcode returns the current completion's operation (ibv_wc_read_opcode).
-func (c *CQ) Opcode() WCOpcode { return opcodes[c.cur().Flags>>8&63] }
+func (c *CQ) Opcode() WCOpcode { return WCOpcode(c.opc[c.cur().Flags>>8&63]) }
 
 // opcodes maps bits 8 to 13 of the completion flags (READ, WRITE, RECV,
-// SEND, REMOTE_READ, REMOTE_WRITE) to the opcode: one load per entry
-// instead of a chain of tests.
-var opcodes = func() (t [64]WCOpcode) {
+// SEND, REMOTE_READ, REMOTE_WRITE) to the opcode, which fits in a byte
+// (TestOpcodeTable): one load per entry instead of a chain of tests.
+var opcodes = func() (t [64]uint8) {
 	for i := range t {
-		t[i] = opcodeOf(cq.Flags(i) << 8)
+		t[i] = uint8(opcodeOf(cq.Flags(i) << 8))
 	}
 	return t
 }()
@@ -413,7 +424,7 @@ func (c *CQ) SrcQP() uint32 {
 	if c.curErr || !c.withSrc {
 		return 0
 	}
-	if a := c.addrs[c.ci%batch]; a != cq.AddrNotAvail {
+	if a := c.addrs[c.co/entSize%batch]; a != cq.AddrNotAvail {
 		return uint32(a)
 	}
 	return 0
@@ -551,9 +562,16 @@ func (c *CQ) Destroy(ctx context.Context) error {
 // Close is Destroy without a deadline (io.Closer).
 func (c *CQ) Close() error { return c.Destroy(context.Background()) }
 
-// cur returns the current completion; the mask keeps an accessor called
-// out of order inside the array.
-func (c *CQ) cur() *cq.Entry { return &c.ents[c.ci&(2*batch-1)] }
+// entSize is the size of a cq.Entry.
+const entSize = unsafe.Sizeof(cq.Entry{})
+
+// cur returns the current completion. The mask keeps it on an entry of
+// ents whatever co holds, so that an accessor called out of order never
+// reaches outside the array; it costs an AND where indexing costs a shift
+// and a bounds check.
+func (c *CQ) cur() *cq.Entry {
+	return (*cq.Entry)(unsafe.Add(unsafe.Pointer(&c.ents), c.co&((batch-1)*entSize)))
+}
 
 // Resizer is a Provider that can resize its CQs.
 type Resizer interface {

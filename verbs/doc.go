@@ -17,10 +17,11 @@
 //   - Resize (ibv_resize_cq) on devices that implement Resizer: never below
 //     the completions held, which stay in order.
 //
-// The iterator reads the ring through cq.CQ.Read in batches of up to 32
-// entries: the consumer index goes to the device once per such batch,
-// never per entry, and the completions of a batch stay in the CQ's buffer
-// until the caller has iterated over them. Unlike mlx5, where ibv_end_poll
+// The iterator reads the ring through cq.CQ.Read in batches of up to 256
+// entries, more than a caller's usual batch, so that the cost of a ring
+// read is shared by more completions. The consumer index goes to the
+// device once per such batch, never per entry, and the completions of a
+// batch stay in the CQ's buffer until the caller has iterated over them. Unlike mlx5, where ibv_end_poll
 // writes the consumer index, here it is written when the batch is read
 // from the ring (at StartPoll, or at a NextPoll that reads the next batch);
 // EndPoll only ends the caller's batch.

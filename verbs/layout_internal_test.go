@@ -3,19 +3,34 @@ package verbs
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/vfnic/vfnic/cq"
 )
 
 var keep []*CQ
 
-// TestEntriesOnCacheLines checks what CQ.linePad relies on: the iterator's
+// TestEntriesOnCacheLines checks what the CQ's field order relies on: the iterator's
 // buffered entries start on a 64-byte line, so no entry spans two lines.
 func TestEntriesOnCacheLines(t *testing.T) {
 	for i := 0; i < 64; i++ {
 		c := &CQ{single: i%2 == 0} // as CreateCQ allocates it
 		keep = append(keep, c)
 		if a := uintptr(unsafe.Pointer(&c.ents[0])); a%64 != 0 {
-			t.Errorf("CQ (%d bytes) at %#x: its entries are %d bytes into a cache line", unsafe.Sizeof(*c), a, a%64)
+			t.Errorf("CQ (%d bytes) at %#x, entries at offset %d: they are %d bytes into a cache line", unsafe.Sizeof(*c), a, unsafe.Offsetof(c.ents), a%64)
 		}
 	}
 	keep = nil
+}
+
+// TestOpcodeTable checks that the byte table Opcode reads gives what
+// opcodeOf does for every combination of the flags it looks at.
+func TestOpcodeTable(t *testing.T) {
+	c := &CQ{opc: opcodes} // as CreateCQ sets it
+	for i := range 64 {
+		f := cq.Flags(i) << 8
+		c.ents[0].Flags = f
+		if got, want := c.Opcode(), opcodeOf(f); got != want {
+			t.Errorf("flags %v: Opcode %v, want %v", f, got, want)
+		}
+	}
 }

@@ -19,11 +19,16 @@ import (
 // ReqNotify, poll until empty", against a producer that the consumer
 // triggers each time its poll finds nothing: the producer writes one
 // completion at once (it wakes the sleeping consumer) and a second after a
-// random delay of up to 150 µs (a round takes 50 to 100 µs here), which lands between the poll that found
-// nothing and the next arm, between the arm and the poll, or after the
-// poll. A lost wake-up leaves GetEvent waiting for an entry that is in the
-// CQ: the test fails after 2 s without an event. VFNIC_VERBS_ROUNDS sets
-// the number of rounds (default 20000, about 2 s under -race; the issue's figure is 100000).
+// random delay, which lands between the poll that found nothing and the
+// next arm, between the arm and the poll, or after the poll. The delay is
+// drawn up to twice the mean time from the first completion to the
+// consumer's arm (at least 20 µs; 50 to 150 µs here), so that all three
+// happen however fast the machine runs: with a fixed 150 µs, a slow run
+// saw the second completion land before the arm in all but 1 of 20000
+// rounds. A lost wake-up leaves GetEvent waiting for an entry that is in
+// the CQ: the test fails after 2 s without an event. VFNIC_VERBS_ROUNDS
+// sets the number of rounds (default 20000: 3 to 6 s, 6 to 10 s under
+// -race; the issue's figure is 100000).
 func TestLostWakeup(t *testing.T) {
 	rounds := 20000
 	if s := os.Getenv("VFNIC_VERBS_ROUNDS"); s != "" {
@@ -34,6 +39,11 @@ func TestLostWakeup(t *testing.T) {
 	_, ch, c, a := chEnv(t)
 	payload := make([]byte, 16)
 	var produced atomic.Int64
+	// base: the clock of firstAt (when the producer wrote a round's first
+	// completion) and of armLag (the mean time from it to the arm), in ns.
+	base := time.Now()
+	var firstAt, armLag atomic.Int64
+	armLag.Store(75_000)
 	trigger := make(chan struct{}, 1)
 	stop := make(chan struct{})
 	prodDone := make(chan struct{})
@@ -46,10 +56,11 @@ func TestLostWakeup(t *testing.T) {
 				return
 			case <-trigger:
 			}
+			firstAt.Store(int64(time.Since(base)))
 			if a.Send(a.Addr(), uint64(produced.Load()), payload, sim.SendOpts{}) == nil {
 				produced.Add(1)
 			}
-			d := time.Duration(rng.IntN(150_000))
+			d := time.Duration(rng.Int64N(max(20_000, 2*armLag.Load())))
 			for t0 := time.Now(); time.Since(t0) < d; {
 			}
 			if a.Send(a.Addr(), uint64(produced.Load()), payload, sim.SendOpts{}) == nil {
@@ -98,6 +109,9 @@ func TestLostWakeup(t *testing.T) {
 		c.AckEvents(1)
 		p, err := c.ReqNotify(false)
 		require.NoError(t, err)
+		if lag := int64(time.Since(base)) - firstAt.Load(); lag > 0 {
+			armLag.Store((7*armLag.Load() + lag) / 8)
+		}
 		if p {
 			present++
 		} else {
