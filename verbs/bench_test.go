@@ -26,6 +26,79 @@ func wrid(ctx any) uint64 {
 
 var sink uint64
 
+// filledRing is a software device whose QP completes into one CQ of
+// fillLap entries, the fi_cq one or a verbs CQ's, with the operations to
+// fill it a lap at a time.
+type filledRing struct {
+	d       *sim.Device
+	fi      *cq.CQ
+	vc      *verbs.CQ // nil for the fi_cq path
+	qp      *sim.QP
+	ctxs    []any
+	payload []byte
+}
+
+// fillLap is the number of entries filledRing's CQ and QP hold.
+const fillLap = 4096
+
+func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
+	d, err := sim.New(sim.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := &filledRing{d: d, ctxs: make([]any, fillLap), payload: make([]byte, 64)}
+	if iter {
+		fl := verbs.CreateFlags(0)
+		if single {
+			fl = verbs.SingleThreaded
+		}
+		f.vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: fillLap, Flags: fl})
+		if err == nil {
+			f.fi = f.vc.FI()
+		}
+	} else {
+		f.fi, err = d.OpenCQ(cq.Attr{Size: fillLap, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: single})
+	}
+	if err != nil {
+		_ = d.Close()
+		tb.Fatal(err)
+	}
+	f.qp, err = d.NewQP(sim.QPConfig{SendCQ: f.fi, RecvCQ: f.fi, SendSize: fillLap, RecvSize: 1})
+	if err != nil {
+		f.close()
+		tb.Fatal(err)
+	}
+	for i := range f.ctxs {
+		f.ctxs[i] = uint64(i)
+	}
+	return f
+}
+
+// fill has the device complete one lap and waits until it has.
+func (f *filledRing) fill(tb testing.TB) {
+	if n, err := f.qp.SendBatch(f.qp.Addr(), f.ctxs, f.payload, sim.SendOpts{}); err != nil || n != fillLap {
+		tb.Fatalf("fill: %d %v", n, err)
+	}
+	if err := f.qp.Flush(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	if err := f.d.Sync(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (f *filledRing) close() {
+	if f.qp != nil {
+		_ = f.qp.Close()
+	}
+	if f.vc != nil {
+		_ = f.vc.Close()
+	} else if f.fi != nil {
+		_ = f.fi.Close()
+	}
+	_ = f.d.Close()
+}
+
 // benchFilled times reading a ring the software device has filled (4096
 // entries, one lap) in batches of batchN (Read calls, or StartPoll to
 // EndPoll), reading the id, status or flags,
@@ -34,53 +107,17 @@ var sink uint64
 // world). read is the fi_cq path (cq.CQ.Read); iter is the verbs
 // iterator over a CQ of the same device and attributes.
 func benchFilled(b *testing.B, iter, single bool, batchN int) {
-	const lap = 4096
-	d, err := sim.New(sim.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	var fi *cq.CQ
-	var vc *verbs.CQ
-	if iter {
-		fl := verbs.CreateFlags(0)
-		if single {
-			fl = verbs.SingleThreaded
-		}
-		vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: lap, Flags: fl})
-		if err == nil {
-			fi = vc.FI()
-		}
-	} else {
-		fi, err = d.OpenCQ(cq.Attr{Size: lap, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: single})
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	qp, err := d.NewQP(sim.QPConfig{SendCQ: fi, RecvCQ: fi, SendSize: lap, RecvSize: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctxs := make([]any, lap)
-	for i := range ctxs {
-		ctxs[i] = uint64(i)
-	}
-	payload := make([]byte, 64)
+	const lap = fillLap
+	f := newFilledRing(b, iter, single)
+	defer f.close()
+	fi, vc := f.fi, f.vc
 	ents := make([]cq.Entry, batchN)
 	var reading time.Duration
 	var sum uint64
 	b.ReportAllocs()
 	b.ResetTimer()
 	for done := 0; done < b.N; done += lap {
-		if n, err := qp.SendBatch(qp.Addr(), ctxs, payload, sim.SendOpts{}); err != nil || n != lap {
-			b.Fatalf("fill: %d %v", n, err)
-		}
-		if err := qp.Flush(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		if err := d.Sync(context.Background()); err != nil {
-			b.Fatal(err)
-		}
+		f.fill(b)
 		t0 := time.Now()
 		if iter {
 			for i := 0; i < lap; i += batchN {
@@ -115,12 +152,6 @@ func benchFilled(b *testing.B, iter, single bool, batchN int) {
 	b.StopTimer()
 	sink = sum
 	b.ReportMetric(float64(reading.Nanoseconds())/float64((b.N+lap-1)/lap*lap), "ns/op")
-	_ = qp.Close()
-	if vc != nil {
-		_ = vc.Close()
-	} else {
-		_ = fi.Close()
-	}
 }
 
 // BenchmarkFilledRing compares, per completion at batch 32, the fi_cq

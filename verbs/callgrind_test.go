@@ -18,11 +18,9 @@ package verbs_test
 // and divide each function's inclusive count by 12288.
 
 import (
-	"context"
 	"testing"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
@@ -71,49 +69,20 @@ func irRead32(fi *cq.CQ, ents []cq.Entry, lap int) uint64 { return irRead(fi, en
 func irRead256(fi *cq.CQ, ents []cq.Entry, lap int) uint64 { return irRead(fi, ents, lap) }
 
 func TestInstructionCounts(t *testing.T) {
-	const lap = 4096
 	ents32, ents256 := make([]cq.Entry, 32), make([]cq.Entry, 256)
 	for _, mode := range []string{"iter", "read32", "read256"} {
-		d, _ := sim.New(sim.Config{})
-		var fi *cq.CQ
-		var vc *verbs.CQ
-		var err error
-		if mode == "iter" {
-			vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: lap, Flags: verbs.SingleThreaded})
-			if err == nil {
-				fi = vc.FI()
-			}
-		} else {
-			fi, err = d.OpenCQ(cq.Attr{Size: lap, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: true})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		qp, _ := d.NewQP(sim.QPConfig{SendCQ: fi, RecvCQ: fi, SendSize: lap, RecvSize: 1})
-		ctxs := make([]any, lap)
-		for i := range ctxs {
-			ctxs[i] = uint64(i)
-		}
-		payload := make([]byte, 64)
+		f := newFilledRing(t, mode == "iter", true)
 		for r := 0; r < 3; r++ {
-			qp.SendBatch(qp.Addr(), ctxs, payload, sim.SendOpts{})
-			qp.Flush(context.Background())
-			d.Sync(context.Background())
+			f.fill(t)
 			switch mode {
 			case "iter":
-				sink += irIter(vc, lap)
+				sink += irIter(f.vc, fillLap)
 			case "read32":
-				sink += irRead32(fi, ents32, lap)
+				sink += irRead32(f.fi, ents32, fillLap)
 			case "read256":
-				sink += irRead256(fi, ents256, lap)
+				sink += irRead256(f.fi, ents256, fillLap)
 			}
 		}
-		qp.Close()
-		if vc != nil {
-			vc.Close()
-		} else {
-			fi.Close()
-		}
-		d.Close()
+		f.close()
 	}
 }
