@@ -205,7 +205,7 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 	plan.rebase(int(r.own))
 	f := &r.l.Fields
 	fp := &fastPath{base: r.base, esz: r.esz, own: r.own, omask: r.mask, plan: plan,
-		cur: tableCursor{queue: noQueue}, src: q}
+		cur: tableCursor{queue: noQueue, comp: noSlots}, src: q}
 	natural := f.ID.Bits == 32 && f.Len.Bits == 32 && f.BufOff.Bits == 32 && f.Data.Bits == 64
 	// With no field but the id and the length, every entry reads the
 	// tables at byte value 0's meaning; when that adds no flag and
@@ -337,7 +337,7 @@ const noQueue = ^uint32(0)
 type tableCursor struct {
 	queue uint32    // the queue of t (noQueue: none)
 	t     *Table    // nil when queue is not bound
-	comp  completer // t.completer(); no slots when t is nil, so that every id is refused
+	comp  completer // t.completer(), or noSlots when t is nil, so that every id is refused
 	ftl   uint32    // t.ftailLocal, advanced by releases
 }
 
@@ -348,14 +348,14 @@ func (c *tableCursor) resume(tabs []*Table) {
 		c.ftl = c.t.ftailLocal
 		return
 	}
-	*c = tableCursor{queue: noQueue}
+	*c = tableCursor{queue: noQueue, comp: noSlots}
 }
 
 // enter leaves the current table and takes the one bound to queue qn
 // (none, when no table is). Once per change of queue.
 func (c *tableCursor) enter(q *RingSource, tabs []*Table, qn uint32) {
 	c.leave(q)
-	*c = tableCursor{queue: qn, t: tableFor(tabs, qn)}
+	*c = tableCursor{queue: qn, t: tableFor(tabs, qn), comp: noSlots}
 	if t := c.t; t != nil {
 		c.comp, c.ftl = t.completer(), t.ftailLocal
 	}
@@ -372,34 +372,6 @@ func (c *tableCursor) leave(q *RingSource) {
 	if !t.dirty {
 		q.markDirty(t)
 	}
-}
-
-// word reads a 32-bit field: a plain load when the fields have natural
-// widths, else masked. natural is a constant where readPhaseRun calls it, so
-// only one of the two is compiled there.
-func word(ow unsafe.Pointer, w word32, natural bool) uint32 {
-	if natural {
-		return le32(*(*uint32)(unsafe.Add(ow, w.off)))
-	}
-	return load32(ow, w)
-}
-
-// dword reads a 64-bit field as word does.
-func dword(ow unsafe.Pointer, w word64, natural bool) uint64 {
-	if natural {
-		return le64(*(*uint64)(unsafe.Add(ow, w.off)))
-	}
-	return load64(ow, w)
-}
-
-// load32 reads the 32-bit word at ow+w.off, masked.
-func load32(ow unsafe.Pointer, w word32) uint32 {
-	return le32(*(*uint32)(unsafe.Add(ow, w.off))) & w.mask
-}
-
-// load64 reads the 64-bit word at ow+w.off, masked.
-func load64(ow unsafe.Pointer, w word64) uint64 {
-	return le64(*(*uint64)(unsafe.Add(ow, w.off))) & w.mask
 }
 
 // code reads the byte at ow+off.

@@ -29,6 +29,8 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -39,26 +41,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -66,10 +67,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -89,23 +89,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -117,7 +117,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -144,6 +144,8 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -154,26 +156,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -181,10 +182,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -204,23 +204,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -232,7 +232,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -259,6 +259,8 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -269,26 +271,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -296,10 +297,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -319,23 +319,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -347,7 +347,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -377,6 +377,8 @@ func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -387,26 +389,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -414,10 +415,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -437,23 +437,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -465,7 +465,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -495,6 +495,8 @@ func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff u
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -505,26 +507,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -532,10 +533,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -555,23 +555,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -583,7 +583,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -613,6 +613,8 @@ func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -623,26 +625,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -650,10 +651,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -673,23 +673,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -701,7 +701,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -728,6 +728,8 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -738,26 +740,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -765,10 +766,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -788,23 +788,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -816,7 +816,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -843,6 +843,8 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -853,26 +855,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -880,10 +881,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -903,23 +903,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -931,7 +931,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -958,6 +958,8 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -968,26 +970,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -995,10 +996,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1018,23 +1018,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1046,7 +1046,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1076,6 +1076,8 @@ func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uin
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1086,26 +1088,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1113,10 +1114,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1136,23 +1136,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1164,7 +1164,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1194,6 +1194,8 @@ func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1204,26 +1206,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1231,10 +1232,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1254,23 +1254,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1282,7 +1282,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1312,6 +1312,8 @@ func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*c
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1322,26 +1324,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1349,10 +1350,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1372,23 +1372,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1400,7 +1400,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1427,6 +1427,8 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1437,26 +1439,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1464,10 +1465,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1487,23 +1487,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1515,7 +1515,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1542,6 +1542,8 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1552,26 +1554,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1579,10 +1580,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1602,23 +1602,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1630,7 +1630,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1657,6 +1657,8 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1667,26 +1669,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1694,10 +1695,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1717,23 +1717,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1745,7 +1745,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1775,6 +1775,8 @@ func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff ui
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1785,26 +1787,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1812,10 +1813,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1835,23 +1835,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1863,7 +1863,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1893,6 +1893,8 @@ func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uint
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1903,26 +1905,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1930,10 +1931,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1953,23 +1953,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1981,7 +1981,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2011,6 +2011,8 @@ func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2021,26 +2023,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2048,10 +2049,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2071,23 +2071,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2099,7 +2099,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2126,6 +2126,8 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2136,26 +2138,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2163,10 +2164,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2186,23 +2186,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2214,7 +2214,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2241,6 +2241,8 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2251,26 +2253,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2278,10 +2279,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2301,23 +2301,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2329,7 +2329,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2356,6 +2356,8 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2366,26 +2368,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2393,10 +2394,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2416,23 +2416,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2444,7 +2444,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2474,6 +2474,8 @@ func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2484,26 +2486,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2511,10 +2512,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2534,23 +2534,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2562,7 +2562,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2592,6 +2592,8 @@ func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff ui
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2602,26 +2604,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2629,10 +2630,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2652,23 +2652,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2680,7 +2680,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2710,6 +2710,8 @@ func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2720,26 +2722,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2747,10 +2748,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2770,23 +2770,23 @@ run:
 				eFlags, eLen = fl, int(ln)
 			}
 			if fsize >= 4 { // FormatData and up
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
+				eBuf = s.buf + uintptr(off)
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2798,7 +2798,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
