@@ -88,8 +88,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
@@ -98,7 +102,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -203,8 +207,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -213,7 +221,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -318,8 +326,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -328,7 +340,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -436,8 +448,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -446,7 +462,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -554,8 +570,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -564,7 +584,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -672,8 +692,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
@@ -682,7 +706,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -787,8 +811,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
@@ -797,7 +825,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -902,8 +930,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -912,7 +944,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1017,8 +1049,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -1027,7 +1063,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1135,8 +1171,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -1145,7 +1185,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1253,8 +1293,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -1263,7 +1307,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1371,8 +1415,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
@@ -1381,7 +1429,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1486,8 +1534,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
@@ -1496,7 +1548,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1601,8 +1653,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -1611,7 +1667,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1716,8 +1772,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -1726,7 +1786,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1834,8 +1894,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -1844,7 +1908,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -1952,8 +2016,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -1962,7 +2030,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2070,8 +2138,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
@@ -2080,7 +2152,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2185,8 +2257,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
@@ -2195,7 +2271,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2300,8 +2376,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -2310,7 +2390,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2415,8 +2495,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
@@ -2425,7 +2509,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2533,8 +2617,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -2543,7 +2631,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2651,8 +2739,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
@@ -2661,7 +2753,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2769,8 +2861,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
@@ -2779,7 +2875,7 @@ run:
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -2870,57 +2966,33 @@ var loopNames = [...]string{
 	"readPhaseTaggedSim",
 }
 
-// loop calls the copy of readPhaseRun that fastPath.sel selects. A switch
-// costs less than a call through a function value.
-func (fp *fastPath) loop(first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
-	switch fp.sel {
-	default: // sel 0, and any value setFormat cannot give
-		return readPhaseContextNatural(fp, first, count, eoff)
-	case 1:
-		return readPhaseContextMasked(fp, first, count, eoff)
-	case 2:
-		return readPhaseContextIDLen(fp, first, count, eoff)
-	case 3:
-		return readPhaseContextVirtioPacked(fp, first, count, eoff)
-	case 4:
-		return readPhaseContextVirtioUsed(fp, first, count, eoff)
-	case 5:
-		return readPhaseContextSim(fp, first, count, eoff)
-	case 6:
-		return readPhaseMsgNatural(fp, first, count, eoff)
-	case 7:
-		return readPhaseMsgMasked(fp, first, count, eoff)
-	case 8:
-		return readPhaseMsgIDLen(fp, first, count, eoff)
-	case 9:
-		return readPhaseMsgVirtioPacked(fp, first, count, eoff)
-	case 10:
-		return readPhaseMsgVirtioUsed(fp, first, count, eoff)
-	case 11:
-		return readPhaseMsgSim(fp, first, count, eoff)
-	case 12:
-		return readPhaseDataNatural(fp, first, count, eoff)
-	case 13:
-		return readPhaseDataMasked(fp, first, count, eoff)
-	case 14:
-		return readPhaseDataIDLen(fp, first, count, eoff)
-	case 15:
-		return readPhaseDataVirtioPacked(fp, first, count, eoff)
-	case 16:
-		return readPhaseDataVirtioUsed(fp, first, count, eoff)
-	case 17:
-		return readPhaseDataSim(fp, first, count, eoff)
-	case 18:
-		return readPhaseTaggedNatural(fp, first, count, eoff)
-	case 19:
-		return readPhaseTaggedMasked(fp, first, count, eoff)
-	case 20:
-		return readPhaseTaggedIDLen(fp, first, count, eoff)
-	case 21:
-		return readPhaseTaggedVirtioPacked(fp, first, count, eoff)
-	case 22:
-		return readPhaseTaggedVirtioUsed(fp, first, count, eoff)
-	case 23:
-		return readPhaseTaggedSim(fp, first, count, eoff)
-	}
+// loopFunc is a copy of readPhaseRun.
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+
+// loops are the copies by fastPath.sel.
+var loops = [...]loopFunc{
+	readPhaseContextNatural,
+	readPhaseContextMasked,
+	readPhaseContextIDLen,
+	readPhaseContextVirtioPacked,
+	readPhaseContextVirtioUsed,
+	readPhaseContextSim,
+	readPhaseMsgNatural,
+	readPhaseMsgMasked,
+	readPhaseMsgIDLen,
+	readPhaseMsgVirtioPacked,
+	readPhaseMsgVirtioUsed,
+	readPhaseMsgSim,
+	readPhaseDataNatural,
+	readPhaseDataMasked,
+	readPhaseDataIDLen,
+	readPhaseDataVirtioPacked,
+	readPhaseDataVirtioUsed,
+	readPhaseDataSim,
+	readPhaseTaggedNatural,
+	readPhaseTaggedMasked,
+	readPhaseTaggedIDLen,
+	readPhaseTaggedVirtioPacked,
+	readPhaseTaggedVirtioUsed,
+	readPhaseTaggedSim,
 }

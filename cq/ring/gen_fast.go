@@ -253,8 +253,12 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
-				eBuf = s.buf + uintptr(off)
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
+				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
 					eData = {{w64 $data .Natural}}
 				}
@@ -263,7 +267,7 @@ run:
 				eTag = {{w64 $tag false}}
 			}
 			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, recvBuf(fl, eBuf), eData, eTag
+			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
 			if !idlen {
 				ent.Queue = c.queue
 			} else {
@@ -322,14 +326,13 @@ var loopNames = [...]string{
 {{- end}}
 }
 
-// loop calls the copy of readPhaseRun that fastPath.sel selects. A switch
-// costs less than a call through a function value.
-func (fp *fastPath) loop(first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
-	switch fp.sel {
-{{- range $i, $l := .Loops}}
-	{{if eq $i 0}}default: // sel 0, and any value setFormat cannot give{{else}}case {{$i}}:{{end}}
-		return {{$l.Name}}(fp, first, count, eoff)
+// loopFunc is a copy of readPhaseRun.
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+
+// loops are the copies by fastPath.sel.
+var loops = [...]loopFunc{
+{{- range .Loops}}
+	{{.Name}},
 {{- end}}
-	}
 }
 `

@@ -35,6 +35,8 @@ const (
 	slotPosted = 1
 )
 
+// slot is 64 bytes on 64-bit platforms: a slot's offset is its index
+// shifted, and it sits on one cache line.
 type slot struct {
 	state uint32 // slotPosted is published with an atomic store by Post
 	id    uint32 // full id of the current posting (index | generation)
@@ -43,7 +45,11 @@ type slot struct {
 	span  uint16 // ring positions the operation occupies (Op.Span)
 	flags cq.Flags
 	buf   uintptr
-	ctx   any
+	// rbuf is the Buf of a completion whose flags are the posted ones:
+	// buf for a receive, else 0 (recvBuf), computed once at Post.
+	rbuf uintptr
+	ctx  any
+	_    [8]byte
 }
 
 // Table records the operations posted to one device queue, so that a
@@ -169,6 +175,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.span = uint16(op.Span)
 	s.flags = entryFlags(op.Flags &^ cq.FlagMultiRecv)
 	s.buf = op.Buf
+	s.rbuf = recvBuf(s.flags, op.Buf)
 	s.ctx = op.Context
 	if t.single {
 		// The completer runs in this goroutine, or after it in an order
