@@ -169,32 +169,34 @@ func (r Reg64) Write(v uint64) { store64(r.p, v) }
 
 // Doorbell is a 32-bit register that tells the device a new producer or
 // consumer index, written at most once per batch and skipped when the
-// value has not moved.
+// value has not moved. Make one with NewDoorbell.
 type Doorbell struct {
 	reg   Reg32
-	last  uint32
-	valid bool
+	last  uint64 // the last value written, or noValue
 	rings uint64
 }
 
+// noValue is a Doorbell's last value before its first write: no uint32
+// equals it, so one comparison tells a repeated value.
+const noValue = 1 << 32
+
 // NewDoorbell wraps a register.
-func NewDoorbell(r Reg32) *Doorbell { return &Doorbell{reg: r} }
+func NewDoorbell(r Reg32) *Doorbell { return &Doorbell{reg: r, last: noValue} }
 
 // Ring publishes v: a store fence orders the descriptor or index writes
 // before it, then the register is written. A repeated value is not written.
 func (d *Doorbell) Ring(v uint32) {
-	if d.valid && v == d.last {
+	if uint64(v) == d.last {
 		return
 	}
-	Wmb()
-	d.reg.Write(v)
-	d.last, d.valid = v, true
+	wmbStore32(d.reg.p, v) // Wmb and Write, in one call
+	d.last = uint64(v)
 	d.rings++
 }
 
 // Force writes v even when it equals the last value written.
 func (d *Doorbell) Force(v uint32) {
-	d.valid = false
+	d.last = noValue
 	d.Ring(v)
 }
 

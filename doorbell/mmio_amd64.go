@@ -13,6 +13,9 @@ func store16(p unsafe.Pointer, v uint16)
 func store32(p unsafe.Pointer, v uint32)
 func store64(p unsafe.Pointer, v uint64)
 
+// wmbStore32 is Wmb then store32 in one call (Doorbell.Ring).
+func wmbStore32(p unsafe.Pointer, v uint32)
+
 // Wmb orders earlier stores before later ones, including stores to
 // write-combining mappings (SFENCE). Ordinary and uncached stores are
 // already ordered on amd64; the fence makes WC BARs safe too.

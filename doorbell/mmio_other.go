@@ -13,8 +13,12 @@ import (
 
 func load32(p unsafe.Pointer) uint32     { return atomic.LoadUint32((*uint32)(p)) }
 func store32(p unsafe.Pointer, v uint32) { atomic.StoreUint32((*uint32)(p), v) }
+
 func load64(p unsafe.Pointer) uint64     { return atomic.LoadUint64((*uint64)(p)) }
 func store64(p unsafe.Pointer, v uint64) { atomic.StoreUint64((*uint64)(p), v) }
+
+// wmbStore32 is Wmb then store32 (Doorbell.Ring).
+func wmbStore32(p unsafe.Pointer, v uint32) { Wmb(); store32(p, v) }
 
 func word(p unsafe.Pointer) (*uint32, uint) {
 	lo := uintptr(p) & 3

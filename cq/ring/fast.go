@@ -175,10 +175,12 @@ type fastPath struct {
 	omask    uint32
 	want     uint32 // Ring.want for the segment being read
 
-	plan fastPlan
-	cur  tableCursor
-	src  *RingSource // for tableCursor.enter
-	tabs []*Table    // the tables bound for the batch being read
+	plan  fastPlan
+	cur   tableCursor
+	src   *RingSource // for tableCursor.enter
+	tabs  []*Table    // the tables bound for the batch being read
+	tabsp *[]*Table   // the RingSource's tables pointer that tabs was loaded from
+	run   loopFunc    // the copy of readPhaseRun for the kind and format (setFormat)
 
 	// By the whole byte of the status, opcode and flags fields: the
 	// opcode's flags and the device flag bits as the generic loop has
@@ -205,7 +207,7 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 	plan.rebase(int(r.own))
 	f := &r.l.Fields
 	fp := &fastPath{base: r.base, esz: r.esz, own: r.own, omask: r.mask, plan: plan,
-		cur: tableCursor{queue: noQueue}, src: q}
+		cur: tableCursor{queue: noQueue, comp: noSlots}, src: q}
 	natural := f.ID.Bits == 32 && f.Len.Bits == 32 && f.BufOff.Bits == 32 && f.Data.Bits == 64
 	// With no field but the id and the length, every entry reads the
 	// tables at byte value 0's meaning; when that adds no flag and
@@ -258,6 +260,7 @@ func (fp *fastPath) setFormat(f cq.Format) {
 		fi = int(f - cq.FormatContext)
 	}
 	fp.sel = fi*loopKinds + fp.kind
+	fp.run = loops[fp.sel]
 }
 
 // pollFast is RingSource.Poll for a Read on a source with a fast path, when
@@ -270,13 +273,10 @@ func (fp *fastPath) setFormat(f cq.Format) {
 // The per-entry loop (readPhaseRun) runs over segments of ents that end at the
 // end of the ring, so that it has no wrap test; this loop wraps the ring.
 func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
-	fp := q.fast
-	tabs := *q.tables.Load()
-	fp.tabs = tabs
-	r := q.ring
-	fp.cur.resume(tabs)
+	fp, r := q.fast, q.ring
+	fp.resume(q)
 	n, why := 0, runFull
-	for n < len(ents) {
+	for n < len(ents) && why == runFull {
 		seg := min(len(ents)-n, int(r.n-r.head))
 		if r.used {
 			// UsedIndex (virtio split ring): the entries before the
@@ -286,6 +286,7 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 			// loop's ownership test passes and seg alone stops it. A
 			// nonsense index stops here and endBatch's take refuses it.
 			if !r.usedReady() {
+				why = runStopped
 				break
 			}
 			seg = min(seg, int((r.prod-r.count)&r.imask))
@@ -293,7 +294,7 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 		fp.want = r.want
 		first := &ents[n]
 		var at *cq.Entry
-		at, why = fp.loop(first, seg, uintptr(r.head)*fp.esz)
+		at, why = fp.run(fp, first, seg, uintptr(r.head)*fp.esz)
 		k := seg
 		if why != runFull {
 			// The loop stopped at the entry at, which it did not
@@ -308,15 +309,32 @@ func (q *RingSource) pollFast(ents []cq.Entry) (int, State) {
 			r.head = 0
 			r.want ^= r.mask
 		}
-		if why != runFull {
-			break
-		}
 	}
-	if why == runFull && n < len(ents) {
-		why = runStopped // UsedIndex: the producer index was reached
+	if why == runFull {
+		// Filled: what endBatch does for a batch that neither stopped
+		// nor failed, with the cursor's table published directly.
+		fp.cur.flush()
+		q.Publish()
+		return n, StateOK // Poll takes this path only with nothing staged and no overrun
 	}
 	fp.cur.leave(q)
-	return q.endBatch(n, why == runStopped, why == runFailed, tabs)
+	return q.endBatch(n, why == runStopped, why == runFailed, fp.tabs)
+}
+
+// resume starts a batch: since the last one, the tables may have been
+// bound again, and the generic loop may have released ids into the
+// cursor's table.
+func (fp *fastPath) resume(q *RingSource) {
+	if p := q.tables.Load(); p != fp.tabsp {
+		// BindTable and UnbindTable store a new slice; fp.tabsp keeps the
+		// old one alive, so a new one never has its address.
+		fp.tabsp, fp.tabs = p, *p
+		fp.cur.resume(fp.tabs)
+		return
+	}
+	if t := fp.cur.t; t != nil {
+		fp.cur.ftl = t.ftailLocal
+	}
 }
 
 // Why readPhaseRun returned.
@@ -337,7 +355,7 @@ const noQueue = ^uint32(0)
 type tableCursor struct {
 	queue uint32    // the queue of t (noQueue: none)
 	t     *Table    // nil when queue is not bound
-	comp  completer // t.completer(); no slots when t is nil, so that every id is refused
+	comp  completer // t.completer(), or noSlots when t is nil, so that every id is refused
 	ftl   uint32    // t.ftailLocal, advanced by releases
 }
 
@@ -348,16 +366,26 @@ func (c *tableCursor) resume(tabs []*Table) {
 		c.ftl = c.t.ftailLocal
 		return
 	}
-	*c = tableCursor{queue: noQueue}
+	*c = tableCursor{queue: noQueue, comp: noSlots}
 }
 
 // enter leaves the current table and takes the one bound to queue qn
 // (none, when no table is). Once per change of queue.
 func (c *tableCursor) enter(q *RingSource, tabs []*Table, qn uint32) {
 	c.leave(q)
-	*c = tableCursor{queue: qn, t: tableFor(tabs, qn)}
+	*c = tableCursor{queue: qn, t: tableFor(tabs, qn), comp: noSlots}
 	if t := c.t; t != nil {
 		c.comp, c.ftl = t.completer(), t.ftailLocal
+	}
+}
+
+// flush stores the free-queue tail back into the table and publishes the
+// ids released (Table.flush); a table listed dirty stays listed, and
+// Publish flushes it again, which is harmless.
+func (c *tableCursor) flush() {
+	if t := c.t; t != nil && c.ftl != t.ftailLocal {
+		t.ftailLocal = c.ftl
+		t.flush()
 	}
 }
 
@@ -372,34 +400,6 @@ func (c *tableCursor) leave(q *RingSource) {
 	if !t.dirty {
 		q.markDirty(t)
 	}
-}
-
-// word reads a 32-bit field: a plain load when the fields have natural
-// widths, else masked. natural is a constant where readPhaseRun calls it, so
-// only one of the two is compiled there.
-func word(ow unsafe.Pointer, w word32, natural bool) uint32 {
-	if natural {
-		return le32(*(*uint32)(unsafe.Add(ow, w.off)))
-	}
-	return load32(ow, w)
-}
-
-// dword reads a 64-bit field as word does.
-func dword(ow unsafe.Pointer, w word64, natural bool) uint64 {
-	if natural {
-		return le64(*(*uint64)(unsafe.Add(ow, w.off)))
-	}
-	return load64(ow, w)
-}
-
-// load32 reads the 32-bit word at ow+w.off, masked.
-func load32(ow unsafe.Pointer, w word32) uint32 {
-	return le32(*(*uint32)(unsafe.Add(ow, w.off))) & w.mask
-}
-
-// load64 reads the 64-bit word at ow+w.off, masked.
-func load64(ow unsafe.Pointer, w word64) uint64 {
-	return le64(*(*uint64)(unsafe.Add(ow, w.off))) & w.mask
 }
 
 // code reads the byte at ow+off.

@@ -29,6 +29,8 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -39,26 +41,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -66,10 +67,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -88,14 +88,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -105,7 +109,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -117,7 +121,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -144,6 +148,8 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -154,26 +160,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -181,10 +186,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -203,14 +207,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -220,7 +228,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -232,7 +240,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -259,6 +267,8 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -269,26 +279,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -296,10 +305,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -318,14 +326,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -335,7 +347,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -347,7 +359,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -377,6 +389,8 @@ func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -387,26 +401,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -414,10 +427,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -436,14 +448,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -453,7 +469,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -465,7 +481,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -495,6 +511,8 @@ func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff u
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -505,26 +523,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -532,10 +549,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -554,14 +570,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -571,7 +591,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -583,7 +603,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -613,6 +633,8 @@ func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -623,26 +645,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -650,10 +671,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -672,14 +692,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -689,7 +713,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -701,7 +725,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -728,6 +752,8 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -738,26 +764,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -765,10 +790,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -787,14 +811,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -804,7 +832,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -816,7 +844,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -843,6 +871,8 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -853,26 +883,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -880,10 +909,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -902,14 +930,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -919,7 +951,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -931,7 +963,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -958,6 +990,8 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -968,26 +1002,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -995,10 +1028,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1017,14 +1049,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1034,7 +1070,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1046,7 +1082,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1076,6 +1112,8 @@ func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uin
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1086,26 +1124,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1113,10 +1150,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1135,14 +1171,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1152,7 +1192,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1164,7 +1204,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1194,6 +1234,8 @@ func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1204,26 +1246,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1231,10 +1272,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1253,14 +1293,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1270,7 +1314,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1282,7 +1326,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1312,6 +1356,8 @@ func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*c
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1322,26 +1368,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1349,10 +1394,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1371,14 +1415,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1388,7 +1436,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1400,7 +1448,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1427,6 +1475,8 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1437,26 +1487,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1464,10 +1513,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1486,14 +1534,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1503,7 +1555,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1515,7 +1567,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1542,6 +1594,8 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1552,26 +1606,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1579,10 +1632,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1601,14 +1653,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1618,7 +1674,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1630,7 +1686,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1657,6 +1713,8 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1667,26 +1725,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1694,10 +1751,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1716,14 +1772,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1733,7 +1793,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1745,7 +1805,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1775,6 +1835,8 @@ func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff ui
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1785,26 +1847,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1812,10 +1873,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1834,14 +1894,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1851,7 +1915,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1863,7 +1927,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -1893,6 +1957,8 @@ func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uint
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -1903,26 +1969,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -1930,10 +1995,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1952,14 +2016,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -1969,7 +2037,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -1981,7 +2049,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2011,6 +2079,8 @@ func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2021,26 +2091,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2048,10 +2117,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2070,14 +2138,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2087,7 +2159,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2099,7 +2171,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2126,6 +2198,8 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2136,26 +2210,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2163,10 +2236,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2185,14 +2257,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2202,7 +2278,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2214,7 +2290,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2241,6 +2317,8 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2251,26 +2329,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2278,10 +2355,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2300,14 +2376,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2317,7 +2397,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2329,7 +2409,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2356,6 +2436,8 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2366,26 +2448,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, fp.plan.queue) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2393,10 +2474,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = word(ow, fp.plan.bufOff, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2415,14 +2495,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, fp.plan.data, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, fp.plan.tag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2432,7 +2516,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2444,7 +2528,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, fp.plan.queue))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2474,6 +2558,8 @@ func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2484,26 +2570,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2511,10 +2596,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2533,14 +2617,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2550,7 +2638,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2562,7 +2650,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2592,6 +2680,8 @@ func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff ui
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2602,26 +2692,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2629,10 +2718,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2651,14 +2739,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2668,7 +2760,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2680,7 +2772,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2710,6 +2802,8 @@ func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -2720,26 +2814,25 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, pq) != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -2747,10 +2840,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = word(ow, pbo, nat)
+				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2769,14 +2861,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, pdata, nat)
+					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, ptag)
+				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -2786,7 +2882,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -2798,7 +2894,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, pq))
+		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -2870,57 +2966,33 @@ var loopNames = [...]string{
 	"readPhaseTaggedSim",
 }
 
-// loop calls the copy of readPhaseRun that fastPath.sel selects. A switch
-// costs less than a call through a function value.
-func (fp *fastPath) loop(first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
-	switch fp.sel {
-	default: // sel 0, and any value setFormat cannot give
-		return readPhaseContextNatural(fp, first, count, eoff)
-	case 1:
-		return readPhaseContextMasked(fp, first, count, eoff)
-	case 2:
-		return readPhaseContextIDLen(fp, first, count, eoff)
-	case 3:
-		return readPhaseContextVirtioPacked(fp, first, count, eoff)
-	case 4:
-		return readPhaseContextVirtioUsed(fp, first, count, eoff)
-	case 5:
-		return readPhaseContextSim(fp, first, count, eoff)
-	case 6:
-		return readPhaseMsgNatural(fp, first, count, eoff)
-	case 7:
-		return readPhaseMsgMasked(fp, first, count, eoff)
-	case 8:
-		return readPhaseMsgIDLen(fp, first, count, eoff)
-	case 9:
-		return readPhaseMsgVirtioPacked(fp, first, count, eoff)
-	case 10:
-		return readPhaseMsgVirtioUsed(fp, first, count, eoff)
-	case 11:
-		return readPhaseMsgSim(fp, first, count, eoff)
-	case 12:
-		return readPhaseDataNatural(fp, first, count, eoff)
-	case 13:
-		return readPhaseDataMasked(fp, first, count, eoff)
-	case 14:
-		return readPhaseDataIDLen(fp, first, count, eoff)
-	case 15:
-		return readPhaseDataVirtioPacked(fp, first, count, eoff)
-	case 16:
-		return readPhaseDataVirtioUsed(fp, first, count, eoff)
-	case 17:
-		return readPhaseDataSim(fp, first, count, eoff)
-	case 18:
-		return readPhaseTaggedNatural(fp, first, count, eoff)
-	case 19:
-		return readPhaseTaggedMasked(fp, first, count, eoff)
-	case 20:
-		return readPhaseTaggedIDLen(fp, first, count, eoff)
-	case 21:
-		return readPhaseTaggedVirtioPacked(fp, first, count, eoff)
-	case 22:
-		return readPhaseTaggedVirtioUsed(fp, first, count, eoff)
-	case 23:
-		return readPhaseTaggedSim(fp, first, count, eoff)
-	}
+// loopFunc is a copy of readPhaseRun.
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+
+// loops are the copies by fastPath.sel.
+var loops = [...]loopFunc{
+	readPhaseContextNatural,
+	readPhaseContextMasked,
+	readPhaseContextIDLen,
+	readPhaseContextVirtioPacked,
+	readPhaseContextVirtioUsed,
+	readPhaseContextSim,
+	readPhaseMsgNatural,
+	readPhaseMsgMasked,
+	readPhaseMsgIDLen,
+	readPhaseMsgVirtioPacked,
+	readPhaseMsgVirtioUsed,
+	readPhaseMsgSim,
+	readPhaseDataNatural,
+	readPhaseDataMasked,
+	readPhaseDataIDLen,
+	readPhaseDataVirtioPacked,
+	readPhaseDataVirtioUsed,
+	readPhaseDataSim,
+	readPhaseTaggedNatural,
+	readPhaseTaggedMasked,
+	readPhaseTaggedIDLen,
+	readPhaseTaggedVirtioPacked,
+	readPhaseTaggedVirtioUsed,
+	readPhaseTaggedSim,
 }

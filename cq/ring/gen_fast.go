@@ -103,7 +103,7 @@ func main() {
 		Shapes []*shape
 		Kinds  []string
 	}{loops, shapes, kinds}
-	if err := template.Must(template.New("fast").Parse(loopTemplate)).Execute(&b, data); err != nil {
+	if err := template.Must(template.New("fast").Funcs(funcs).Parse(loopTemplate)).Execute(&b, data); err != nil {
 		log.Fatal(err)
 	}
 	src, err := format.Source(b.Bytes())
@@ -117,6 +117,22 @@ func main() {
 	if err := os.WriteFile(out, src, 0o644); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// funcs write a field's load at ow: w32 (32 bits) and w64 (64 bits) take
+// the name of the word32 or word64 that places the field and whether it
+// has its natural width (no mask).
+var funcs = template.FuncMap{
+	"w32": func(w string, natural bool) string { return fieldLoad(w, "32", natural) },
+	"w64": func(w string, natural bool) string { return fieldLoad(w, "64", natural) },
+}
+
+func fieldLoad(w, bits string, natural bool) string {
+	e := "le" + bits + "(*(*uint" + bits + ")(unsafe.Add(ow, " + w + ".off)))"
+	if !natural {
+		e += " & " + w + ".mask"
+	}
+	return e
 }
 
 // loopTemplate is readPhaseRun. It fills the count (at least 1) entries
@@ -174,6 +190,8 @@ func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entr
 	// the test for the last entry comes before the steps.
 	ow := unsafe.Add(fp.base, eoff+fp.own)
 	ent := first
+	var s *slot
+	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
 	if idlen && c.queue != 0 {
 		// Every entry is queue 0's: take its table once.
@@ -184,26 +202,29 @@ run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
 		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path.
+		// sits outside the loop's straight path. Each helper it calls
+		// shares its line with an instruction of the loop's own: the
+		// compiler emits a NOP to mark an inlined call, unless such an
+		// instruction carries the mark (the fields are loaded in place for
+		// that reason).
 		comp := c.comp // in registers
 		for {
-			if (atomic.LoadUint32((*uint32)(ow))^want)&omask != 0 {
+			own := atomic.LoadUint32((*uint32)(ow))
+			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && load32(ow, {{$q}}) != c.queue {
+			if !idlen && {{w32 $q false}} != c.queue {
 				break
 			}
-			// An unbound queue has no slots: the entry is refused here,
-			// and stageHead tells a bad queue from a bad id.
-			// comp.lookup, with no nil to merge.
-			id := word(ow, pid, nat)
-			if id&comp.mask >= comp.n {
-				why = runFailed
-				break run
-			}
-			s := comp.at(id & comp.mask)
-			if !s.outstanding(id) {
+{{- if and .Shape (eq .Shape.ID.Off 0)}}
+			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
+{{- else}}
+			id := {{w32 "pid" .Natural}}
+{{- end}}
+			// An unbound queue's completer (noSlots) refuses every id
+			// here, and stageHead tells a bad queue from a bad id.
+			if s = comp.at(id); !s.outstanding(id) {
 				why = runFailed
 				break run
 			}
@@ -211,10 +232,9 @@ run:
 			var off uint32
 			if !idlen {
 				codes = fp.status[code(ow, {{$st}})] | fp.op[code(ow, {{$op}})]
-				off = word(ow, {{$bo}}, nat)
+				off = {{w32 $bo .Natural}}
 			}
-			ln := word(ow, pln, nat)
-			if codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = {{w32 "pln" .Natural}}; codes&refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -233,14 +253,18 @@ run:
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
-			if fsize >= 4 { // FormatData and up
+			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
+				eBuf = s.rbuf
+			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
+			}
+			if fsize >= 4 {
 				if !idlen && fl&cq.FlagRemoteCQData != 0 {
-					eData = dword(ow, {{$data}}, nat)
+					eData = {{w64 $data .Natural}}
 				}
 			}
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = load64(ow, {{$tag}})
+				eTag = {{w64 $tag false}}
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
@@ -250,7 +274,7 @@ run:
 				ent.Queue = 0
 			}
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, ftl)
+				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
 				c.ftl = ftl
@@ -262,7 +286,7 @@ run:
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
 		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, load32(ow, {{$q}}))
+		c.enter(fp.src, fp.tabs, {{w32 $q false}})
 		ftl = c.ftl
 	}
 	c.ftl = ftl
@@ -302,14 +326,13 @@ var loopNames = [...]string{
 {{- end}}
 }
 
-// loop calls the copy of readPhaseRun that fastPath.sel selects. A switch
-// costs less than a call through a function value.
-func (fp *fastPath) loop(first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
-	switch fp.sel {
-{{- range $i, $l := .Loops}}
-	{{if eq $i 0}}default: // sel 0, and any value setFormat cannot give{{else}}case {{$i}}:{{end}}
-		return {{$l.Name}}(fp, first, count, eoff)
+// loopFunc is a copy of readPhaseRun.
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+
+// loops are the copies by fastPath.sel.
+var loops = [...]loopFunc{
+{{- range .Loops}}
+	{{.Name}},
 {{- end}}
-	}
 }
 `

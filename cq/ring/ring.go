@@ -352,12 +352,12 @@ func (r *Ring) consumeHole() {
 // publish tells the device how far the reader has consumed, through the
 // doorbell (skipped when the value has not moved).
 func (r *Ring) publish() {
-	switch {
-	case r.regs.Doorbell == nil:
-	case r.l.Doorbell == DoorbellHead:
-		r.regs.Doorbell.Ring(r.head)
-	case r.l.Doorbell == DoorbellCount:
-		r.regs.Doorbell.Ring(r.count)
+	if d := r.regs.Doorbell; d != nil && r.l.Doorbell != DoorbellNone {
+		v := r.count // DoorbellCount
+		if r.l.Doorbell == DoorbellHead {
+			v = r.head
+		}
+		d.Ring(v)
 	}
 }
 

@@ -2,6 +2,7 @@ package ring
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -104,4 +105,27 @@ func BenchmarkReadRepost(b *testing.B) {
 			}
 		})
 	}
+}
+
+// The fast loops find a slot with one shift of its index, and every index
+// an id's slot bits can name has a slot that is never posted beyond Cap.
+func TestSlotGeometry(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		require.Equal(t, uintptr(64), unsafe.Sizeof(slot{}), "a slot is a cache line")
+	}
+	tab, err := NewTable(5, 16)
+	require.NoError(t, err)
+	require.Equal(t, 5, tab.Cap())
+	c := tab.completer()
+	require.Equal(t, uint32(7), c.mask)
+	for i := 0; i < 5; i++ {
+		id, err := tab.Post(Op{Len: 1})
+		require.NoError(t, err)
+		require.True(t, c.at(id).outstanding(id))
+	}
+	for id := uint32(5); id < 8; id++ {
+		require.False(t, c.at(id).outstanding(id), "index %d is past the table", id)
+		require.Nil(t, c.lookup(id))
+	}
+	require.False(t, noSlots.at(3).outstanding(3), "no table refuses every id")
 }

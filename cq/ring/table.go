@@ -35,6 +35,8 @@ const (
 	slotPosted = 1
 )
 
+// slot is 64 bytes on 64-bit platforms: a slot's offset is its index
+// shifted, and it sits on one cache line.
 type slot struct {
 	state uint32 // slotPosted is published with an atomic store by Post
 	id    uint32 // full id of the current posting (index | generation)
@@ -43,7 +45,11 @@ type slot struct {
 	span  uint16 // ring positions the operation occupies (Op.Span)
 	flags cq.Flags
 	buf   uintptr
-	ctx   any
+	// rbuf is the Buf of a completion whose flags are the posted ones:
+	// buf for a receive, else 0 (recvBuf), computed once at Post.
+	rbuf uintptr
+	ctx  any
+	_    [8]byte
 }
 
 // Table records the operations posted to one device queue, so that a
@@ -97,7 +103,9 @@ func NewTable(n, idBits int) (*Table, error) {
 		return nil, fmt.Errorf("%w: %d-bit ids for %d operations", cq.ErrInvalid, idBits, n)
 	}
 	t := &Table{
-		slots:    make([]slot, n),
+		// Capacity for every index an id's slot bits can name: one past
+		// n is never posted, so a lookup needs no bound test.
+		slots:    make([]slot, n, 1<<sb),
 		slotMask: 1<<sb - 1,
 		slotBits: sb,
 		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
@@ -167,6 +175,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.span = uint16(op.Span)
 	s.flags = entryFlags(op.Flags &^ cq.FlagMultiRecv)
 	s.buf = op.Buf
+	s.rbuf = recvBuf(s.flags, op.Buf)
 	s.ctx = op.Context
 	if t.single {
 		// The completer runs in this goroutine, or after it in an order
@@ -186,39 +195,40 @@ func (t *Table) Post(op Op) (uint32, error) {
 // completer is the completing side of a Table as a value: what looking up
 // and releasing a slot read, so that a read loop can hold it (the fast
 // path's tableCursor) and keep the free queue's tail in a register. It has
-// four fields so that the compiler keeps a copy in registers. Table.lookup
+// three fields so that the compiler keeps a copy in registers. Table.lookup
 // and Table.release go through it: there is one implementation of each.
 type completer struct {
-	slots unsafe.Pointer // &slots[0]; nil, with n 0: every id is refused
-	n     uint32         // len(slots)
+	// &slots[0] of mask+1 slots (the table's, with their capacity):
+	// any id's slot bits name one, and those from len(slots) up are
+	// never posted, so an id naming them is refused as not outstanding.
+	slots unsafe.Pointer
 	mask  uint32         // an id's slot bits, and the free queue's index mask (it holds mask+1 ids)
 	freeq unsafe.Pointer // &freeq[0]
 }
 
+// noSlots is the completer of no table: its one slot is never posted, so
+// every id is refused.
+var noSlots = completer{slots: unsafe.Pointer(new(slot))}
+
 // completer returns t's completing side.
 func (t *Table) completer() completer {
-	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), n: uint32(len(t.slots)),
-		mask: t.slotMask, freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
+	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), mask: t.slotMask,
+		freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
 }
 
 // lookup returns the outstanding slot for id, or nil.
 func (c completer) lookup(id uint32) *slot {
-	i := id & c.mask
-	if i >= c.n {
-		return nil
+	if s := c.at(id); s.outstanding(id) {
+		return s
 	}
-	s := c.at(i)
-	if !s.outstanding(id) {
-		return nil
-	}
-	return s
+	return nil
 }
 
-// at returns slot i, which must be below c.n. A read loop calls at and
-// outstanding itself, testing i against c.n, where lookup's nil would
-// cost it a merge of two paths per entry.
-func (c completer) at(i uint32) *slot {
-	return (*slot)(unsafe.Add(c.slots, uintptr(i)*unsafe.Sizeof(slot{})))
+// at returns the slot that id's slot bits name. A read loop calls at and
+// outstanding itself, where lookup's nil would cost it a merge of two
+// paths per entry.
+func (c completer) at(id uint32) *slot {
+	return (*slot)(unsafe.Add(c.slots, uintptr(id&c.mask)*unsafe.Sizeof(slot{})))
 }
 
 // outstanding reports whether s is posted under id.
@@ -226,16 +236,16 @@ func (s *slot) outstanding(id uint32) bool {
 	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
 }
 
-// release frees slot s into the free queue at local tail ftl and returns
-// the next tail; the id becomes visible to posters when the table's tail
-// is published (flush).
-func (c completer) release(s *slot, ftl uint32) uint32 {
+// release frees slot s, which outstanding found posted under id, into the
+// free queue at local tail ftl and returns the next tail; the id becomes
+// visible to posters when the table's tail is published (flush).
+func (c completer) release(s *slot, id, ftl uint32) uint32 {
 	s.ctx = nil
 	// A plain store: posters see the slot again only after taking its id
 	// from the free queue, which flush publishes with an atomic store.
 	s.state = slotFree
 	// The free queue holds mask+1 ids: the index is in range.
-	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = s.id & c.mask
+	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = id & c.mask
 	return ftl + 1
 }
 
@@ -248,9 +258,8 @@ func (t *Table) lookup(id uint32) *slot {
 // release frees a slot; the id becomes visible to posters at flush.
 // Completer side.
 func (t *Table) release(s *slot, id uint32) {
-	_ = id // s.id is the id it was posted under (lookup checked it)
 	c := t.completer()
-	t.ftailLocal = c.release(s, t.ftailLocal)
+	t.ftailLocal = c.release(s, id, t.ftailLocal)
 }
 
 // flush publishes the ids released since the last flush.
