@@ -188,10 +188,10 @@ func (t *Table) Post(op Op) (uint32, error) {
 		s.state = slotPosted
 		return s.id, nil
 	}
-	// The atomic store publishes the slot to the completer; the device's
+	// The release store publishes the slot to the completer; the device's
 	// path (doorbell, DMA, ownership word) is invisible to the Go memory
 	// model and to the race detector.
-	atomic.StoreUint32(&s.state, slotPosted)
+	storeRelease32(&s.state, slotPosted)
 	id := s.id
 	t.mu.Unlock()
 	return id, nil
@@ -274,7 +274,7 @@ func (t *Table) flush() {
 		t.dirty = false
 		return
 	}
-	atomic.StoreUint32(&t.ftail, t.ftailLocal)
+	storeRelease32(&t.ftail, t.ftailLocal)
 	t.dirty = false
 }
 
