@@ -46,14 +46,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -103,11 +106,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -165,14 +164,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -222,11 +224,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -284,14 +282,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -341,11 +342,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -406,14 +403,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -463,11 +463,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -528,14 +524,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -585,11 +584,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -650,14 +645,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -707,11 +705,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -769,14 +763,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -826,11 +823,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -888,14 +881,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -945,11 +941,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1007,14 +999,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -1064,11 +1059,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1129,14 +1120,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -1186,11 +1180,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1251,14 +1241,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -1308,11 +1301,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1373,14 +1362,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -1430,11 +1422,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1492,14 +1480,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -1549,11 +1540,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1611,14 +1598,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -1668,11 +1658,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1730,14 +1716,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -1787,11 +1776,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1852,14 +1837,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -1909,11 +1897,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1974,14 +1958,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -2031,11 +2018,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2096,14 +2079,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2153,11 +2139,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2215,14 +2197,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2272,11 +2257,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2334,14 +2315,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -2391,11 +2375,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2453,14 +2433,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -2510,11 +2493,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2575,14 +2554,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -2632,11 +2614,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2697,14 +2675,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
@@ -2754,11 +2735,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2819,14 +2796,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != c.queue {
+			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2876,11 +2856,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}

@@ -207,14 +207,17 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp := c.comp // in registers
+		comp, queue := c.comp, c.queue // in registers
+		if idlen {
+			queue = 0 // a constant: the table taken above is queue 0's
+		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && {{w32 $q false}} != c.queue {
+			if !idlen && {{w32 $q false}} != queue {
 				break
 			}
 {{- if and .Shape (eq .Shape.ID.Off 0)}}
@@ -268,11 +271,7 @@ run:
 			}
 			ent.Context = s.ctx
 			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			if !idlen {
-				ent.Queue = c.queue
-			} else {
-				ent.Queue = 0
-			}
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}

@@ -304,19 +304,17 @@ func (q *RingSource) Attach(f cq.Format) error {
 	return nil
 }
 
-// Poll implements Source. A Read (no addrs) takes the fast path when the
-// source has one (pollFast).
-func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
+// pollOther is Poll for all but a Read on the fast path: a probe (no
+// entries), ReadFrom (addrs), a source without a fast path, and a source
+// with an error entry staged or a ring overrun.
+func (q *RingSource) pollOther(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 	if len(ents) == 0 {
 		// A probe: stage an error entry at the head and notice an
 		// overrun, consuming nothing else (errOnly stores no entry, so
 		// scratch stays empty).
 		return q.poll(q.scratch[:], nil, true)
 	}
-	if q.fast == nil || addrs != nil || q.staged || q.overrun {
-		return q.poll(ents, addrs, false)
-	}
-	return q.pollFast(ents)
+	return q.poll(ents, addrs, false)
 }
 
 // Completion is one entry taken from a ring by Next, for drivers that
@@ -368,6 +366,11 @@ func (q *RingSource) Next(c *Completion) bool {
 // and hands the ids released since the last batch back to posters.
 func (q *RingSource) Publish() {
 	q.ring.publish()
+	q.flushDirty()
+}
+
+// flushDirty publishes the ids released into the tables listed dirty.
+func (q *RingSource) flushDirty() {
 	for _, t := range q.dirty {
 		t.flush()
 	}
