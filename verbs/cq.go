@@ -565,12 +565,13 @@ func (c *CQ) Close() error { return c.Destroy(context.Background()) }
 // entSize is the size of a cq.Entry.
 const entSize = unsafe.Sizeof(cq.Entry{})
 
-// cur returns the current completion. The mask keeps it on an entry of
-// ents whatever co holds, so that an accessor called out of order never
-// reaches outside the array; it costs an AND where indexing costs a shift
-// and a bounds check.
+// cur returns the current completion, with no shift and no bounds check:
+// co is always the offset of an entry of ents, so an accessor called out of
+// order reads a stale entry, never outside the array. Every store to co
+// keeps it so: load stores i*entSize with i < n <= batch, or errSlot's;
+// NextPoll stores a value below lim, which is at most n*entSize.
 func (c *CQ) cur() *cq.Entry {
-	return (*cq.Entry)(unsafe.Add(unsafe.Pointer(&c.ents), c.co&((batch-1)*entSize)))
+	return (*cq.Entry)(unsafe.Add(unsafe.Pointer(&c.ents), c.co))
 }
 
 // Resizer is a Provider that can resize its CQs.
