@@ -36,8 +36,9 @@
  *   - the output is the 40-byte fi_cq_data_entry; cq.Entry is 64 bytes
  *     (Context is an interface, and it has Tag and Queue); the tag is not
  *     converted (FormatData masks it to 0 in Go too);
- *   - release stores are plain stores on x86; Go's atomic.StoreUint32 is
- *     an XCHG (slot state in Post, free-queue tail once per batch);
+ *   - none in the release stores: plain stores on x86, as Go's
+ *     (cq/ring's storeRelease32: slot state in Post, free-queue tail once
+ *     per batch);
  *   - no source addresses (ReadFrom) and no multi-source CQ loop.
  *
  * Usage: reader -f PATH -b BATCH [-k] [-t SECONDS]

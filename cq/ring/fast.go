@@ -305,7 +305,7 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 		fp.want = r.want
 		first := &ents[n]
 		var at *cq.Entry
-		at, why = fp.run(fp, first, seg, uintptr(r.head)*fp.esz)
+		at, why, fp.cur.ftl = fp.run(fp, first, seg, uintptr(r.head)*fp.esz)
 		k := seg
 		if why != runFull {
 			// The loop stopped at the entry at, which it did not

@@ -12,7 +12,7 @@ import (
 // readPhaseContextNatural is readPhaseRun for FormatContext, fields of natural widths.
 //
 //go:noinline
-func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -111,8 +111,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -123,14 +122,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseContextMasked is readPhaseRun for FormatContext, fields read with a mask.
 //
 //go:noinline
-func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -229,8 +227,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -241,14 +238,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseContextIDLen is readPhaseRun for FormatContext, entries of an id and a length alone (virtio's used rings), read with a mask.
 //
 //go:noinline
-func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -347,8 +343,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -359,14 +354,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseContextVirtioPacked is readPhaseRun for FormatContext, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
 //
 //go:noinline
-func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -468,8 +462,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -480,14 +473,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseContextVirtioUsed is readPhaseRun for FormatContext, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
 //
 //go:noinline
-func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -589,8 +581,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -601,14 +592,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseContextSim is readPhaseRun for FormatContext, the software device's 64-byte entry (nic/sim.Layout).
 //
 //go:noinline
-func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -710,8 +700,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -722,14 +711,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgNatural is readPhaseRun for FormatMsg, fields of natural widths.
 //
 //go:noinline
-func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -828,8 +816,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -840,14 +827,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgMasked is readPhaseRun for FormatMsg, fields read with a mask.
 //
 //go:noinline
-func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -946,8 +932,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -958,14 +943,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgIDLen is readPhaseRun for FormatMsg, entries of an id and a length alone (virtio's used rings), read with a mask.
 //
 //go:noinline
-func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -1064,8 +1048,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1076,14 +1059,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgVirtioPacked is readPhaseRun for FormatMsg, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
 //
 //go:noinline
-func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -1185,8 +1167,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1197,14 +1178,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgVirtioUsed is readPhaseRun for FormatMsg, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
 //
 //go:noinline
-func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -1306,8 +1286,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1318,14 +1297,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseMsgSim is readPhaseRun for FormatMsg, the software device's 64-byte entry (nic/sim.Layout).
 //
 //go:noinline
-func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -1427,8 +1405,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1439,14 +1416,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataNatural is readPhaseRun for FormatData, fields of natural widths.
 //
 //go:noinline
-func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -1545,8 +1521,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1557,14 +1532,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataMasked is readPhaseRun for FormatData, fields read with a mask.
 //
 //go:noinline
-func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -1663,8 +1637,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1675,14 +1648,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataIDLen is readPhaseRun for FormatData, entries of an id and a length alone (virtio's used rings), read with a mask.
 //
 //go:noinline
-func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -1781,8 +1753,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1793,14 +1764,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataVirtioPacked is readPhaseRun for FormatData, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
 //
 //go:noinline
-func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -1902,8 +1872,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -1914,14 +1883,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataVirtioUsed is readPhaseRun for FormatData, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
 //
 //go:noinline
-func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -2023,8 +1991,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2035,14 +2002,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseDataSim is readPhaseRun for FormatData, the software device's 64-byte entry (nic/sim.Layout).
 //
 //go:noinline
-func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -2144,8 +2110,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2156,14 +2121,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedNatural is readPhaseRun for FormatTagged, fields of natural widths.
 //
 //go:noinline
-func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -2262,8 +2226,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2274,14 +2237,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedMasked is readPhaseRun for FormatTagged, fields read with a mask.
 //
 //go:noinline
-func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -2380,8 +2342,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2392,14 +2353,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedIDLen is readPhaseRun for FormatTagged, entries of an id and a length alone (virtio's used rings), read with a mask.
 //
 //go:noinline
-func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -2498,8 +2458,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2510,14 +2469,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedVirtioPacked is readPhaseRun for FormatTagged, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
 //
 //go:noinline
-func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -2619,8 +2577,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2631,14 +2588,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedVirtioUsed is readPhaseRun for FormatTagged, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
 //
 //go:noinline
-func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = false
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
@@ -2740,8 +2696,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2752,14 +2707,13 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // readPhaseTaggedSim is readPhaseRun for FormatTagged, the software device's 64-byte entry (nic/sim.Layout).
 //
 //go:noinline
-func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = true
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
@@ -2861,8 +2815,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -2873,8 +2826,7 @@ run:
 		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 
 // The kinds of loop, each with a copy per format (fastPath.sel).
@@ -2943,7 +2895,7 @@ var loopNames = [...]string{
 }
 
 // loopFunc is a copy of readPhaseRun.
-type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32)
 
 // loops are the copies by fastPath.sel.
 var loops = [...]loopFunc{

@@ -137,8 +137,10 @@ func fieldLoad(w, bits string, natural bool) string {
 
 // loopTemplate is readPhaseRun. It fills the count (at least 1) entries
 // from first, reading the ring from byte eoff, and does not reach past the
-// end of the ring. It returns why it stopped and, unless it filled them
-// all, the entry it stopped at. Each entry: the ownership word loaded
+// end of the ring. It returns why it stopped, unless it filled them all
+// the entry it stopped at, and the cursor's free-queue tail (returned
+// rather than stored, so that the loop needs no register for fp after its
+// last use). Each entry: the ownership word loaded
 // atomically, then the queue, the id against the posted slot, the status,
 // opcode and length; then the completion, and the slot's release. Each
 // copy is not inlined, so that its loop has the registers to itself.
@@ -163,7 +165,7 @@ import (
 // {{.Name}} is readPhaseRun for {{.Doc}}.
 //
 //go:noinline
-func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int) {
+func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = {{.Size}} // 1, 2, 4, 8: context, msg, data, tagged
 	const nat = {{.Natural}}
 	const idlen = {{.IDLen}} // no queue, codes, buffer offset, data or tag: constants 0
@@ -276,8 +278,7 @@ run:
 				ftl = comp.release(s, id, ftl)
 			}
 			if ent == last {
-				c.ftl = ftl
-				return last, runFull
+				return last, runFull, ftl
 			}
 			ow = unsafe.Add(ow, esz)
 			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
@@ -288,8 +289,7 @@ run:
 		c.enter(fp.src, fp.tabs, {{w32 $q false}})
 		ftl = c.ftl
 	}
-	c.ftl = ftl
-	return ent, why
+	return ent, why, ftl
 }
 {{end}}
 // The kinds of loop, each with a copy per format (fastPath.sel).
@@ -326,7 +326,7 @@ var loopNames = [...]string{
 }
 
 // loopFunc is a copy of readPhaseRun.
-type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int)
+type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32)
 
 // loops are the copies by fastPath.sel.
 var loops = [...]loopFunc{

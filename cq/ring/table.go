@@ -130,8 +130,7 @@ func NewTable(n, idBits int) (*Table, error) {
 // opened with Attr.SingleThreaded), come from the same goroutine or are
 // ordered by the caller. It takes no lock and publishes with plain stores,
 // which that ordering makes sufficient (the Go memory model orders a
-// goroutine's own accesses; on amd64 an atomic store is an XCHG, a locked
-// instruction, that a single-threaded reader has no use for).
+// goroutine's own accesses).
 func NewSingleThreadedTable(n, idBits int) (*Table, error) {
 	t, err := NewTable(n, idBits)
 	if err != nil {
