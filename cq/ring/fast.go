@@ -324,7 +324,11 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 	if why == runFull {
 		// Filled: what endBatch does for a batch that neither stopped
 		// nor failed, with the cursor's table published directly.
-		fp.cur.flush()
+		// The cursor's table: its tail stored back and published.
+		if c := &fp.cur; c.t != nil && c.ftl != c.t.ftailLocal {
+			c.t.ftailLocal = c.ftl
+			c.t.flush()
+		}
 		r.publish()
 		if len(q.dirty) != 0 {
 			q.flushDirty()
@@ -382,16 +386,6 @@ func (c *tableCursor) enter(q *RingSource, tabs []*Table, qn uint32) {
 	*c = tableCursor{queue: qn, t: tableFor(tabs, qn), comp: noSlots}
 	if t := c.t; t != nil {
 		c.comp, c.ftl = t.completer(), t.ftailLocal
-	}
-}
-
-// flush stores the free-queue tail back into the table and publishes the
-// ids released (Table.flush); a table listed dirty stays listed, and
-// Publish flushes it again, which is harmless.
-func (c *tableCursor) flush() {
-	if t := c.t; t != nil && c.ftl != t.ftailLocal {
-		t.ftailLocal = c.ftl
-		t.flush()
 	}
 }
 

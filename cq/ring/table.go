@@ -270,10 +270,9 @@ func (t *Table) release(s *slot, id uint32) {
 func (t *Table) flush() {
 	if t.single {
 		t.ftail = t.ftailLocal // posters run in this goroutine (NewSingleThreadedTable)
-		t.dirty = false
-		return
+	} else {
+		storeRelease32(&t.ftail, t.ftailLocal)
 	}
-	storeRelease32(&t.ftail, t.ftailLocal)
 	t.dirty = false
 }
 

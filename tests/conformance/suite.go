@@ -815,7 +815,10 @@ func pollFD(t *testing.T, fd int, timeout time.Duration) bool {
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := unix.Poll(pfd, int(time.Until(deadline).Milliseconds()))
+		// A negative timeout would block for good: a slow guest can be
+		// more than a millisecond past a zero timeout's deadline here.
+		ms := max(int(time.Until(deadline).Milliseconds()), 0)
+		n, err := unix.Poll(pfd, ms)
 		if err == unix.EINTR {
 			continue
 		}
