@@ -21,10 +21,11 @@
 // entries, more than a caller's usual batch, so that the cost of a ring
 // read is shared by more completions. The consumer index goes to the
 // device once per such batch, never per entry, and the completions of a
-// batch stay in the CQ's buffer until the caller has iterated over them. Unlike mlx5, where ibv_end_poll
-// writes the consumer index, here it is written when the batch is read
-// from the ring (at StartPoll, or at a NextPoll that reads the next batch);
-// EndPoll only ends the caller's batch.
+// batch stay in the CQ's buffer until the caller has iterated over them.
+// Unlike mlx5, where ibv_end_poll writes the consumer index, here it is
+// written when the batch is read from the ring (at StartPoll, or at a
+// NextPoll that reads the next batch); EndPoll only ends the caller's
+// batch.
 //
 // Notification: ReqNotify arms the device for the next completion beyond
 // those in the CQ, so entries present at the arm raise no event; it

@@ -207,7 +207,7 @@ func newFastPath(q *RingSource, r *Ring) *fastPath {
 	plan.rebase(int(r.own))
 	f := &r.l.Fields
 	fp := &fastPath{base: r.base, esz: r.esz, own: r.own, omask: r.mask, plan: plan,
-		cur: tableCursor{queue: noQueue, comp: noSlots}, src: q}
+		cur: unbound(noQueue), src: q}
 	natural := f.ID.Bits == 32 && f.Len.Bits == 32 && f.BufOff.Bits == 32 && f.Data.Bits == 64
 	// With no field but the id and the length, every entry reads the
 	// tables at byte value 0's meaning; when that adds no flag and
@@ -324,10 +324,8 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 	if why == runFull {
 		// Filled: what endBatch does for a batch that neither stopped
 		// nor failed, with the cursor's table published directly.
-		// The cursor's table: its tail stored back and published.
-		if c := &fp.cur; c.t != nil && c.ftl != c.t.ftailLocal {
-			c.t.ftailLocal = c.ftl
-			c.t.flush()
+		if t := fp.cur.store(); t != nil {
+			t.flush()
 		}
 		r.publish()
 		if len(q.dirty) != 0 {
@@ -376,28 +374,38 @@ func (c *tableCursor) resume(tabs []*Table) {
 		c.ftl = c.t.ftailLocal
 		return
 	}
-	*c = tableCursor{queue: noQueue, comp: noSlots}
+	*c = unbound(noQueue)
 }
 
 // enter leaves the current table and takes the one bound to queue qn
 // (none, when no table is). Once per change of queue.
 func (c *tableCursor) enter(q *RingSource, tabs []*Table, qn uint32) {
 	c.leave(q)
-	*c = tableCursor{queue: qn, t: tableFor(tabs, qn), comp: noSlots}
-	if t := c.t; t != nil {
-		c.comp, c.ftl = t.completer(), t.ftailLocal
+	*c = unbound(qn)
+	if t := tableFor(tabs, qn); t != nil {
+		c.t, c.comp, c.ftl = t, t.completer(), t.ftailLocal
 	}
+}
+
+// unbound is the cursor of queue qn with no table: its completer refuses
+// every id. The zero cursor is not usable (its completer has no slot).
+func unbound(qn uint32) tableCursor { return tableCursor{queue: qn, comp: noSlots} }
+
+// store stores the free-queue tail back into the table and returns the
+// table when ids were released into it since the cursor took it, else nil.
+func (c *tableCursor) store() *Table {
+	t := c.t
+	if t == nil || c.ftl == t.ftailLocal {
+		return nil
+	}
+	t.ftailLocal = c.ftl
+	return t
 }
 
 // leave stores the free-queue tail back into the table and lists the table
 // for the flush at the end of the batch when ids were released.
 func (c *tableCursor) leave(q *RingSource) {
-	t := c.t
-	if t == nil || c.ftl == t.ftailLocal {
-		return
-	}
-	t.ftailLocal = c.ftl
-	if !t.dirty {
+	if t := c.store(); t != nil && !t.dirty {
 		q.markDirty(t)
 	}
 }

@@ -95,9 +95,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
@@ -211,9 +209,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -327,9 +323,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -446,9 +440,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -565,9 +557,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -684,9 +674,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
@@ -800,9 +788,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
@@ -916,9 +902,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -1032,9 +1016,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -1151,9 +1133,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -1270,9 +1250,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -1389,9 +1367,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
@@ -1505,9 +1481,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
@@ -1621,9 +1595,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -1737,9 +1709,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -1856,9 +1826,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -1975,9 +1943,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -2094,9 +2060,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
@@ -2210,9 +2174,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
@@ -2326,9 +2288,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -2442,9 +2402,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
@@ -2561,9 +2519,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -2680,9 +2636,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
 				}
 			}
@@ -2799,9 +2753,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}

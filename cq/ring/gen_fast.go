@@ -262,9 +262,7 @@ run:
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
-			}
-			if fsize >= 4 {
-				if !idlen && fl&cq.FlagRemoteCQData != 0 {
+				if fl&cq.FlagRemoteCQData != 0 {
 					eData = {{w64 $data .Natural}}
 				}
 			}

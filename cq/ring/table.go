@@ -38,7 +38,7 @@ const (
 // slot is 64 bytes on 64-bit platforms: a slot's offset is its index
 // shifted, and it sits on one cache line.
 type slot struct {
-	state uint32 // slotPosted is published with an atomic store by Post
+	state uint32 // slotPosted is published with a release store by Post
 	id    uint32 // full id of the current posting (index | generation)
 	len   uint32
 	multi bool
@@ -246,7 +246,7 @@ func (s *slot) outstanding(id uint32) bool {
 func (c completer) release(s *slot, id, ftl uint32) uint32 {
 	// s.ctx stays until Post overwrites it (see Table).
 	// A plain store: posters see the slot again only after taking its id
-	// from the free queue, which flush publishes with an atomic store.
+	// from the free queue, whose tail flush publishes with a release store.
 	s.state = slotFree
 	// The free queue holds mask+1 ids: the index is in range.
 	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = id & c.mask
