@@ -17,8 +17,13 @@ func wrid(ctx any) uint64 {
 	if v, ok := ctx.(uint64); ok {
 		return v
 	}
-	switch v := ctx.(type) {
-	case int:
+	if v, ok := ctx.(int); ok {
+		return uint64(v)
+	}
+	if v, ok := ctx.(uintptr); ok {
+		return uint64(v)
+	}
+	if v, ok := ctx.(uint32); ok {
 		return uint64(v)
 	}
 	return 0

@@ -347,23 +347,19 @@ func StatusOf(e *cq.ErrEntry) WCStatus {
 // was posted with when that is a uint64 (or an int, uint32 or uintptr),
 // else 0 (see WRContext).
 func (c *CQ) WRID() uint64 {
+	// Comma-ok assertions compare the type word with a constant each; a
+	// type switch would load the type's hash first.
 	ctx := c.cur().Context
-	// One type-word compare for the usual work-request id; the switch
-	// (a search over type hashes) only for the others.
 	if v, ok := ctx.(uint64); ok {
 		return v
 	}
-	return wrid(ctx)
-}
-
-// wrid is WRID's conversion of a context that is not a uint64.
-func wrid(ctx any) uint64 {
-	switch v := ctx.(type) {
-	case int:
+	if v, ok := ctx.(int); ok {
 		return uint64(v)
-	case uint32:
+	}
+	if v, ok := ctx.(uintptr); ok {
 		return uint64(v)
-	case uintptr:
+	}
+	if v, ok := ctx.(uint32); ok {
 		return uint64(v)
 	}
 	return 0
