@@ -47,6 +47,15 @@ type filledRing struct {
 // fillLap is the number of entries filledRing's CQ and QP hold.
 const fillLap = 4096
 
+// The verbs CQs of the benchmarks ask for the byte length, which they
+// read, and so read their ring as FormatMsg (CreateCQ); the fi_cq CQs
+// they are compared with have the same format, so that both paths decode
+// the same fields.
+const (
+	benchFields = verbs.FieldByteLen
+	benchFormat = cq.FormatMsg
+)
+
 func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
 	d, err := sim.New(sim.Config{})
 	if err != nil {
@@ -58,12 +67,12 @@ func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
 		if single {
 			fl = verbs.SingleThreaded
 		}
-		f.vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: fillLap, Flags: fl})
+		f.vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: fillLap, Fields: benchFields, Flags: fl})
 		if err == nil {
 			f.fi = f.vc.FI()
 		}
 	} else {
-		f.fi, err = d.OpenCQ(cq.Attr{Size: fillLap, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: single})
+		f.fi, err = d.OpenCQ(cq.Attr{Size: fillLap, Format: benchFormat, WaitObj: cq.WaitFD, SingleThreaded: single})
 	}
 	if err != nil {
 		_ = d.Close()
@@ -212,12 +221,12 @@ func benchStream(b *testing.B, iter bool) {
 	var fi *cq.CQ
 	var vc *verbs.CQ
 	if iter {
-		vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: 2 * depth})
+		vc, err = verbs.CreateCQ(newProvider(d), verbs.CQInitAttr{CQE: 2 * depth, Fields: benchFields})
 		if err == nil {
 			fi = vc.FI()
 		}
 	} else {
-		fi, err = d.OpenCQ(cq.Attr{Size: 2 * depth, Format: cq.FormatData, WaitObj: cq.WaitFD})
+		fi, err = d.OpenCQ(cq.Attr{Size: 2 * depth, Format: benchFormat, WaitObj: cq.WaitFD})
 	}
 	if err != nil {
 		b.Fatal(err)
