@@ -3,7 +3,8 @@ package cq
 import (
 	"fmt"
 	"math/bits"
-	"strings"
+
+	"github.com/vfnic/vfnic/internal/bitflag"
 )
 
 // Flags are completion flags (fi_cq(3) COMPLETION FLAGS). The bit values are
@@ -30,35 +31,21 @@ const (
 	FlagClaim        Flags = 1 << 59 // FI_CLAIM: a claim of buffered receive data
 )
 
-var flagNames = [...]struct {
-	f    Flags
-	name string
-}{
-	{FlagMsg, "MSG"}, {FlagRMA, "RMA"}, {FlagTagged, "TAGGED"}, {FlagAtomic, "ATOMIC"},
-	{FlagMulticast, "MULTICAST"}, {FlagCollective, "COLLECTIVE"}, {FlagRead, "READ"},
-	{FlagWrite, "WRITE"}, {FlagRecv, "RECV"}, {FlagSend, "SEND"},
-	{FlagRemoteRead, "REMOTE_READ"}, {FlagRemoteWrite, "REMOTE_WRITE"},
-	{FlagMultiRecv, "MULTI_RECV"}, {FlagRemoteCQData, "REMOTE_CQ_DATA"},
-	{FlagMore, "MORE"}, {FlagClaim, "CLAIM"},
+var flagNames = []bitflag.Name[Flags]{
+	{Bits: FlagMsg, Name: "MSG"}, {Bits: FlagRMA, Name: "RMA"},
+	{Bits: FlagTagged, Name: "TAGGED"}, {Bits: FlagAtomic, Name: "ATOMIC"},
+	{Bits: FlagMulticast, Name: "MULTICAST"}, {Bits: FlagCollective, Name: "COLLECTIVE"},
+	{Bits: FlagRead, Name: "READ"}, {Bits: FlagWrite, Name: "WRITE"},
+	{Bits: FlagRecv, Name: "RECV"}, {Bits: FlagSend, Name: "SEND"},
+	{Bits: FlagRemoteRead, Name: "REMOTE_READ"},
+	{Bits: FlagRemoteWrite, Name: "REMOTE_WRITE"},
+	{Bits: FlagMultiRecv, Name: "MULTI_RECV"},
+	{Bits: FlagRemoteCQData, Name: "REMOTE_CQ_DATA"}, {Bits: FlagMore, Name: "MORE"},
+	{Bits: FlagClaim, Name: "CLAIM"},
 }
 
 // String lists the flags by their libfabric names, e.g. "RECV|MSG".
-func (f Flags) String() string {
-	if f == 0 {
-		return "0"
-	}
-	var parts []string
-	for _, n := range flagNames {
-		if f&n.f != 0 {
-			parts = append(parts, n.name)
-			f &^= n.f
-		}
-	}
-	if f != 0 {
-		parts = append(parts, fmt.Sprintf("%#x", uint64(f)))
-	}
-	return strings.Join(parts, "|")
-}
+func (f Flags) String() string { return bitflag.String(f, flagNames) }
 
 // Format selects which fields a CQ reports (enum fi_cq_format).
 type Format int

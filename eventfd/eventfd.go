@@ -217,6 +217,10 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 
 func (e *FD) mapErr(ctx context.Context, err error) error {
 	switch {
+	case e.users.Load()&closedBit != 0:
+		// The os.File reports a Close as poll's "use of closed file"
+		// from SetReadDeadline, which does not match os.ErrClosed.
+		return ErrClosed
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		if ctx.Err() != nil {
 			return ctx.Err()

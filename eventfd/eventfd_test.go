@@ -104,6 +104,12 @@ func TestCloseWakesWaiter(t *testing.T) {
 	require.NoError(t, e.Close(), "Close is idempotent")
 	require.ErrorIs(t, e.Add(1), ErrClosed)
 	require.Equal(t, -1, e.Fd())
+	// A wait that starts after Close: the os.File then reports poll's
+	// "use of closed file", which must still come out as ErrClosed.
+	for _, wait := range []func(context.Context, time.Time) (uint64, error){e.Wait, e.Await} {
+		_, err = wait(context.Background(), time.Time{})
+		require.ErrorIs(t, err, os.ErrClosed)
+	}
 }
 
 // openFDs counts the process's open descriptors.

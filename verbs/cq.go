@@ -18,9 +18,11 @@ type Provider interface {
 	QueryDevice() DeviceAttr
 	// OpenCQ opens a CQ of at least entries entries (at most
 	// DeviceAttr.MaxCQE) whose interrupts signal completion vector
-	// vector, with format cq.FormatData, an eventfd wait object, and no
-	// lock when single (the verbs layer serialises its calls itself).
-	OpenCQ(entries, vector int, single bool) (*cq.CQ, error)
+	// vector, with the given format (cq.FormatMsg or cq.FormatData: the
+	// narrowest that holds the completion fields asked for), an eventfd
+	// wait object, and no lock when single (the verbs layer serialises
+	// its calls itself).
+	OpenCQ(entries, vector int, format cq.Format, single bool) (*cq.CQ, error)
 	// VendorErr returns the vendor error (syndrome) of an error
 	// completion, from its error data (the raw entry).
 	VendorErr(e *cq.ErrEntry) uint32
@@ -164,8 +166,16 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 		}
 	}
 	// The fi_cq CQ takes no lock: the verbs CQ's own (mu) serialises its
-	// readers, so a batch costs one lock, not two.
-	fc, err := p.OpenCQ(attr.CQE, attr.CompVector, true)
+	// readers, so a batch costs one lock, not two. Its format is the
+	// narrowest that holds the fields asked for: only the immediate data
+	// needs FormatData's Data, and a FormatMsg entry costs the ring reader
+	// less (no buffer address, no remote CQ data): 111.5 instead of 124.5
+	// instructions per completion in verbs/callgrind_test.go.
+	format := cq.FormatMsg
+	if attr.Fields&FieldImm != 0 {
+		format = cq.FormatData
+	}
+	fc, err := p.OpenCQ(attr.CQE, attr.CompVector, format, true)
 	if err != nil {
 		if c.ch != nil {
 			c.ch.unuse()
@@ -347,23 +357,19 @@ func StatusOf(e *cq.ErrEntry) WCStatus {
 // was posted with when that is a uint64 (or an int, uint32 or uintptr),
 // else 0 (see WRContext).
 func (c *CQ) WRID() uint64 {
+	// Comma-ok assertions compare the type word with a constant each; a
+	// type switch would load the type's hash first.
 	ctx := c.cur().Context
-	// One type-word compare for the usual work-request id; the switch
-	// (a search over type hashes) only for the others.
 	if v, ok := ctx.(uint64); ok {
 		return v
 	}
-	return wrid(ctx)
-}
-
-// wrid is WRID's conversion of a context that is not a uint64.
-func wrid(ctx any) uint64 {
-	switch v := ctx.(type) {
-	case int:
+	if v, ok := ctx.(int); ok {
 		return uint64(v)
-	case uint32:
+	}
+	if v, ok := ctx.(uintptr); ok {
 		return uint64(v)
-	case uintptr:
+	}
+	if v, ok := ctx.(uint32); ok {
 		return uint64(v)
 	}
 	return 0

@@ -62,6 +62,38 @@ func TestCreateCQUnsupported(t *testing.T) {
 	require.NoError(t, c.Close())
 }
 
+// The fi_cq CQ underneath has the narrowest format that holds the fields
+// asked for: FormatData only for the immediate data. Without FieldImm the
+// other fields are still right.
+func TestFormatFollowsFields(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		fields verbs.Fields
+		want   cq.Format
+	}{
+		{0, cq.FormatMsg},
+		{verbs.FieldByteLen | verbs.FieldQPNum | verbs.FieldSrcQP, cq.FormatMsg},
+		{verbs.FieldImm, cq.FormatData},
+		{verbs.FieldByteLen | verbs.FieldImm, cq.FormatData},
+	} {
+		c := e.cq(verbs.CQInitAttr{CQE: 8, Fields: tc.fields})
+		require.Equal(t, tc.want, c.FI().Attr().Format, "fields %v", tc.fields)
+		require.NoError(t, c.Close())
+	}
+	c := e.cq(verbs.CQInitAttr{CQE: 8, Fields: verbs.FieldByteLen | verbs.FieldQPNum})
+	a, b := e.qp(c, false), e.qp(c, false)
+	defer func() { _ = a.Close(); _ = b.Close(); _ = c.Close() }()
+	e.recv(b, 1000)
+	e.send(a, b, 7, 100, sim.SendOpts{Data: 0xabcd, HasData: true})
+	require.NoError(t, c.StartPoll())
+	require.Equal(t, []any{uint64(1000), verbs.WCRecv, verbs.WCSuccess, uint32(100), uint32(b.Addr()), verbs.WCFlagWithImm},
+		[]any{c.WRID(), c.Opcode(), c.Status(), c.ByteLen(), c.QPNum(), c.WCFlags()})
+	require.NoError(t, c.NextPoll())
+	require.Equal(t, []any{uint64(7), verbs.WCSend, uint32(100), uint32(a.Addr())},
+		[]any{c.WRID(), c.Opcode(), c.ByteLen(), c.QPNum()})
+	c.EndPoll()
+}
+
 // The iterator: ENOENT when empty (no EndPoll), each completion's fields,
 // ENOENT at the end of the batch, EndPoll; then the classic Poll.
 func TestIterator(t *testing.T) {

@@ -34,3 +34,21 @@ func TestOpcodeTable(t *testing.T) {
 		}
 	}
 }
+
+// TestWRIDTypes checks WRID's conversions: the integer contexts it takes
+// as a work-request id, and 0 for any other.
+func TestWRIDTypes(t *testing.T) {
+	c := &CQ{}
+	for _, tc := range []struct {
+		ctx  any
+		want uint64
+	}{
+		{uint64(1 << 40), 1 << 40}, {int(7), 7}, {uint32(9), 9}, {uintptr(11), 11},
+		{int(-1), ^uint64(0)}, {"13", 0}, {uint16(5), 0}, {nil, 0},
+	} {
+		c.ents[0].Context = tc.ctx
+		if got := c.WRID(); got != tc.want {
+			t.Errorf("context %T(%v): WRID %d, want %d", tc.ctx, tc.ctx, got, tc.want)
+		}
+	}
+}

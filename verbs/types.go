@@ -2,7 +2,8 @@ package verbs
 
 import (
 	"fmt"
-	"strings"
+
+	"github.com/vfnic/vfnic/internal/bitflag"
 )
 
 // WCStatus is a work completion's status (enum ibv_wc_status). The values
@@ -139,33 +140,19 @@ const (
 		FieldDLIDPathBits | FieldCompletionTimestamp | FieldCVLAN | FieldFlowTag | FieldCompletionWallclock | FieldCsumOK
 )
 
-var fieldNames = [...]struct {
-	f    Fields
-	name string
-}{
-	{FieldByteLen, "BYTE_LEN"}, {FieldImm, "IMM"}, {FieldQPNum, "QP_NUM"}, {FieldSrcQP, "SRC_QP"},
-	{FieldSLID, "SLID"}, {FieldSL, "SL"}, {FieldDLIDPathBits, "DLID_PATH_BITS"},
-	{FieldCompletionTimestamp, "COMPLETION_TIMESTAMP"}, {FieldCVLAN, "CVLAN"}, {FieldFlowTag, "FLOW_TAG"},
-	{FieldCompletionWallclock, "COMPLETION_TIMESTAMP_WALLCLOCK"}, {FieldCsumOK, "CSUM_OK"},
+var fieldNames = []bitflag.Name[Fields]{
+	{Bits: FieldByteLen, Name: "BYTE_LEN"}, {Bits: FieldImm, Name: "IMM"},
+	{Bits: FieldQPNum, Name: "QP_NUM"}, {Bits: FieldSrcQP, Name: "SRC_QP"},
+	{Bits: FieldSLID, Name: "SLID"}, {Bits: FieldSL, Name: "SL"},
+	{Bits: FieldDLIDPathBits, Name: "DLID_PATH_BITS"},
+	{Bits: FieldCompletionTimestamp, Name: "COMPLETION_TIMESTAMP"},
+	{Bits: FieldCVLAN, Name: "CVLAN"}, {Bits: FieldFlowTag, Name: "FLOW_TAG"},
+	{Bits: FieldCompletionWallclock, Name: "COMPLETION_TIMESTAMP_WALLCLOCK"},
+	{Bits: FieldCsumOK, Name: "CSUM_OK"},
 }
 
 // String lists the fields by their verbs names, e.g. "BYTE_LEN|QP_NUM".
-func (f Fields) String() string {
-	if f == 0 {
-		return "0"
-	}
-	var parts []string
-	for _, n := range fieldNames {
-		if f&n.f != 0 {
-			parts = append(parts, n.name)
-			f &^= n.f
-		}
-	}
-	if f != 0 {
-		parts = append(parts, fmt.Sprintf("%#x", uint64(f)))
-	}
-	return strings.Join(parts, "|")
-}
+func (f Fields) String() string { return bitflag.String(f, fieldNames) }
 
 // CreateFlags are CQ creation flags (enum ibv_create_cq_attr_flags).
 type CreateFlags uint32

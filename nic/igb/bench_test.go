@@ -17,37 +17,53 @@ func TestRxPathAllocs(t *testing.T) {
 	fill(t, rx)
 	out := make([]nic.Completion, 32)
 	frame := frameOf(1, 64)
-	var ms runtime.MemStats
-	var allocs uint64
-	frames := 0
-	for round := 0; round < 20; round++ {
-		for dev.rxPosted() > 0 {
-			dev.receive(frame)
-		}
-		runtime.ReadMemStats(&ms)
-		before := ms.Mallocs
-		for {
-			n := rx.Poll(out)
-			for _, c := range out[:n] {
-				if c.Err != nil || rx.Repost(c.Buf, nil) != nil {
-					t.Fatalf("completion %+v", c)
+	// rounds receives and reposts 20 rings of 63 frames and counts the
+	// allocations of the last 19 (the first may warm up lazily made
+	// state). MemStats counts the whole process's, and another goroutine
+	// of the test binary allocated 7 times once in about 40 runs (under
+	// -race), so a count above 0 is measured again: an allocation on the
+	// path would show in every attempt.
+	rounds := func() (allocs uint64) {
+		var ms runtime.MemStats
+		frames := 0
+		for round := 0; round < 20; round++ {
+			for dev.rxPosted() > 0 {
+				dev.receive(frame)
+			}
+			runtime.ReadMemStats(&ms)
+			before := ms.Mallocs
+			for {
+				n := rx.Poll(out)
+				for _, c := range out[:n] {
+					if c.Err != nil || rx.Repost(c.Buf, nil) != nil {
+						t.Fatalf("completion %+v", c)
+					}
+				}
+				frames += n
+				if n < len(out) {
+					break
 				}
 			}
-			frames += n
-			if n < len(out) {
-				break
+			if err := rx.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			runtime.ReadMemStats(&ms)
+			if round > 0 {
+				allocs += ms.Mallocs - before
 			}
 		}
-		if err := rx.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		runtime.ReadMemStats(&ms)
-		if round > 0 { // the first round may warm up lazily made state
-			allocs += ms.Mallocs - before
-		}
+		require.Equal(t, 20*63, frames)
+		return allocs
 	}
-	require.Equal(t, 20*63, frames)
-	require.Zero(t, allocs, "allocations in 19 rounds of 63 frames")
+	var counts []uint64
+	for range 3 {
+		n := rounds()
+		if n == 0 {
+			return
+		}
+		counts = append(counts, n)
+	}
+	t.Fatalf("allocations in 19 rounds of 63 frames, in each of 3 attempts: %v", counts)
 }
 
 // BenchmarkRxPoll measures the receive completion path per frame: Poll

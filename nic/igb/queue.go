@@ -1,8 +1,8 @@
 package igb
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -15,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
 
@@ -163,7 +164,7 @@ func (q *queue) disarm() {
 // threshold is left to SRead's re-poll.
 func (q *queue) Arm(threshold int) error {
 	if q.efd != nil {
-		q.takeInterrupts() // outside the lock: it may make a system call
+		irq.TakeLeft(q.efd, &q.interrupts) // outside the lock: it may make a system call
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -180,15 +181,6 @@ func (q *queue) Arm(threshold int) error {
 // Interrupt implements nic.Queue.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
-// takeInterrupts counts the interrupts left on the eventfd (WaitInterrupt
-// on a pinned thread leaves the one it woke on), so that the next
-// WaitInterrupt sleeps until a new one.
-func (q *queue) takeInterrupts() {
-	if n, err := q.efd.TakeLeft(); err == nil {
-		q.interrupts.Add(n)
-	}
-}
-
 // WaitInterrupt implements nic.Queue.
 func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
@@ -200,20 +192,11 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if bound {
 		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
 	}
-	n, err := q.efd.Await(ctx, deadline)
-	q.interrupts.Add(n)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, eventfd.ErrTimeout):
-		return nic.ErrTimeout
-	case errors.Is(err, eventfd.ErrClosed):
+	err := irq.Wait(ctx, q.efd, deadline, &q.interrupts)
+	if err == nic.ErrClosed {
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		if q.closeErr != nil {
-			return q.closeErr
-		}
-		return nic.ErrClosed
+		return cmp.Or(q.closeErr, err)
 	}
 	return err
 }

@@ -1,6 +1,7 @@
 package virtio
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
 
@@ -95,7 +97,7 @@ func (q *queue) Ready(max int) int {
 // Arm implements nic.Queue.
 func (q *queue) Arm(threshold int) error {
 	if q.efd != nil {
-		q.takeInterrupts() // outside the lock: it may make a system call
+		irq.TakeLeft(q.efd, &q.interrupts) // outside the lock: it may make a system call
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -133,15 +135,6 @@ func (q *queue) boundError(out []nic.Completion) int {
 // Interrupt implements nic.Queue.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
-// takeInterrupts counts the interrupts left on the eventfd (WaitInterrupt
-// on a pinned thread leaves the one it woke on), so that the next
-// WaitInterrupt sleeps until a new one.
-func (q *queue) takeInterrupts() {
-	if n, err := q.efd.TakeLeft(); err == nil {
-		q.interrupts.Add(n)
-	}
-}
-
 // WaitInterrupt implements nic.Queue.
 func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
@@ -150,20 +143,11 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.isBound() {
 		return q.errBound()
 	}
-	n, err := q.efd.Await(ctx, deadline)
-	q.interrupts.Add(n)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, eventfd.ErrTimeout):
-		return nic.ErrTimeout
-	case errors.Is(err, eventfd.ErrClosed):
+	err := irq.Wait(ctx, q.efd, deadline, &q.interrupts)
+	if err == nic.ErrClosed {
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		if q.closeErr != nil {
-			return q.closeErr
-		}
-		return nic.ErrClosed
+		return cmp.Or(q.closeErr, err)
 	}
 	return err
 }

@@ -39,8 +39,8 @@ func (p *Provider) QueryDevice() verbs.DeviceAttr {
 
 // OpenCQ implements verbs.Provider. The CQ has no queue yet: bind the
 // device's queues to it with Dev.BindCQ(verbsCQ.FI(), pair, dir).
-func (p *Provider) OpenCQ(entries, vector int, single bool) (*cq.CQ, error) {
-	return cq.New(cq.Attr{Size: entries, Format: cq.FormatData, WaitObj: cq.WaitFD, SingleThreaded: single},
+func (p *Provider) OpenCQ(entries, vector int, format cq.Format, single bool) (*cq.CQ, error) {
+	return cq.New(cq.Attr{Size: entries, Format: format, WaitObj: cq.WaitFD, SingleThreaded: single},
 		cq.Limits{MaxSize: MaxCQE, Vectors: max(1, p.Dev.QueuePairs())})
 }
 

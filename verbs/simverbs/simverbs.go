@@ -33,8 +33,8 @@ func (p *Provider) QueryDevice() verbs.DeviceAttr {
 }
 
 // OpenCQ implements verbs.Provider.
-func (p *Provider) OpenCQ(entries, vector int, single bool) (*cq.CQ, error) {
-	return p.Dev.OpenCQ(cq.Attr{Size: entries, Format: cq.FormatData, WaitObj: cq.WaitFD,
+func (p *Provider) OpenCQ(entries, vector int, format cq.Format, single bool) (*cq.CQ, error) {
+	return p.Dev.OpenCQ(cq.Attr{Size: entries, Format: format, WaitObj: cq.WaitFD,
 		Flags: cq.AttrAffinity, SignalingVector: vector, SingleThreaded: single})
 }
 
