@@ -21,8 +21,7 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -32,10 +31,10 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -46,7 +45,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -76,6 +75,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -86,11 +89,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -102,9 +106,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -116,9 +118,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -135,8 +137,7 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -146,10 +147,10 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -160,7 +161,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -190,6 +191,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -200,11 +205,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -216,9 +222,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -230,9 +234,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -249,8 +253,7 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -260,10 +263,10 @@ func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -274,7 +277,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -304,6 +307,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -314,11 +321,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -330,9 +338,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -344,9 +350,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -366,8 +372,7 @@ func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff
 	const pst, pop, pfl = -12, -12, -12
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -377,10 +382,10 @@ func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -391,7 +396,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -421,6 +426,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -431,11 +440,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -447,9 +457,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -461,9 +469,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -483,8 +491,7 @@ func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff u
 	const pst, pop, pfl = 0, 0, 0
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -494,10 +501,10 @@ func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff u
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -508,7 +515,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -538,6 +545,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -548,11 +559,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -564,9 +576,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -578,9 +588,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -600,8 +610,7 @@ func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	const pst, pop, pfl = -53, -54, -48
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -611,10 +620,10 @@ func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -625,7 +634,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -655,6 +664,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -665,11 +678,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -681,9 +695,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -695,9 +707,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -714,8 +726,7 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -725,10 +736,10 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -739,7 +750,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -769,6 +780,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -779,11 +794,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -795,9 +811,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -809,9 +823,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -828,8 +842,7 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -839,10 +852,10 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -853,7 +866,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -883,6 +896,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -893,11 +910,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -909,9 +927,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -923,9 +939,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -942,8 +958,7 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -953,10 +968,10 @@ func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -967,7 +982,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -997,6 +1012,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1007,11 +1026,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1023,9 +1043,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1037,9 +1055,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1059,8 +1077,7 @@ func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uin
 	const pst, pop, pfl = -12, -12, -12
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1070,10 +1087,10 @@ func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uin
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1084,7 +1101,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1114,6 +1131,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1124,11 +1145,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1140,9 +1162,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1154,9 +1174,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1176,8 +1196,7 @@ func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	const pst, pop, pfl = 0, 0, 0
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1187,10 +1206,10 @@ func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1201,7 +1220,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1231,6 +1250,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1241,11 +1264,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1257,9 +1281,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1271,9 +1293,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1293,8 +1315,7 @@ func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*c
 	const pst, pop, pfl = -53, -54, -48
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1304,10 +1325,10 @@ func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*c
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1318,7 +1339,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1348,6 +1369,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1358,11 +1383,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1374,9 +1400,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1388,9 +1412,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1407,8 +1431,7 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1418,10 +1441,10 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1432,7 +1455,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1462,6 +1485,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1472,11 +1499,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1488,9 +1516,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1502,9 +1528,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1521,8 +1547,7 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1532,10 +1557,10 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1546,7 +1571,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1576,6 +1601,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1586,11 +1615,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1602,9 +1632,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1616,9 +1644,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1635,8 +1663,7 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1646,10 +1673,10 @@ func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1660,7 +1687,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1690,6 +1717,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1700,11 +1731,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1716,9 +1748,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1730,9 +1760,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1752,8 +1782,7 @@ func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff ui
 	const pst, pop, pfl = -12, -12, -12
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1763,10 +1792,10 @@ func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff ui
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1777,7 +1806,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1807,6 +1836,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1817,11 +1850,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1833,9 +1867,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1847,9 +1879,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1869,8 +1901,7 @@ func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uint
 	const pst, pop, pfl = 0, 0, 0
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1880,10 +1911,10 @@ func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uint
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -1894,7 +1925,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -1924,6 +1955,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -1934,11 +1969,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -1950,9 +1986,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -1964,9 +1998,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -1986,8 +2020,7 @@ func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*
 	const pst, pop, pfl = -53, -54, -48
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -1997,10 +2030,10 @@ func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2011,7 +2044,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2041,6 +2074,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2051,11 +2088,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2067,9 +2105,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2081,9 +2117,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2100,8 +2136,7 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2111,10 +2146,10 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2125,7 +2160,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2155,6 +2190,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2165,11 +2204,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2181,9 +2221,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2195,9 +2233,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2214,8 +2252,7 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2225,10 +2262,10 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2239,7 +2276,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2269,6 +2306,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2279,11 +2320,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2295,9 +2337,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2309,9 +2349,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2328,8 +2368,7 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	esz, omask := fp.esz, fp.omask
 	pid, pln := fp.plan.id, fp.plan.ln
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2339,10 +2378,10 @@ func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2353,7 +2392,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2383,6 +2422,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2393,11 +2436,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2409,9 +2453,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2423,9 +2465,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2445,8 +2487,7 @@ func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff 
 	const pst, pop, pfl = -12, -12, -12
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2456,10 +2497,10 @@ func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2470,7 +2511,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2500,6 +2541,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2510,11 +2555,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2526,9 +2572,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2540,9 +2584,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2562,8 +2606,7 @@ func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff ui
 	const pst, pop, pfl = 0, 0, 0
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2573,10 +2616,10 @@ func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff ui
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2587,7 +2630,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2617,6 +2660,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2627,11 +2674,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2643,9 +2691,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2657,9 +2703,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
@@ -2679,8 +2725,7 @@ func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	const pst, pop, pfl = -53, -54, -48
 	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -2690,10 +2735,10 @@ func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -2704,7 +2749,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -2734,6 +2779,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -2744,11 +2793,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -2760,9 +2810,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -2774,9 +2822,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }

@@ -184,8 +184,7 @@ func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entr
 	pid, pln := fp.plan.id, fp.plan.ln
 {{- end}}
 	want := fp.want
-	c := &fp.cur
-	ftl := c.ftl
+	ftl := fp.cur.ftl
 	why := runFull
 	// ow points at the entry's ownership word, the fields at offsets from
 	// it; neither it nor ent ever points past the ring or past ents, as
@@ -195,10 +194,10 @@ func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entr
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && c.queue != 0 {
+	if idlen && fp.cur.queue != 0 {
 		// Every entry is queue 0's: take its table once.
-		c.enter(fp.src, fp.tabs, 0)
-		ftl = c.ftl
+		fp.cur.enter(fp.src, fp.tabs, 0)
+		ftl = fp.cur.ftl
 	}
 run:
 	for {
@@ -209,7 +208,7 @@ run:
 		// compiler emits a NOP to mark an inlined call, unless such an
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
-		comp, queue := c.comp, c.queue // in registers
+		comp, queue := fp.cur.comp, fp.cur.queue // in registers
 		if idlen {
 			queue = 0 // a constant: the table taken above is queue 0's
 		}
@@ -243,6 +242,10 @@ run:
 				why = runFailed
 				break run
 			}
+			// Each field is stored as soon as it is known, so that fewer
+			// values are live at once (the loop is short of registers).
+			ent.Context = s.ctx
+			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
 			fl := s.flags
@@ -253,11 +256,12 @@ run:
 			// compiled).
 			var eFlags cq.Flags
 			var eLen int
-			var eBuf uintptr
-			var eData, eTag uint64
 			if fsize >= 2 { // FormatMsg and up
 				eFlags, eLen = fl, int(ln)
 			}
+			ent.Flags, ent.Len = eFlags, eLen
+			var eBuf uintptr
+			var eData, eTag uint64
 			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
 				eBuf = s.rbuf
 			} else if fsize >= 4 {
@@ -269,9 +273,7 @@ run:
 			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = {{w64 $tag false}}
 			}
-			ent.Context = s.ctx
-			ent.Flags, ent.Len, ent.Buf, ent.Data, ent.Tag = eFlags, eLen, eBuf, eData, eTag
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
 			if !s.multi || fl&cq.FlagMultiRecv != 0 {
 				ftl = comp.release(s, id, ftl)
 			}
@@ -283,9 +285,9 @@ run:
 		}
 		// The entry at ow names another queue: take its table, then read
 		// the entry again from the top.
-		c.ftl = ftl
-		c.enter(fp.src, fp.tabs, {{w32 $q false}})
-		ftl = c.ftl
+		fp.cur.ftl = ftl
+		fp.cur.enter(fp.src, fp.tabs, {{w32 $q false}})
+		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
 }
