@@ -43,9 +43,10 @@ type FD struct {
 	left atomic.Bool
 
 	mu      sync.Mutex
-	closing bool  // Close has kicked the sleepers: no new ones
-	wakers  []int // each thread sleeper's cancel eventfd, which Close kicks
-	spare   int   // a cancel eventfd for the next thread sleeper, or -1
+	closing bool     // Close has kicked the sleepers: no new ones
+	wakers  []int    // each thread sleeper's cancel eventfd, which Close kicks
+	spare   int      // a cancel eventfd for the next thread sleeper, or -1
+	watches []*watch // registrations of the sleepers' contexts (watch.go)
 }
 
 // closedBit marks a closed FD in users; the bits below count calls.
@@ -156,6 +157,10 @@ func take(fd int) (uint64, error) {
 // reader parked on the poller waits for the poller's thread to wake and
 // hand it the goroutine; an unpinned one wakes faster through the poller,
 // which may run it on a CPU that is already awake.
+//
+// The FD registers the end of a context that can end the first time a
+// wait uses it (context.AfterFunc) and keeps the registration for the
+// waits that follow with the same context, so that they allocate nothing.
 func (e *FD) Wait(ctx context.Context, deadline time.Time) (uint64, error) {
 	return e.wait(ctx, deadline, true)
 }
@@ -193,26 +198,35 @@ func onOneCPU() bool {
 
 // waitPoller is Wait parked on the runtime poller.
 func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error) {
-	if err := e.f.SetReadDeadline(deadline); err != nil {
-		return 0, e.mapErr(ctx, err)
-	}
-	var stop func() bool
 	if ctx.Done() != nil {
-		// Cancellation expires the deadline, which wakes the poller.
-		stop = context.AfterFunc(ctx, func() { _ = e.f.SetReadDeadline(time.Unix(1, 0)) })
+		// The context's end expires the read deadline, which wakes the
+		// poller; so may another sleeper's context: look again then.
+		w := e.watchCtx(ctx)
+		defer e.unwatch(w)
 	}
 	var b [8]byte
-	n, err := e.f.Read(b[:])
-	if stop != nil && !stop() {
-		return 0, ctx.Err()
+	for {
+		if err := e.f.SetReadDeadline(deadline); err != nil {
+			return 0, e.mapErr(ctx, err)
+		}
+		// After the deadline is set: a context that ends from here on
+		// expires it again.
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		n, err := e.f.Read(b[:])
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil &&
+				(deadline.IsZero() || time.Now().Before(deadline)) {
+				continue // expired for another sleeper's context
+			}
+			return 0, e.mapErr(ctx, err)
+		}
+		if n != 8 {
+			return 0, fmt.Errorf("eventfd: short read of %d bytes", n)
+		}
+		return getU64(b[:]), nil
 	}
-	if err != nil {
-		return 0, e.mapErr(ctx, err)
-	}
-	if n != 8 {
-		return 0, fmt.Errorf("eventfd: short read of %d bytes", n)
-	}
-	return getU64(b[:]), nil
 }
 
 func (e *FD) mapErr(ctx context.Context, err error) error {
@@ -245,7 +259,12 @@ func (e *FD) Close() error {
 	for _, c := range e.wakers {
 		kick(c)
 	}
+	watches := e.watches
+	e.watches = nil
 	e.mu.Unlock()
+	for _, w := range watches {
+		w.stop()
+	}
 	if old != 0 {
 		<-e.drained
 	}
@@ -270,8 +289,14 @@ func (e *FD) waitThread(ctx context.Context, deadline time.Time, takeIt bool) (u
 	}
 	defer e.leave(cancel)
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() { kick(cancel) })
-		defer stop()
+		// The context's end kicks every sleeper's cancel eventfd, this
+		// one's since enter registered it; a context that ended before
+		// that is seen here.
+		w := e.watchCtx(ctx)
+		defer e.unwatch(w)
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 	}
 	fds := [2]unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}, {Fd: int32(cancel), Events: unix.POLLIN}}
 	for {
