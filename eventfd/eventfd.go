@@ -256,9 +256,7 @@ func (e *FD) Close() error {
 	}
 	e.mu.Lock()
 	e.closing = true
-	for _, c := range e.wakers {
-		kick(c)
-	}
+	e.kickSleepers()
 	watches := e.watches
 	e.watches = nil
 	e.mu.Unlock()
@@ -373,6 +371,14 @@ func (e *FD) leave(c int) {
 		e.spare = c
 	} else {
 		_ = unix.Close(c)
+	}
+}
+
+// kickSleepers wakes every thread sleeper through its cancel eventfd.
+// Called with e.mu held.
+func (e *FD) kickSleepers() {
+	for _, c := range e.wakers {
+		kick(c)
 	}
 }
 

@@ -81,9 +81,7 @@ func (e *FD) unwatch(w *watch) {
 func (e *FD) wakeAll() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, c := range e.wakers {
-		kick(c)
-	}
+	e.kickSleepers()
 	if !e.closing {
 		_ = e.f.SetReadDeadline(expired)
 	}

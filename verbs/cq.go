@@ -55,9 +55,10 @@ type CQInitAttr struct {
 }
 
 // batch is the most entries the iterator takes from the ring at once (a
-// power of 2, so that SrcQP's index is a mask). It is larger than a caller's usual batch
-// so that the cost of a ring read (its checks, the doorbell, the release
-// of ids to posters) is shared by more completions: BenchmarkFilledRing.
+// power of 2, so that SrcQP's index is a mask). It is larger than a
+// caller's usual batch so that the cost of a ring read (its checks, the
+// doorbell, the release of ids to posters) is shared by more completions:
+// BenchmarkFilledRing.
 const batch = 256
 
 // errSlot is the slot of ents that holds an error completion: the buffer

@@ -13,8 +13,7 @@ import (
 //
 //go:noinline
 func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -129,8 +128,7 @@ run:
 //
 //go:noinline
 func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -245,8 +243,7 @@ run:
 //
 //go:noinline
 func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -361,8 +358,7 @@ run:
 //
 //go:noinline
 func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioPacked: the geometry is constants.
 	const esz, omask = 16, 2155872256
@@ -480,8 +476,7 @@ run:
 //
 //go:noinline
 func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioUsed: the geometry is constants.
 	const esz, omask = 8, 0
@@ -599,8 +594,7 @@ run:
 //
 //go:noinline
 func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
@@ -718,8 +712,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -834,8 +827,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -950,8 +942,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -1066,8 +1057,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioPacked: the geometry is constants.
 	const esz, omask = 16, 2155872256
@@ -1185,8 +1175,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioUsed: the geometry is constants.
 	const esz, omask = 8, 0
@@ -1304,8 +1293,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
@@ -1423,8 +1411,7 @@ run:
 //
 //go:noinline
 func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -1539,8 +1526,7 @@ run:
 //
 //go:noinline
 func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -1655,8 +1641,7 @@ run:
 //
 //go:noinline
 func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -1771,8 +1756,7 @@ run:
 //
 //go:noinline
 func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioPacked: the geometry is constants.
 	const esz, omask = 16, 2155872256
@@ -1890,8 +1874,7 @@ run:
 //
 //go:noinline
 func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioUsed: the geometry is constants.
 	const esz, omask = 8, 0
@@ -2009,8 +1992,7 @@ run:
 //
 //go:noinline
 func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
@@ -2128,8 +2110,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -2244,8 +2225,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -2360,8 +2340,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
@@ -2476,8 +2455,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioPacked: the geometry is constants.
 	const esz, omask = 16, 2155872256
@@ -2595,8 +2573,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = false
+	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape VirtioUsed: the geometry is constants.
 	const esz, omask = 8, 0
@@ -2714,8 +2691,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = true
+	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
 	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648

@@ -167,7 +167,6 @@ import (
 //go:noinline
 func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = {{.Size}} // 1, 2, 4, 8: context, msg, data, tagged
-	const nat = {{.Natural}}
 	const idlen = {{.IDLen}} // no queue, codes, buffer offset, data or tag: constants 0
 {{- with .Shape}}
 	// Shape {{.Name}}: the geometry is constants.
