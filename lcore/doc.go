@@ -13,7 +13,7 @@
 //   - Busy polls without pause, as DPDK's testpmd does: the lowest
 //     latency, one CPU at 100% whatever the load.
 //   - Adaptive polls while work arrives; after IdleInterval without any
-//     (default 100 µs), it arms the interrupts of its queues, polls once
+//     (default 300 µs), it arms the interrupts of its queues, polls once
 //     more (a completion written before the arm raises no interrupt),
 //     then sleeps in epoll_wait on the queues' interrupt eventfds from its
 //     own thread, until an interrupt, Wake, Close or the context wakes it.

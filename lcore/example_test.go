@@ -13,7 +13,7 @@ import (
 // A receive loop on a polling core, as a server runs one per queue: the
 // core's thread is pinned to the process's last allowed CPU, polls while
 // frames arrive, and sleeps on the queue's interrupt once the queue has
-// been idle for the default 100 µs (Adaptive, the zero Mode). Here a
+// been idle for the default 300 µs (Adaptive, the zero Mode). Here a
 // software queue stands in for dev.Rx(0) of an open nic.Device.
 func Example() {
 	rx, err := lcoretest.New(0, 256) // dev.Rx(0)

@@ -45,6 +45,9 @@ func TestCoreFlagErrors(t *testing.T) {
 			{[]string{"-cpu", "x"}, `invalid value "x" for flag -cpu`},
 			{[]string{"-mode", "fast"}, `invalid value "fast" for flag -mode: want busy, adaptive or interrupt`},
 			{[]string{"-mode", ""}, `invalid value "" for flag -mode`},
+			{[]string{"-idle", "-1ms"}, "-idle -1ms: not a duration from 0 up"},
+			{[]string{"-idle", "soon"}, `invalid value "soon" for flag -idle`},
+			{[]string{"-batch", "-3"}, "-batch -3: not a count from 0 up"},
 		} {
 			args := append(append(append([]string{}, cmd...), "0000:7f:1f.7"), tc.flags...)
 			code, out, errw := runCLI(args...)
@@ -69,6 +72,7 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		{"echo", "-ip", "10.0.0.1", "0000:7f:1f.7", "-mode", "adaptive", "-cpu", cpu},
 		{"capture", "-w", "/dev/null", "-mode", "interrupt", "0000:7f:1f.7"},
 		{"sink", "0000:7f:1f.7", "-mode", "busy", "-cpu", cpu, "-p"},
+		{"sink", "0000:7f:1f.7", "-mode", "adaptive", "-idle", "300us", "-batch", "64"},
 	} {
 		code, _, errw := runCLI(args...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
@@ -82,6 +86,7 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		require.Contains(t, out, "pin the polling thread to CPU N (-1: not pinned")
 		require.Contains(t, out, "-mode busy|adaptive|interrupt\n")
 		require.Contains(t, out, "(default adaptive)")
+		require.Contains(t, out, "before it sleeps (0: "+lcore.DefaultIdleInterval.String()+")")
 	}
 }
 

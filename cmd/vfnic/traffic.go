@@ -28,6 +28,8 @@ type deviceFlags struct {
 	duration   time.Duration
 	cpu        int        // -cpu: lcore.AnyCPU for none
 	mode       lcore.Mode // -mode
+	idle       time.Duration
+	batch      int
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
@@ -40,8 +42,10 @@ func (d *deviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.cpu, "cpu", lcore.AnyCPU, "pin the polling thread to CPU `N` (-1: not pinned; the thread is still locked)")
 	d.mode = lcore.Adaptive
 	fs.Var(modeFlag{&d.mode}, "mode", "what the polling thread does when idle (`busy|adaptive|interrupt`): busy polls on\n"+
-		"(lowest latency, one CPU at 100%), adaptive sleeps on the NIC's interrupts after 100µs idle,\n"+
+		"(lowest latency, one CPU at 100%), adaptive sleeps on the NIC's interrupts after -idle without work,\n"+
 		"interrupt sleeps whenever a poll finds nothing")
+	fs.DurationVar(&d.idle, "idle", 0, "how long an adaptive polling thread polls without finding work before it sleeps (0: "+lcore.DefaultIdleInterval.String()+")")
+	fs.IntVar(&d.batch, "batch", 0, "most completions read from a queue per poll (0: "+fmt.Sprint(lcore.DefaultBatch)+")")
 }
 
 // modeFlag is -mode: an lcore.Mode by name.
@@ -66,10 +70,15 @@ func (f modeFlag) Set(s string) error {
 // newCore returns the polling core for -cpu and -mode, not started. Commands
 // call it before they open the device, so that a bad -cpu binds nothing.
 func (d *deviceFlags) newCore() (*lcore.Core, error) {
-	if d.cpu < lcore.AnyCPU {
+	switch {
+	case d.cpu < lcore.AnyCPU:
 		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
+	case d.idle < 0:
+		return nil, fmt.Errorf("%w: -idle %v: not a duration from 0 up", errUsage, d.idle)
+	case d.batch < 0:
+		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 up", errUsage, d.batch)
 	}
-	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode})
+	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
 	if errors.Is(err, lcore.ErrCPU) {
 		allowed := ""
 		if cpus, aerr := lcore.AllowedCPUs(); aerr == nil {
