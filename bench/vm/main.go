@@ -53,14 +53,44 @@ func main() {
 	dur := flag.Duration("dur", 5*time.Second, "traffic time per run")
 	reps := flag.Int("reps", 2, "runs of each configuration (A B A B)")
 	nics := flag.String("nics", "packed,split,igb", "NICs under test: packed, split (virtio-net), igb")
-	tools := flag.String("tools", "dpdk,busy,adaptive,interrupt,linux", "tools, in the order they alternate")
+	tools := flag.String("tools", "dpdk,busy,adaptive,interrupt,linux", "tools, in the order they alternate; a vfnic mode may name its idle interval, as adaptive:1ms (vfnic -idle)")
 	dirs := flag.String("dirs", "tx,rx", "directions")
 	verbose := flag.Bool("v", false, "print the guest's and the tools' output")
 	flag.Parse()
+	if err := checkTools(*tools, *dirs); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-vm:", err)
+		os.Exit(2)
+	}
 	if err := run(*dur, *reps, strings.Split(*nics, ","), *tools, *dirs, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-vm:", err)
 		os.Exit(1)
 	}
+}
+
+// checkTools refuses a tool or direction the guest would not know, before
+// a guest boots for it.
+func checkTools(tools, dirs string) error {
+	for _, t := range strings.Split(tools, ",") {
+		base, idle, hasIdle := strings.Cut(t, ":")
+		switch base {
+		case "dpdk", "linux":
+			if hasIdle {
+				return fmt.Errorf("tool %q: only vfnic's modes take an idle interval", t)
+			}
+		case "busy", "adaptive", "interrupt":
+			if d, err := time.ParseDuration(idle); hasIdle && (err != nil || d <= 0) {
+				return fmt.Errorf("tool %q: idle interval %q is not a positive duration", t, idle)
+			}
+		default:
+			return fmt.Errorf("unknown tool %q (want dpdk, busy, adaptive, interrupt or linux; a vfnic mode may end in :DURATION)", t)
+		}
+	}
+	for _, d := range strings.Split(dirs, ",") {
+		if d != "tx" && d != "rx" {
+			return fmt.Errorf("unknown direction %q (want tx or rx)", d)
+		}
+	}
+	return nil
 }
 
 // port is the host's side of one guest NIC.
@@ -158,7 +188,7 @@ func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, ver
 	cfg := qemu.Config{
 		MemoryMB:  2048,
 		Hugepages: 384, // vfnic's rings and buffers, and testpmd's mbuf pools
-		Timeout:   time.Duration(reps*len(nicNames)) * 2 * 5 * (dur + 15*time.Second),
+		Timeout:   time.Duration(reps*len(nicNames)*len(strings.Split(dirs, ","))*len(strings.Split(tools, ","))) * (dur + 15*time.Second),
 	}
 	// The guest's programs: vfnic's CLI and the payload, static.
 	cli, payload := filepath.Join(tmp, "vfnic"), filepath.Join(tmp, "guest")
