@@ -188,7 +188,7 @@ func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, ver
 	cfg := qemu.Config{
 		MemoryMB:  2048,
 		Hugepages: 384, // vfnic's rings and buffers, and testpmd's mbuf pools
-		Timeout:   time.Duration(reps*len(nicNames)*len(strings.Split(dirs, ","))*len(strings.Split(tools, ","))) * (dur + 15*time.Second),
+		Timeout:   time.Minute + time.Duration(reps*len(nicNames)*len(strings.Split(dirs, ","))*len(strings.Split(tools, ",")))*(dur+15*time.Second),
 	}
 	// The guest's programs: vfnic's CLI and the payload, static.
 	cli, payload := filepath.Join(tmp, "vfnic"), filepath.Join(tmp, "guest")
