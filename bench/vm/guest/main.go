@@ -144,7 +144,9 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 		b.end(n, dir, tool, rep, 0, fmt.Errorf("unknown tool %q", tool))
 		return
 	}
+	before, t0 := readInterrupts(), time.Now()
 	samples, err := b.exec(args, env, rate, stop)
+	fmt.Printf("guest: %s %s %s run %d: %s\n", n.name, dir, tool, rep, interruptRates(before, readInterrupts(), time.Since(t0)))
 	r := 0.0
 	if dir == "rx" {
 		r = steady(samples)
@@ -355,4 +357,55 @@ func (b *bench) linuxRx(ifname string) (float64, error) {
 		prev, at = v, now
 	}
 	return steady(samples), nil
+}
+
+// interruptKinds are the /proc/interrupts rows that tell what a tool costs
+// the guest's other CPU: its timer ticks, and the inter-processor
+// interrupts of a thread waking another (RES) or of a cross-CPU call (CAL).
+var interruptKinds = []string{"LOC", "RES", "CAL"}
+
+// readInterrupts returns the counts of interruptKinds per CPU, nil if
+// /proc/interrupts cannot be read.
+func readInterrupts() map[string][]uint64 {
+	data, err := os.ReadFile("/proc/interrupts")
+	if err != nil {
+		return nil
+	}
+	lines := strings.Split(string(data), "\n")
+	ncpu := len(strings.Fields(lines[0]))
+	m := map[string][]uint64{}
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if len(f) < ncpu+1 {
+			continue
+		}
+		kind := strings.TrimSuffix(f[0], ":")
+		if !slices.Contains(interruptKinds, kind) {
+			continue
+		}
+		for _, v := range f[1 : 1+ncpu] {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			m[kind] = append(m[kind], n)
+		}
+	}
+	return m
+}
+
+// interruptRates formats the per-second rates between two readings, per
+// CPU: "cpu0 LOC 250/s RES 3/s CAL 0/s, cpu1 ...".
+func interruptRates(a, b map[string][]uint64, d time.Duration) string {
+	if a == nil || b == nil || d <= 0 {
+		return "interrupts: /proc/interrupts unreadable"
+	}
+	var cpus []string
+	for cpu := 0; cpu < len(b["LOC"]); cpu++ {
+		parts := []string{fmt.Sprintf("cpu%d", cpu)}
+		for _, k := range interruptKinds {
+			if cpu < len(a[k]) && cpu < len(b[k]) {
+				parts = append(parts, fmt.Sprintf("%s %.0f/s", k, float64(b[k][cpu]-a[k][cpu])/d.Seconds()))
+			}
+		}
+		cpus = append(cpus, strings.Join(parts, " "))
+	}
+	return "interrupts " + strings.Join(cpus, ", ")
 }
