@@ -64,6 +64,10 @@ const (
 	// each, at 300 µs 250-430 times (bench/vm). A trickle of frames costs
 	// at most 300 µs of polling per burst.
 	DefaultIdleInterval = 300 * time.Microsecond
+	// MaxBatch is the largest Batch: the largest ring a driver makes
+	// (virtio's 32768 descriptors). A poll cannot return more than a
+	// ring holds, and the core allocates its buffer for Batch.
+	MaxBatch = 32768
 )
 
 // Errors.
@@ -85,8 +89,8 @@ type Config struct {
 	CPU int
 	// Mode is Adaptive (the zero value), Busy or Interrupt.
 	Mode Mode
-	// Batch is the most completions read from one queue per poll; 0 means
-	// DefaultBatch.
+	// Batch is the most completions read from one queue per poll, up to
+	// MaxBatch; 0 means DefaultBatch.
 	Batch int
 	// IdleInterval is how long an Adaptive core polls without finding
 	// work before it sleeps; 0 means DefaultIdleInterval.
@@ -158,8 +162,8 @@ func New(cfg Config) (*Core, error) {
 	switch {
 	case cfg.Mode > Interrupt:
 		return nil, fmt.Errorf("%w: lcore: mode %d", os.ErrInvalid, cfg.Mode)
-	case cfg.Batch < 0:
-		return nil, fmt.Errorf("%w: lcore: batch %d", os.ErrInvalid, cfg.Batch)
+	case cfg.Batch < 0 || cfg.Batch > MaxBatch:
+		return nil, fmt.Errorf("%w: lcore: batch %d (0 to %d)", os.ErrInvalid, cfg.Batch, MaxBatch)
 	case cfg.IdleInterval < 0:
 		return nil, fmt.Errorf("%w: lcore: idle interval %v", os.ErrInvalid, cfg.IdleInterval)
 	}

@@ -143,7 +143,7 @@ func TestBadCPUs(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	for _, cfg := range []Config{{CPU: AnyCPU, Mode: 7}, {CPU: AnyCPU, Batch: -1}, {CPU: AnyCPU, IdleInterval: -1}} {
+	for _, cfg := range []Config{{CPU: AnyCPU, Mode: 7}, {CPU: AnyCPU, Batch: -1}, {CPU: AnyCPU, Batch: MaxBatch + 1}, {CPU: AnyCPU, IdleInterval: -1}} {
 		_, err := New(cfg)
 		require.ErrorIs(t, err, os.ErrInvalid, "%+v", cfg)
 	}

@@ -47,7 +47,8 @@ func TestCoreFlagErrors(t *testing.T) {
 			{[]string{"-mode", ""}, `invalid value "" for flag -mode`},
 			{[]string{"-idle", "-1ms"}, "-idle -1ms: not a duration from 0 up"},
 			{[]string{"-idle", "soon"}, `invalid value "soon" for flag -idle`},
-			{[]string{"-batch", "-3"}, "-batch -3: not a count from 0 up"},
+			{[]string{"-batch", "-3"}, "-batch -3: not a count from 0 to 32768"},
+			{[]string{"-batch", "1000000000"}, "-batch 1000000000: not a count from 0 to 32768"},
 		} {
 			args := append(append(append([]string{}, cmd...), "0000:7f:1f.7"), tc.flags...)
 			code, out, errw := runCLI(args...)

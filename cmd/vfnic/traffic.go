@@ -67,7 +67,7 @@ func (f modeFlag) Set(s string) error {
 	return nil
 }
 
-// newCore returns the polling core for -cpu and -mode, not started. Commands
+// newCore returns the polling core for -cpu, -mode, -idle and -batch, not started. Commands
 // call it before they open the device, so that a bad -cpu binds nothing.
 func (d *deviceFlags) newCore() (*lcore.Core, error) {
 	switch {
@@ -75,8 +75,8 @@ func (d *deviceFlags) newCore() (*lcore.Core, error) {
 		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
 	case d.idle < 0:
 		return nil, fmt.Errorf("%w: -idle %v: not a duration from 0 up", errUsage, d.idle)
-	case d.batch < 0:
-		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 up", errUsage, d.batch)
+	case d.batch < 0 || d.batch > lcore.MaxBatch:
+		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 to %d", errUsage, d.batch, lcore.MaxBatch)
 	}
 	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
 	if errors.Is(err, lcore.ErrCPU) {

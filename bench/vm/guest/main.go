@@ -108,8 +108,8 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 		stop time.Duration  // when to interrupt the tool, 0 if it stops by itself
 	)
 	core := strconv.Itoa(b.cpu)
-	mode, idle, _ := strings.Cut(tool, ":") // adaptive:1ms is adaptive with -idle 1ms
-	switch mode {
+	base, idle, _ := strings.Cut(tool, ":") // adaptive:1ms is adaptive with -idle 1ms
+	switch base {
 	case "dpdk":
 		mode := "txonly"
 		if dir == "rx" {
@@ -131,7 +131,7 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 		if dir == "rx" {
 			cmd = "sink"
 		}
-		args = []string{vfnicBin, cmd, "-mode", mode, "-cpu", core, "-duration", b.dur.String(), "-progress", "1s"}
+		args = []string{vfnicBin, cmd, "-mode", base, "-cpu", core, "-duration", b.dur.String(), "-progress", "1s"}
 		if idle != "" {
 			args = append(args, "-idle", idle)
 		}
