@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/bench/vm/internal/stats"
+	"github.com/vfnic/vfnic/bench/vm/internal/tool"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/qemu/hostnet"
 	"golang.org/x/sys/unix"
@@ -71,18 +72,8 @@ func main() {
 // a guest boots for it.
 func checkTools(tools, dirs string) error {
 	for _, t := range strings.Split(tools, ",") {
-		base, idle, hasIdle := strings.Cut(t, ":")
-		switch base {
-		case "dpdk", "linux":
-			if hasIdle {
-				return fmt.Errorf("tool %q: only vfnic's modes take an idle interval", t)
-			}
-		case "busy", "adaptive", "interrupt":
-			if d, err := time.ParseDuration(idle); hasIdle && (err != nil || d <= 0) {
-				return fmt.Errorf("tool %q: idle interval %q is not a positive duration", t, idle)
-			}
-		default:
-			return fmt.Errorf("unknown tool %q (want dpdk, busy, adaptive, interrupt or linux; a vfnic mode may end in :DURATION)", t)
+		if _, _, err := tool.Parse(t); err != nil {
+			return err
 		}
 	}
 	for _, d := range strings.Split(dirs, ",") {
@@ -179,6 +170,7 @@ type result struct {
 }
 
 func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, verbose bool) error {
+	toolList, dirList := strings.Split(tools, ","), strings.Split(dirs, ",")
 	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "vfnic-bench-vm-")
 	if err != nil {
@@ -188,7 +180,7 @@ func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, ver
 	cfg := qemu.Config{
 		MemoryMB:  2048,
 		Hugepages: 384, // vfnic's rings and buffers, and testpmd's mbuf pools
-		Timeout:   time.Minute + time.Duration(reps*len(nicNames)*len(strings.Split(dirs, ","))*len(strings.Split(tools, ",")))*(dur+15*time.Second),
+		Timeout:   time.Minute + time.Duration(reps*len(nicNames)*len(dirList)*len(toolList))*(dur+15*time.Second),
 	}
 	// The guest's programs: vfnic's CLI and the payload, static.
 	cli, payload := filepath.Join(tmp, "vfnic"), filepath.Join(tmp, "guest")
@@ -325,7 +317,7 @@ func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, ver
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "bench-vm: done in %v (guest kernel %s)\n", time.Since(start).Round(time.Second), res.KernelVersion)
-	table(os.Stdout, results, nicNames, strings.Split(tools, ","), strings.Split(dirs, ","), dur)
+	table(os.Stdout, results, nicNames, toolList, dirList, dur)
 	return nil
 }
 

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/bench/vm/internal/stats"
+	"github.com/vfnic/vfnic/bench/vm/internal/tool"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,8 +99,8 @@ type bench struct {
 }
 
 // run runs one configuration on a vfio-bound NIC and reports it.
-func (b *bench) run(n nicSpec, dir, tool string, rep int) {
-	fmt.Printf("BENCH begin %s %s %s %d\n", n.name, dir, tool, rep)
+func (b *bench) run(n nicSpec, dir, name string, rep int) {
+	fmt.Printf("BENCH begin %s %s %s %d\n", n.name, dir, name, rep)
 	time.Sleep(300 * time.Millisecond) // the host acts on the line over the serial console
 	var (
 		args []string
@@ -108,7 +109,11 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 		stop time.Duration  // when to interrupt the tool, 0 if it stops by itself
 	)
 	core := strconv.Itoa(b.cpu)
-	base, idle, _ := strings.Cut(tool, ":") // adaptive:1ms is adaptive with -idle 1ms
+	base, idle, err := tool.Parse(name) // adaptive:1ms is adaptive with -idle 1ms
+	if err != nil {
+		b.end(n, dir, name, rep, 0, err)
+		return
+	}
 	switch base {
 	case "dpdk":
 		mode := "txonly"
@@ -141,17 +146,17 @@ func (b *bench) run(n nicSpec, dir, tool string, rep int) {
 		args = append(args, n.addr)
 		rate = regexp.MustCompile(`\brx\s+(\d+) pps`)
 	default:
-		b.end(n, dir, tool, rep, 0, fmt.Errorf("unknown tool %q", tool))
+		b.end(n, dir, name, rep, 0, fmt.Errorf("tool %q does not run on a vfio-bound NIC", name))
 		return
 	}
 	before, t0 := readInterrupts(), time.Now()
 	samples, err := b.exec(args, env, rate, stop)
-	fmt.Printf("guest: %s %s %s run %d: %s\n", n.name, dir, tool, rep, interruptRates(before, readInterrupts(), time.Since(t0)))
+	fmt.Printf("guest: %s %s %s run %d: %s\n", n.name, dir, name, rep, interruptRates(before, readInterrupts(), time.Since(t0)))
 	r := 0.0
 	if dir == "rx" {
 		r = steady(samples)
 	}
-	b.end(n, dir, tool, rep, r, err)
+	b.end(n, dir, name, rep, r, err)
 }
 
 func (b *bench) end(n nicSpec, dir, tool string, rep int, rate float64, err error) {
