@@ -41,7 +41,7 @@
 // What the runtime costs a busy core: every 10 ms the runtime's sysmon
 // preempts a goroutine that has run that long, and a goroutine locked to
 // its thread cannot simply be resumed there: the runtime hands the P to
-// another thread, which hands it back (three futex wake-ups, two on
+// another thread, which hands it back (up to three futex wake-ups, two on
 // another CPU; golang/go#21827). No API turns this off. In a QEMU guest
 // under TCG, where waking the other vCPU costs the host the time its
 // device thread needs, it cost busy mode about 9% of its rate
