@@ -38,6 +38,16 @@
 // GOMAXPROCS counts the core's thread: a busy core keeps one P for itself,
 // and the rest of the program shares the others.
 //
+// What the runtime costs a busy core: every 10 ms the runtime's sysmon
+// preempts a goroutine that has run that long, and a goroutine locked to
+// its thread cannot simply be resumed there: the runtime hands the P to
+// another thread, which hands it back (up to three futex wake-ups, two on
+// another CPU; golang/go#21827). No API turns this off. In a QEMU guest
+// under TCG, where waking the other vCPU costs the host the time its
+// device thread needs, it cost busy mode about 9% of its rate
+// (bench/vm/runtime-ab.sh compares a runtime built without forced
+// preemption).
+//
 // Measuring: bench/wakeup/run.sh times the wake-up against C;
 // `VFNIC_LCORE_BENCH=1 go test -run TestVM ./lcore` boots a guest and
 // compares the transmit rate of a core in each mode with a pktgen-style
