@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,6 +37,17 @@ func needGCC(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash not found: run.sh cannot run")
 	}
+}
+
+// goBin is the go command run.sh builds with: go test puts its own first
+// in PATH.
+func goBin(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not found in PATH: %v", err)
+	}
+	return p
 }
 
 // parseLine reads a reader's "key=value ..." line.
@@ -118,7 +128,7 @@ func TestReadersAgree(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "bash", "run.sh")
 	cmd.Env = append(os.Environ(), "OUT="+out, "ENTRIES="+strconv.Itoa(testEntries),
 		"COUNT="+strconv.Itoa(testCount), "REPEAT=1", "BATCHES=1 32",
-		"GO="+filepath.Join(runtime.GOROOT(), "bin", "go"))
+		"GO="+goBin(t))
 	table, err := cmd.CombinedOutput()
 	require.NoError(t, err, "run.sh:\n%s", table)
 	layouts := []string{"sim", "packed", "split"}

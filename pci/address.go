@@ -26,22 +26,21 @@ func ParseAddress(s string) (Address, error) {
 		return Address{}, fmt.Errorf("%w %q: %s", ErrBadAddress, s, why)
 	}
 	var a Address
-	rest := s
+	var bus, devfn string
 	parts := strings.Split(s, ":")
 	switch len(parts) {
 	case 2:
-		rest = parts[0] + ":" + parts[1]
+		bus, devfn = parts[0], parts[1]
 	case 3:
 		d, err := parseHex(parts[0], 4, 16)
 		if err != nil {
 			return bad("domain " + err.Error())
 		}
 		a.Domain = uint16(d)
-		rest = parts[1] + ":" + parts[2]
+		bus, devfn = parts[1], parts[2]
 	default:
 		return bad(`want "dddd:bb:dd.f" or "bb:dd.f"`)
 	}
-	bus, devfn, _ := strings.Cut(rest, ":")
 	b, err := parseHex(bus, 2, 8)
 	if err != nil {
 		return bad("bus " + err.Error())

@@ -76,9 +76,7 @@ func runList(_ context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			lo.Warnings = append(lo.Warnings, line)
-		}
+		lo.Warnings = append(lo.Warnings, strings.Split(err.Error(), "\n")...)
 	}
 	for _, d := range devs {
 		ld := listedDevice{Address: d.Address.String(), VendorID: fmt.Sprintf("%04x", d.VendorID), DeviceID: fmt.Sprintf("%04x", d.DeviceID),

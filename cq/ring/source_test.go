@@ -30,15 +30,14 @@ type harness struct {
 // armRecorder is a Notifier that counts arms and, like a device with an
 // arm doorbell, fires at once when entries beyond the consumer index exist.
 type armRecorder struct {
-	mu     sync.Mutex
-	n      int
-	h      *harness
-	fired  int
-	armed  bool
-	cons   uint32
-	thr    uint32
-	lose   int // interrupts to drop
-	loseMu sync.Mutex
+	mu    sync.Mutex
+	n     int
+	h     *harness
+	fired int
+	armed bool
+	cons  uint32
+	thr   uint32
+	lose  int // interrupts to drop (under mu)
 }
 
 func (a *armRecorder) Arm(consumed uint32, _ bool, threshold int) error {

@@ -17,7 +17,6 @@ type usedRing struct {
 	mem []byte
 	src *RingSource
 	tab *Table
-	idx uint16
 }
 
 func newUsedRing(t *testing.T, n int) *usedRing {

@@ -74,10 +74,7 @@ func argMACs(args [3]uint32) (a, b net.HardwareAddr) {
 	return append(net.HardwareAddr(nil), x[:6]...), append(net.HardwareAddr(nil), x[6:]...)
 }
 
-var (
-	hostMAC  = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
-	otherMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x99, 0x99, 0x99} // nobody's
-)
+var hostMAC = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
 
 // msg is a decoded protocol header.
 type msg struct {
