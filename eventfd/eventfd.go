@@ -29,7 +29,6 @@ var ErrClosed = os.ErrClosed
 // so callers that need several sleepers on one source arrange for one of
 // them to wait on the FD.
 type FD struct {
-	f  *os.File
 	fd int
 
 	// users counts the calls using fd (Add, Take, a thread's Wait), with
@@ -42,7 +41,14 @@ type FD struct {
 	// left says an Await returned on the count and left it (TakeLeft).
 	left atomic.Bool
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// f is the descriptor as an os.File on the runtime poller, made by
+	// the first wait there. Until then the poller does not know the fd:
+	// registered (edge-triggered), every Add would also wake a thread
+	// blocked in the runtime's netpoll, usually on another CPU, for no
+	// goroutine at all, which is a wasted wake-up per interrupt for a
+	// polling core that sleeps on the fd with its own epoll.
+	f       *os.File
 	closing bool     // Close has kicked the sleepers: no new ones
 	wakers  []int    // each thread sleeper's cancel eventfd, which Close kicks
 	spare   int      // a cancel eventfd for the next thread sleeper, or -1
@@ -58,9 +64,7 @@ func New() (*FD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: eventfd2: %w", err)
 	}
-	// A non-blocking fd handed to os.NewFile is registered with the poller,
-	// which is what lets Wait sleep without holding a thread.
-	return &FD{f: os.NewFile(uintptr(fd), "eventfd"), fd: fd, drained: make(chan struct{}), spare: -1}, nil
+	return &FD{fd: fd, drained: make(chan struct{}), spare: -1}, nil
 }
 
 // acquire counts a call that uses the descriptor; false once closed.
@@ -196,8 +200,27 @@ func onOneCPU() bool {
 	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
 }
 
+// pollerFile returns the descriptor as an os.File, registered with the
+// runtime poller (which is what lets Wait park a goroutine without holding
+// a thread: the fd is non-blocking), making it on the first call.
+func (e *FD) pollerFile() (*os.File, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return nil, ErrClosed
+	}
+	if e.f == nil {
+		e.f = os.NewFile(uintptr(e.fd), "eventfd")
+	}
+	return e.f, nil
+}
+
 // waitPoller is Wait parked on the runtime poller.
 func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error) {
+	f, err := e.pollerFile()
+	if err != nil {
+		return 0, err
+	}
 	if ctx.Done() != nil {
 		// The context's end expires the read deadline, which wakes the
 		// poller; so may another sleeper's context: look again then.
@@ -206,7 +229,7 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 	}
 	var b [8]byte
 	for {
-		if err := e.f.SetReadDeadline(deadline); err != nil {
+		if err := f.SetReadDeadline(deadline); err != nil {
 			return 0, e.mapErr(ctx, err)
 		}
 		// After the deadline is set: a context that ends from here on
@@ -214,7 +237,7 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		n, err := e.f.Read(b[:])
+		n, err := f.Read(b[:])
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil &&
 				(deadline.IsZero() || time.Now().Before(deadline)) {
@@ -269,7 +292,15 @@ func (e *FD) Close() error {
 	if e.spare >= 0 {
 		_ = unix.Close(e.spare)
 	}
-	return e.f.Close() // wakes Wait, which holds the os.File's own reference
+	// No new os.File after closing was set; without one, no Wait used
+	// the poller and the users have let go of the fd.
+	if e.f != nil {
+		return e.f.Close() // wakes Wait, which holds the os.File's own reference
+	}
+	if err := unix.Close(e.fd); err != nil {
+		return fmt.Errorf("eventfd: close: %w", err)
+	}
+	return nil
 }
 
 // waitThread is Wait (take) or Await with the calling thread asleep in

@@ -82,7 +82,7 @@ func (e *FD) wakeAll() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.kickSleepers()
-	if !e.closing {
+	if !e.closing && e.f != nil {
 		_ = e.f.SetReadDeadline(expired)
 	}
 }

@@ -26,7 +26,13 @@
 // goroutine on Go's runtime poller, makes a wake-up one thread wake-up
 // instead of a poller wake-up followed by a hand-off to the locked thread
 // (bench/wakeup measures both against C). SRead on a pinned thread sleeps
-// the same way (eventfd.FD.Wait).
+// the same way (eventfd.FD.Wait). A pinned core that sleeps also directs
+// its queues' interrupts to its CPU when it starts (nic.InterruptSteerer,
+// the MSI-X vector's IRQ affinity; Config.KeepIRQAffinity opts out), as a
+// kernel driver's affinity hint does, so that the interrupt wakes the
+// thread where it sleeps: otherwise the kernel may deliver it to another
+// CPU, which then has to wake the core's with an inter-processor
+// interrupt (in a QEMU guest, each one a halted vCPU the host wakes).
 //
 // A Core is stopped by its context, by Close, or by a Handler or Func that
 // returns an error. A core started with Start runs on a goroutine of its

@@ -95,6 +95,12 @@ type Config struct {
 	// IdleInterval is how long an Adaptive core polls without finding
 	// work before it sleeps; 0 means DefaultIdleInterval.
 	IdleInterval time.Duration
+	// KeepIRQAffinity leaves the queues' interrupts on the CPUs the
+	// system chose. By default a pinned Adaptive or Interrupt core
+	// directs the interrupt of each queue that can be steered
+	// (nic.InterruptSteerer) to its CPU when it starts, so that the
+	// interrupt wakes its thread where it sleeps (see Core.Steered).
+	KeepIRQAffinity bool
 }
 
 // A Handler is given each batch of completions the core reads from q, on
@@ -146,11 +152,13 @@ type Core struct {
 	stop atomic.Bool
 	tid  atomic.Int64
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	done    chan struct{} // closed when the loop has ended
-	err     error         // the loop's result, set before done closes
+	mu       sync.Mutex
+	steered  int   // queues whose interrupt was steered to the CPU
+	steerErr error // why the others were not
+	started  bool
+	closed   bool
+	done     chan struct{} // closed when the loop has ended
+	err      error         // the loop's result, set before done closes
 
 	st  Stats // the loop's counters, owned by its thread
 	pub struct{ polls, empty, comps, sleeps, wakeups atomic.Uint64 }
@@ -285,6 +293,7 @@ func (c *Core) Run(ctx context.Context) error {
 		c.end(err)
 		return err
 	}
+	c.steerInterrupts()
 	err = c.loop(ctx, p)
 	if rerr := p.restore(c.cfg.CPU); rerr != nil {
 		// Keep the thread locked: the goroutine's exit will discard it
@@ -314,6 +323,7 @@ func (c *Core) Start(ctx context.Context) error {
 		p, err := pin(c.cfg.CPU)
 		if err == nil {
 			c.tid.Store(int64(p.tid)) // ThreadID works once Start returns
+			c.steerInterrupts()       // and Steered
 		}
 		ready <- err
 		if err != nil {
@@ -328,6 +338,42 @@ func (c *Core) Start(ctx context.Context) error {
 		c.end(err)
 	}()
 	return <-ready
+}
+
+// steerInterrupts directs the interrupts of the core's queues to its CPU
+// when it is pinned and sleeps on them (Config.KeepIRQAffinity).
+func (c *Core) steerInterrupts() {
+	if c.cfg.CPU == AnyCPU || c.cfg.Mode == Busy || c.cfg.KeepIRQAffinity {
+		return
+	}
+	n := 0
+	var errs []error
+	for _, e := range c.queues { // fixed once started
+		s, ok := e.q.(nic.InterruptSteerer)
+		if !ok {
+			continue
+		}
+		if err := s.SteerInterrupt(c.cfg.CPU); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	c.mu.Lock()
+	c.steered, c.steerErr = n, errors.Join(errs...)
+	c.mu.Unlock()
+}
+
+// Steered reports, once the core has started, how many of its queues had
+// their interrupt directed to its CPU, and why the others that can be
+// steered were not (nil when none failed). A core steers when it is
+// pinned, sleeps on interrupts (Adaptive, Interrupt) and
+// Config.KeepIRQAffinity is false; a failure (not root, a CPU the kernel
+// refuses) does not stop it.
+func (c *Core) Steered() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.steered, c.steerErr
 }
 
 // Wait waits until the core stops and returns why: nil when its context

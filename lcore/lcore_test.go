@@ -508,3 +508,64 @@ func BenchmarkRound(b *testing.B) {
 		}
 	}
 }
+
+// steerable is a software queue whose interrupt can be steered, recording
+// the CPUs it was steered to; with fail, steering fails.
+type steerable struct {
+	*lcoretest.Queue
+	fail bool
+	cpus []int
+}
+
+func (q *steerable) SteerInterrupt(cpu int) error {
+	if q.fail {
+		return fmt.Errorf("%w: refused", os.ErrPermission)
+	}
+	q.cpus = append(q.cpus, cpu)
+	return nil
+}
+
+// TestSteersInterruptsToItsCPU: a pinned core that sleeps on interrupts
+// steers each steerable queue's interrupt to its CPU once, at start, and
+// reports a failure without stopping; busy, unpinned or KeepIRQAffinity
+// cores leave them alone.
+func TestSteersInterruptsToItsCPU(t *testing.T) {
+	cpu := lastCPU(t)
+	for _, tc := range []struct {
+		cfg   Config
+		steer bool
+	}{
+		{Config{CPU: cpu, Mode: Adaptive}, true},
+		{Config{CPU: cpu, Mode: Interrupt}, true},
+		{Config{CPU: cpu, Mode: Busy}, false},
+		{Config{CPU: AnyCPU, Mode: Interrupt}, false},
+		{Config{CPU: cpu, Mode: Adaptive, KeepIRQAffinity: true}, false},
+	} {
+		name := fmt.Sprintf("%+v", tc.cfg)
+		good := &steerable{Queue: newQueue(t, 0)}
+		bad := &steerable{Queue: newQueue(t, 1), fail: true}
+		plain := newQueue(t, 2) // no SteerInterrupt
+		c, err := New(tc.cfg)
+		require.NoError(t, err)
+		for _, q := range []nic.Queue{good, bad, plain} {
+			require.NoError(t, c.AddQueue(q, nil))
+		}
+		require.NoError(t, c.Start(context.Background()), name)
+		n, err := c.Steered()
+		if tc.steer {
+			require.Equal(t, []int{cpu}, good.cpus, name)
+			require.Equal(t, 1, n, name)
+			require.ErrorIs(t, err, os.ErrPermission, name)
+		} else {
+			require.Empty(t, good.cpus, name)
+			require.Zero(t, n, name)
+			require.NoError(t, err, name)
+		}
+		// The core runs on, and steers nothing more.
+		good.Inject(1)
+		require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Completions >= 1 }), name)
+		require.NoError(t, c.Close())
+		require.NoError(t, c.Wait(context.Background()), name)
+		require.LessOrEqual(t, len(good.cpus), 1, name)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
 	"github.com/vfnic/vfnic/qemu"
+	"github.com/vfnic/vfnic/vfio"
 	"golang.org/x/sys/unix"
 )
 
@@ -319,7 +320,8 @@ func TestGuestCore(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dev, err := virtio.Open(ctx, fmt.Sprintf("0000:00:%02x.0", vmSlot), virtio.Config{})
+	addr := fmt.Sprintf("0000:00:%02x.0", vmSlot)
+	dev, err := virtio.Open(ctx, addr, virtio.Config{})
 	require.NoError(t, err)
 	defer dev.Close()
 	rx, err := dev.Rx(0)
@@ -377,6 +379,20 @@ func TestGuestCore(t *testing.T) {
 				return nil
 			}))
 			require.NoError(t, core.Start(context.Background()))
+			// A core that sleeps on the queue's interrupt has it
+			// delivered to its own CPU.
+			steered, err := core.Steered()
+			require.NoError(t, err)
+			if mode == lcore.Busy {
+				require.Zero(t, steered)
+			} else {
+				require.Equal(t, 1, steered)
+				irq, err := vfio.MSIXIRQ(addr, 1) // virtio's rx0 vector
+				require.NoError(t, err)
+				eff, err := os.ReadFile(fmt.Sprintf("/proc/irq/%d/effective_affinity_list", irq))
+				require.NoError(t, err)
+				require.Equal(t, strconv.Itoa(cpus[len(cpus)-1]), strings.TrimSpace(string(eff)), "IRQ %d's CPU", irq)
+			}
 			burst := func(n int) time.Duration {
 				want := got.Load() + int64(n)
 				t0 := time.Now()

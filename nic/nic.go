@@ -102,6 +102,19 @@ type Queue interface {
 	Stats() QueueStats
 }
 
+// InterruptSteerer is a Queue whose interrupt can be directed to one CPU
+// (its MSI-X vector's IRQ affinity), as a kernel driver's affinity hint
+// does: a thread pinned to that CPU that sleeps on the queue's interrupt
+// is then woken on its own CPU, with no inter-processor interrupt on the
+// way. A polling core steers its queues to its CPU (package lcore).
+type InterruptSteerer interface {
+	// SteerInterrupt directs the queue's interrupt to cpu; an error
+	// matching ErrNotSupported when the queue has no interrupt or the
+	// platform cannot steer it (a software device), the system's error
+	// otherwise (not root, a CPU the kernel refuses).
+	SteerInterrupt(cpu int) error
+}
+
 // RxQueue is a receive queue. Its buffers come from a pool the driver
 // allocated in DMA memory at Open; each PostRecv lends one to the device.
 type RxQueue interface {

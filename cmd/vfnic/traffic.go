@@ -344,6 +344,10 @@ type coreSummary struct {
 	Completions uint64 `json:"completions"`
 	Sleeps      uint64 `json:"sleeps"`
 	Wakeups     uint64 `json:"wakeups"`
+	// Steered counts the queues whose interrupt the core directed to its
+	// CPU; SteerError says why others were not ("" when none failed).
+	Steered    int    `json:"steered_interrupts"`
+	SteerError string `json:"steer_error,omitempty"`
 }
 
 func summarizeCore(c *lcore.Core) *coreSummary {
@@ -351,8 +355,13 @@ func summarizeCore(c *lcore.Core) *coreSummary {
 		return nil
 	}
 	cfg, st := c.Config(), c.Stats()
-	return &coreSummary{Mode: cfg.Mode.String(), CPU: cfg.CPU, Polls: st.Polls, EmptyPolls: st.EmptyPolls,
+	s := &coreSummary{Mode: cfg.Mode.String(), CPU: cfg.CPU, Polls: st.Polls, EmptyPolls: st.EmptyPolls,
 		Completions: st.Completions, Sleeps: st.Sleeps, Wakeups: st.Wakeups}
+	var err error
+	if s.Steered, err = c.Steered(); err != nil {
+		s.SteerError = err.Error()
+	}
+	return s
 }
 
 // coreInterrupts sums the interrupts core took from dev's receive and
@@ -375,8 +384,15 @@ func (c *coreSummary) String() string {
 	if c.CPU != lcore.AnyCPU {
 		where = fmt.Sprintf("pinned to CPU %d", c.CPU)
 	}
-	return fmt.Sprintf("polling core %s mode, %s: %d polls (%d empty), %d sleeps, %d wake-ups",
+	s := fmt.Sprintf("polling core %s mode, %s: %d polls (%d empty), %d sleeps, %d wake-ups",
 		c.Mode, where, c.Polls, c.EmptyPolls, c.Sleeps, c.Wakeups)
+	if c.Steered > 0 {
+		s += fmt.Sprintf(", %d queue interrupts steered to CPU %d", c.Steered, c.CPU)
+	}
+	if c.SteerError != "" {
+		s += "; not steered: " + c.SteerError
+	}
+	return s
 }
 
 func dirOf(s nic.QueueStats, sec float64) dirSummary {

@@ -51,10 +51,11 @@ type queue struct {
 	out   int    // descriptors posted and not yet completed
 	db    *doorbell.Doorbell
 
-	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
-	eicr       doorbell.Reg32 // interrupt causes (write 1 to clear)
-	vbit       uint32         // the vector's bit in EIMS/EIMC
-	vector     int            // MSI-X vector, -1 for none
+	eims, eimc doorbell.Reg32              // interrupt unmask/mask, zero when no vector
+	eicr       doorbell.Reg32              // interrupt causes (write 1 to clear)
+	vbit       uint32                      // the vector's bit in EIMS/EIMC
+	vector     int                         // MSI-X vector, -1 for none
+	steer      func(vector, cpu int) error // the device's vfio SteerMSIX; nil without vfio
 	armed      bool
 	efd        *eventfd.FD
 
@@ -84,6 +85,14 @@ type queue struct {
 
 // Index implements nic.Queue.
 func (q *queue) Index() int { return q.index }
+
+// SteerInterrupt implements nic.InterruptSteerer.
+func (q *queue) SteerInterrupt(cpu int) error {
+	if q.steer == nil || q.vector < 0 {
+		return fmt.Errorf("%w: %s: no MSI-X vector to steer", nic.ErrNotSupported, q.name)
+	}
+	return q.steer(q.vector, cpu)
+}
 
 // Size implements nic.Queue.
 func (q *queue) Size() int { return int(q.n) }
@@ -380,7 +389,10 @@ func (q *queue) writeDesc(pos uint32, addr, word1 uint64) {
 // RxQueue is an igb receive queue (nic.RxQueue).
 type RxQueue struct{ queue }
 
-var _ nic.RxQueue = (*RxQueue)(nil)
+var (
+	_ nic.RxQueue          = (*RxQueue)(nil)
+	_ nic.InterruptSteerer = (*RxQueue)(nil)
+)
 
 // MaxFrame implements nic.RxQueue.
 func (q *RxQueue) MaxFrame() int { return int(q.bufLen) }
@@ -483,7 +495,10 @@ type TxQueue struct {
 	maxFrame int
 }
 
-var _ nic.TxQueue = (*TxQueue)(nil)
+var (
+	_ nic.TxQueue          = (*TxQueue)(nil)
+	_ nic.InterruptSteerer = (*TxQueue)(nil)
+)
 
 // MaxFrame implements nic.TxQueue.
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }

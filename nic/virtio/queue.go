@@ -43,6 +43,9 @@ type queue struct {
 	// device back; Poll reports them, one error completion per call.
 	canceled []nic.Completion
 	vector   int // MSI-X vector, -1 for none
+	// steer directs an MSI-X vector to a CPU (the device's vfio handle);
+	// nil without one.
+	steer func(vector, cpu int) error
 
 	packets, bytes, errs, interrupts atomic.Uint64
 	notifies, suppressed             atomic.Uint64
@@ -50,6 +53,14 @@ type queue struct {
 
 // Index implements nic.Queue.
 func (q *queue) Index() int { return q.index }
+
+// SteerInterrupt implements nic.InterruptSteerer.
+func (q *queue) SteerInterrupt(cpu int) error {
+	if q.steer == nil || q.vector < 0 {
+		return fmt.Errorf("%w: queue %d: no MSI-X vector to steer", nic.ErrNotSupported, q.index)
+	}
+	return q.steer(q.vector, cpu)
+}
 
 // Size implements nic.Queue.
 func (q *queue) Size() int { return int(q.vq.size) }
@@ -234,7 +245,10 @@ type RxQueue struct {
 	mbErr   *nic.MultiBufferError // the last multi-buffer error next made
 }
 
-var _ nic.RxQueue = (*RxQueue)(nil)
+var (
+	_ nic.RxQueue          = (*RxQueue)(nil)
+	_ nic.InterruptSteerer = (*RxQueue)(nil)
+)
 
 func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) (*RxQueue, error) {
 	if err := v.setReader(usedRx); err != nil {
@@ -369,7 +383,10 @@ type TxQueue struct {
 	maxFrame int
 }
 
-var _ nic.TxQueue = (*TxQueue)(nil)
+var (
+	_ nic.TxQueue          = (*TxQueue)(nil)
+	_ nic.InterruptSteerer = (*TxQueue)(nil)
+)
 
 func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*TxQueue, error) {
 	if err := v.setReader(usedTx); err != nil {
