@@ -587,10 +587,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	}
 	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
-	q.vbit, q.vector, q.efd = 1<<vec, vec, d.efds[vec]
-	if d.vdev != nil {
-		q.steer = d.vdev.SteerMSIX
-	}
+	q.vbit, q.vector, q.efd, q.vdev = 1<<vec, vec, d.efds[vec], d.vdev
 	if tx {
 		q.silent = make([]bool, n)
 	}

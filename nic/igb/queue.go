@@ -17,6 +17,7 @@ import (
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path, prepared once so returning them does
@@ -51,11 +52,11 @@ type queue struct {
 	out   int    // descriptors posted and not yet completed
 	db    *doorbell.Doorbell
 
-	eims, eimc doorbell.Reg32              // interrupt unmask/mask, zero when no vector
-	eicr       doorbell.Reg32              // interrupt causes (write 1 to clear)
-	vbit       uint32                      // the vector's bit in EIMS/EIMC
-	vector     int                         // MSI-X vector, -1 for none
-	steer      func(vector, cpu int) error // the device's vfio SteerMSIX; nil without vfio
+	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
+	eicr       doorbell.Reg32 // interrupt causes (write 1 to clear)
+	vbit       uint32         // the vector's bit in EIMS/EIMC
+	vector     int            // MSI-X vector, -1 for none
+	vdev       *vfio.Device   // the device's, to steer the vector; nil without vfio
 	armed      bool
 	efd        *eventfd.FD
 
@@ -88,10 +89,7 @@ func (q *queue) Index() int { return q.index }
 
 // SteerInterrupt implements nic.InterruptSteerer.
 func (q *queue) SteerInterrupt(cpu int) error {
-	if q.steer == nil || q.vector < 0 {
-		return fmt.Errorf("%w: %s: no MSI-X vector to steer", nic.ErrNotSupported, q.name)
-	}
-	return q.steer(q.vector, cpu)
+	return irq.Steer(q.vdev, q.vector, cpu, q.name)
 }
 
 // Size implements nic.Queue.

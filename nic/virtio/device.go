@@ -501,7 +501,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.steer = int(s.vector), d.steerVector()
+			q.vector, q.vdev = int(s.vector), d.vdev
 			d.rx = append(d.rx, q)
 		case "tx":
 			pool, err := dma.NewPool(region, s.size, txBuf)
@@ -512,7 +512,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.steer = int(s.vector), d.steerVector()
+			q.vector, q.vdev = int(s.vector), d.vdev
 			d.tx = append(d.tx, q)
 		default:
 			buf, err := region.Carve(ctrlBufLen, 64)
@@ -780,13 +780,4 @@ func align(n, a int) int { return (n + a - 1) &^ (a - 1) }
 func littleEndian() bool {
 	x := uint16(1)
 	return *(*byte)(unsafe.Pointer(&x)) == 1
-}
-
-// steerVector returns what steers the device's MSI-X vectors (its vfio
-// handle's SteerMSIX), nil without one.
-func (d *Device) steerVector() func(vector, cpu int) error {
-	if d.vdev == nil {
-		return nil
-	}
-	return d.vdev.SteerMSIX
 }

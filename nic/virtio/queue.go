@@ -16,6 +16,7 @@ import (
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path are prepared once so that returning
@@ -42,10 +43,8 @@ type queue struct {
 	// canceled are the operations outstanding when the kernel took the
 	// device back; Poll reports them, one error completion per call.
 	canceled []nic.Completion
-	vector   int // MSI-X vector, -1 for none
-	// steer directs an MSI-X vector to a CPU (the device's vfio handle);
-	// nil without one.
-	steer func(vector, cpu int) error
+	vector   int          // MSI-X vector, -1 for none
+	vdev     *vfio.Device // the device's, to steer the vector; nil without vfio
 
 	packets, bytes, errs, interrupts atomic.Uint64
 	notifies, suppressed             atomic.Uint64
@@ -56,10 +55,7 @@ func (q *queue) Index() int { return q.index }
 
 // SteerInterrupt implements nic.InterruptSteerer.
 func (q *queue) SteerInterrupt(cpu int) error {
-	if q.steer == nil || q.vector < 0 {
-		return fmt.Errorf("%w: queue %d: no MSI-X vector to steer", nic.ErrNotSupported, q.index)
-	}
-	return q.steer(q.vector, cpu)
+	return irq.Steer(q.vdev, q.vector, cpu, q.vq.name)
 }
 
 // Size implements nic.Queue.

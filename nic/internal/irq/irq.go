@@ -1,16 +1,19 @@
 // Package irq is what the drivers' queues share about their MSI-X
-// interrupt eventfd: counting the interrupts taken from it, and the wait
-// of nic.Queue.WaitInterrupt with its errors.
+// interrupt: counting the interrupts taken from its eventfd, the wait of
+// nic.Queue.WaitInterrupt with its errors, and steering it to a CPU
+// (nic.InterruptSteerer).
 package irq
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // TakeLeft adds to taken the interrupts left on fd (a wait on a pinned
@@ -39,4 +42,14 @@ func Wait(ctx context.Context, fd *eventfd.FD, deadline time.Time, taken *atomic
 		return nic.ErrClosed
 	}
 	return err
+}
+
+// Steer is nic.InterruptSteerer.SteerInterrupt for the queue named name
+// whose interrupt is MSI-X vector of dev: ErrNotSupported without a vfio
+// device (a driver under test) or a vector (-1).
+func Steer(dev *vfio.Device, vector, cpu int, name string) error {
+	if dev == nil || vector < 0 {
+		return fmt.Errorf("%w: %s: no MSI-X vector to steer", nic.ErrNotSupported, name)
+	}
+	return dev.SteerMSIX(vector, cpu)
 }

@@ -38,3 +38,13 @@ func TestWaitAndTakeLeft(t *testing.T) {
 	TakeLeft(fd, &taken) // a closed fd: nothing counted, no panic
 	require.EqualValues(t, 3, taken.Load())
 }
+
+// TestSteerWithoutDevice: a queue without a vfio device (a driver under
+// test) or without a vector cannot steer, and says which queue.
+func TestSteerWithoutDevice(t *testing.T) {
+	for _, v := range []int{1, -1} {
+		err := Steer(nil, v, 0, "rx0")
+		require.ErrorIs(t, err, nic.ErrNotSupported)
+		require.Contains(t, err.Error(), "rx0")
+	}
+}

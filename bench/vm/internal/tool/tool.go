@@ -20,7 +20,10 @@ func Parse(name string) (base, idle string, err error) {
 			return "", "", fmt.Errorf("tool %q: only vfnic's modes take an idle interval", name)
 		}
 	case "busy", "adaptive", "interrupt":
-		if d, err := time.ParseDuration(idle); hasIdle && (err != nil || d <= 0) {
+		if !hasIdle {
+			break
+		}
+		if d, err := time.ParseDuration(idle); err != nil || d <= 0 {
 			return "", "", fmt.Errorf("tool %q: idle interval %q is not a positive duration", name, idle)
 		}
 	default:
