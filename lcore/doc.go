@@ -52,7 +52,12 @@
 // under TCG, where waking the other vCPU costs the host the time its
 // device thread needs, it cost busy mode about 9% of its rate
 // (bench/vm/runtime-ab.sh compares a runtime built without forced
-// preemption).
+// preemption). Yielding first does not help: a core that unlocked itself
+// and called runtime.Gosched every 5 ms (so that its own thread took it
+// back and sysmon never had to preempt it) was no faster, 0.94x of DPDK
+// against 0.98x in three alternating pairs of bench/vm, since every
+// Gosched wakes a spinning thread on the other CPU (wakep) and so doubles
+// that CPU's function-call IPIs.
 //
 // Measuring: bench/wakeup/run.sh times the wake-up against C;
 // `VFNIC_LCORE_BENCH=1 go test -run TestVM ./lcore` boots a guest and

@@ -19,6 +19,17 @@ package verbs_test
 // asyncpreemptoff, callgrind sometimes fails an assertion on the runtime's
 // preemption signal.) The loops are BenchmarkFilledRing's own (iterLap,
 // readLap).
+//
+// On de58c2a: irIter 108.5, irRead32 96.3, irRead256 89.0 instructions
+// per completion. The ring read costs the iterator less than Read of 32
+// (73.3 against 78.8: a read of 256 shares its fixed cost), its loop more
+// (34.3 against readLap's 17.5): the status and opcode accessors, the
+// cursor kept in the CQ (a load, an add, a bound test and a store), and
+// the join of NextPoll's inlined nil with its slow path's error before
+// the caller tests it (two zeroings, a jump and a test: Go threads jumps
+// only through boolean phis, ssa/shortcircuit.go). Threading that by
+// hand, with a test-only bool fast path called before NextPoll, gave
+// 106.6: still 1.107x Read of 32.
 
 import (
 	"testing"
