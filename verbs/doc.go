@@ -17,9 +17,10 @@
 //   - Resize (ibv_resize_cq) on devices that implement Resizer: never below
 //     the completions held, which stay in order.
 //
-// The iterator reads the ring through cq.CQ.Read in batches of up to 256
-// entries, more than a caller's usual batch, so that the cost of a ring
-// read is shared by more completions. The consumer index goes to the
+// The iterator reads the ring through cq.CQ.Read in batches of up to 32
+// entries (DPDK's burst: larger batches share a ring read's fixed cost
+// among more completions, but their buffer falls out of L1). The
+// consumer index goes to the
 // device once per such batch, never per entry, and the completions of a
 // batch stay in the CQ's buffer until the caller has iterated over them.
 // Unlike mlx5, where ibv_end_poll writes the consumer index, here it is
