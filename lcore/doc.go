@@ -39,7 +39,9 @@
 // own whose thread the runtime discards when the core stops, so that no
 // thread with a pinned affinity goes back to the scheduler's pool; Run
 // runs the loop on the calling goroutine and restores the thread's
-// affinity before it returns.
+// affinity before it returns. A Handler or Func that panics stops a core
+// in Run, and the panic goes on to Run's caller; on a core started with
+// Start it ends the program, as a panic on any goroutine does.
 //
 // GOMAXPROCS counts the core's thread: a busy core keeps one P for itself,
 // and the rest of the program shares the others.

@@ -282,7 +282,13 @@ func (c *Core) end(err error) {
 // goroutine is locked to its thread, which is pinned to Config.CPU while
 // Run lasts; Run restores the thread's affinity and unlocks it before it
 // returns.
-func (c *Core) Run(ctx context.Context) error {
+//
+// A Handler or Func that panics stops the core too: Run restores and
+// unlocks the thread, and the panic goes on to Run's caller, which may
+// recover it. The core is then stopped like one that failed: Wait and
+// Close return an error that names the panic. One that calls
+// runtime.Goexit stops the core the same way.
+func (c *Core) Run(ctx context.Context) (err error) {
 	if err := c.begin(ctx); err != nil {
 		return err
 	}
@@ -293,17 +299,40 @@ func (c *Core) Run(ctx context.Context) error {
 		c.end(err)
 		return err
 	}
+	// Deferred, so that a Handler's panic does not leave the caller's
+	// thread locked and pinned, nor Close and Wait waiting for ever.
+	returned := false
+	defer func() {
+		var r any
+		if !returned {
+			r = recover()
+			err = abortErr(r)
+		}
+		if rerr := p.restore(c.cfg.CPU); rerr != nil {
+			// Keep the thread locked: the goroutine's exit will discard it
+			// rather than hand a pinned thread to other goroutines.
+			err = errors.Join(err, rerr)
+		} else {
+			runtime.UnlockOSThread()
+		}
+		c.end(err)
+		if r != nil {
+			panic(r) // the caller's to recover, with its original stack
+		}
+	}()
 	c.steerInterrupts()
 	err = c.loop(ctx, p)
-	if rerr := p.restore(c.cfg.CPU); rerr != nil {
-		// Keep the thread locked: the goroutine's exit will discard it
-		// rather than hand a pinned thread to other goroutines.
-		err = errors.Join(err, rerr)
-	} else {
-		runtime.UnlockOSThread()
-	}
-	c.end(err)
+	returned = true
 	return err
+}
+
+// abortErr is the core's result when its loop did not return: r is what
+// recover returned, nil for runtime.Goexit.
+func abortErr(r any) error {
+	if r == nil {
+		return errors.New("lcore: a Handler or Func called runtime.Goexit")
+	}
+	return fmt.Errorf("lcore: a Handler or Func panicked: %v", r)
 }
 
 // Start runs the core on a goroutine of its own and returns once its
@@ -311,6 +340,11 @@ func (c *Core) Run(ctx context.Context) error {
 // ends, Close is called or a Handler or Func fails; Wait returns the
 // result. The thread is never given back to the scheduler: it ends with
 // the core (or, if it is the process's main thread, Go parks it for good).
+//
+// A Handler or Func that panics on a started core ends the program, as a
+// panic on any goroutine does: nothing can recover it. One that calls
+// runtime.Goexit (a test's t.FailNow) stops the core, and Wait and Close
+// return an error that says so.
 func (c *Core) Start(ctx context.Context) error {
 	if err := c.begin(ctx); err != nil {
 		return err
@@ -330,12 +364,20 @@ func (c *Core) Start(ctx context.Context) error {
 			c.end(err)
 			return
 		}
-		err = c.loop(ctx, p)
 		// The thread usually ends with the goroutine, but Go parks the
 		// main thread instead of ending it, and that one's affinity is
-		// the process's: restore it either way.
-		err = errors.Join(err, p.restore(c.cfg.CPU))
-		c.end(err)
+		// the process's: restore it either way. Deferred for Goexit, which
+		// would otherwise leave Close and Wait waiting for ever (a panic
+		// ends the process).
+		returned := false
+		defer func() {
+			if !returned {
+				err = errors.New("lcore: a Handler or Func panicked or called runtime.Goexit")
+			}
+			c.end(errors.Join(err, p.restore(c.cfg.CPU)))
+		}()
+		err = c.loop(ctx, p)
+		returned = true
 	}()
 	return <-ready
 }

@@ -69,6 +69,10 @@ func threadAffinity(t *testing.T, tid int) []int {
 	t.Helper()
 	var set unix.CPUSet
 	require.NoError(t, unix.SchedGetaffinity(tid, &set))
+	return cpusIn(set)
+}
+
+func cpusIn(set unix.CPUSet) []int {
 	var cpus []int
 	for i := 0; i < maxCPU; i++ {
 		if set.IsSet(i) {
@@ -124,6 +128,107 @@ func TestRunRestoresTheCallersAffinity(t *testing.T) {
 	require.Equal(t, before, threadAffinity(t, tid))
 	require.NoError(t, c.Close())
 	require.Greater(t, c.Stats().Polls, uint64(0))
+}
+
+// A Handler that panics inside Run: the panic reaches Run's caller, the
+// caller's thread is unpinned, and the core is stopped (Wait and Close
+// return at once, with the panic as its error).
+func TestPanicInRunReachesTheCallerAndStopsTheCore(t *testing.T) {
+	all, err := AllowedCPUs()
+	require.NoError(t, err)
+	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+		c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+		require.NoError(t, err)
+		q := newQueue(t, 0)
+		require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { panic("handler bug") }))
+		q.Inject(1)
+		type result struct {
+			tid       int
+			recovered any
+			affinity  unix.CPUSet
+			err       error
+		}
+		res := make(chan result, 1)
+		go func() {
+			// Locked around Run, so that the thread read after it is the
+			// one Run pinned.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			r := result{tid: unix.Gettid()}
+			func() {
+				defer func() { r.recovered = recover() }()
+				_ = c.Run(context.Background())
+			}()
+			r.err = unix.SchedGetaffinity(0, &r.affinity)
+			res <- r
+		}()
+		var r result
+		select {
+		case r = <-res:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: Run did not return", mode)
+		}
+		require.Equal(t, "handler bug", r.recovered, "%v: the original panic reaches Run's caller", mode)
+		require.NoError(t, r.err)
+		require.Equal(t, all, cpusIn(r.affinity), "%v: the caller's thread is no longer pinned", mode)
+		pinnedThreads.Lock()
+		_, left := pinnedThreads.old[r.tid]
+		pinnedThreads.Unlock()
+		require.False(t, left, mode)
+		require.Zero(t, c.ThreadID(), mode)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = c.Wait(ctx)
+		cancel()
+		require.NotErrorIs(t, err, context.DeadlineExceeded, "%v: Wait returns", mode)
+		require.ErrorContains(t, err, "panicked: handler bug", mode)
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		select {
+		case err := <-closed:
+			require.ErrorContains(t, err, "panicked: handler bug", mode)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: Close hangs", mode)
+		}
+	}
+}
+
+// A Handler that calls runtime.Goexit (t.FailNow on the core's thread)
+// ends the core's goroutine, in Run or Start: the core is stopped, and
+// Wait and Close return rather than wait for ever.
+func TestGoexitInAHandlerStopsTheCore(t *testing.T) {
+	for _, run := range []bool{false, true} {
+		for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+			c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+			require.NoError(t, err)
+			q := newQueue(t, 0)
+			require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error {
+				runtime.Goexit()
+				return nil
+			}))
+			q.Inject(1)
+			if run {
+				exited := make(chan struct{})
+				go func() {
+					defer close(exited)
+					_ = c.Run(context.Background())
+				}()
+				select {
+				case <-exited:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%v: Run's goroutine did not exit", mode)
+				}
+			} else {
+				require.NoError(t, c.Start(context.Background()))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = c.Wait(ctx)
+			cancel()
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "%v (Run %v): Wait returns", mode, run)
+			require.ErrorContains(t, err, "runtime.Goexit", mode)
+			require.ErrorContains(t, c.Close(), "runtime.Goexit", mode)
+		}
+	}
 }
 
 func TestBadCPUs(t *testing.T) {
