@@ -12,6 +12,7 @@ import (
 
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"golang.org/x/sys/unix"
 )
 
 // Mode says what a core does when its queues are empty.
@@ -78,6 +79,9 @@ var (
 	// ErrStarted means the core was already started (Run, Start), or
 	// that a queue or function was added to a started core.
 	ErrStarted = errors.New("lcore: core already started")
+	// ErrSelfWait means Wait was called from a Handler or Func of the core
+	// it waits for: the core cannot stop while its own thread waits.
+	ErrSelfWait = errors.New("lcore: Wait called on the core's own thread")
 )
 
 // Config says how a core runs. The zero Config pins the core to CPU 0,
@@ -274,7 +278,24 @@ func (c *Core) begin(ctx context.Context) error {
 func (c *Core) end(err error) {
 	c.err = err
 	c.tid.Store(0)
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		// A Close from a Handler or Func could not wait to release the
+		// wake eventfd. eventfd's Close is idempotent: a Close that
+		// waited may release it again.
+		_ = c.wake.Close()
+	}
 	close(c.done)
+}
+
+// onCore reports whether the caller runs on the core's thread, that is,
+// in one of its Handlers or Funcs: the thread is locked to the core's
+// goroutine while the core runs.
+func (c *Core) onCore() bool {
+	tid := c.tid.Load()
+	return tid != 0 && tid == int64(unix.Gettid())
 }
 
 // Run runs the core on the calling goroutine until ctx ends, Close is
@@ -421,10 +442,14 @@ func (c *Core) Steered() (int, error) {
 // Wait waits until the core stops and returns why: nil when its context
 // ended or Close stopped it, else the error of a Handler, a Func or a
 // queue. It returns ctx.Err() if ctx ends first (the core keeps running),
-// and an error at once when the core was never started.
+// and an error at once when the core was never started. Called from one of
+// the core's own Handlers or Funcs, it returns ErrSelfWait at once.
 func (c *Core) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: lcore: nil context", os.ErrInvalid)
+	}
+	if c.onCore() {
+		return ErrSelfWait
 	}
 	c.mu.Lock()
 	started := c.started
@@ -454,6 +479,11 @@ func (c *Core) Wake() error {
 // and releases its resources. It returns the loop's error, as Wait does.
 // The queues stay open: close the core before the device. Close is safe
 // to call more than once.
+//
+// Called from one of the core's own Handlers or Funcs, Close only asks the
+// core to stop, and returns nil: the core stops once the current round
+// ends (nil to Run and Wait, unless the round fails), and releases its
+// resources then.
 func (c *Core) Close() error {
 	c.mu.Lock()
 	first := !c.closed
@@ -461,6 +491,9 @@ func (c *Core) Close() error {
 	started := c.started
 	c.mu.Unlock()
 	c.requestStop()
+	if c.onCore() {
+		return nil // waiting would wait for the loop this call runs in
+	}
 	var err error
 	if started {
 		<-c.done

@@ -315,6 +315,67 @@ func TestLifecycleErrors(t *testing.T) {
 	require.Equal(t, before, after, "Close gives back the epoll and wake fds")
 }
 
+// Close from a Handler or Func, on the core's own thread, stops the core
+// rather than wait for the loop it runs in; Wait there says it cannot
+// wait. The core's fds are released when the loop ends.
+func TestCloseFromInsideTheCoreStopsIt(t *testing.T) {
+	for _, run := range []bool{false, true} {
+		for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+			before, err := leakcheck.Snapshot()
+			require.NoError(t, err)
+			c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+			require.NoError(t, err)
+			q := newQueue(t, 0)
+			inside := make(chan [2]error, 1)
+			closeInside := func() {
+				select {
+				case inside <- [2]error{c.Close(), c.Wait(context.Background())}:
+				default: // called again before the loop saw the stop
+				}
+			}
+			if run {
+				// From a Func: Run's round calls it at once.
+				require.NoError(t, c.AddQueue(q, nil))
+				require.NoError(t, c.AddFunc(func() (int, error) { closeInside(); return 0, nil }))
+			} else {
+				require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { closeInside(); return nil }))
+			}
+			ran := make(chan error, 1)
+			if run {
+				go func() { ran <- c.Run(context.Background()) }()
+			} else {
+				require.NoError(t, c.Start(context.Background()))
+				q.Inject(1)
+			}
+			var errs [2]error
+			select {
+			case errs = <-inside:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%v (Run %v): the Handler or Func did not return", mode, run)
+			}
+			require.NoError(t, errs[0], "%v (Run %v): Close inside", mode, run)
+			require.ErrorIs(t, errs[1], ErrSelfWait, "%v (Run %v): Wait inside", mode, run)
+			if run {
+				select {
+				case err := <-ran:
+					require.NoError(t, err, mode)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%v: Run did not return", mode)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			require.NoError(t, c.Wait(ctx), "%v (Run %v)", mode, run)
+			cancel()
+			require.NoError(t, c.Close(), "%v (Run %v): again, outside", mode, run)
+			require.ErrorIs(t, c.Wake(), os.ErrClosed)
+			require.NoError(t, q.Close())
+			after, err := leakcheck.Snapshot()
+			require.NoError(t, err)
+			require.Equal(t, before, after, "%v (Run %v): the core's fds are released", mode, run)
+		}
+	}
+}
+
 func TestHandlerErrorStopsTheCore(t *testing.T) {
 	boom := errors.New("boom")
 	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
