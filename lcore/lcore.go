@@ -79,6 +79,9 @@ var (
 	// ErrStarted means the core was already started (Run, Start), or
 	// that a queue or function was added to a started core.
 	ErrStarted = errors.New("lcore: core already started")
+	// ErrNotStarted means Wait was called on a core that was never
+	// started (Run, Start).
+	ErrNotStarted = errors.New("lcore: core not started")
 	// ErrSelfWait means Wait was called from a Handler or Func of the core
 	// it waits for: the core cannot stop while its own thread waits.
 	ErrSelfWait = errors.New("lcore: Wait called on the core's own thread")
@@ -442,8 +445,8 @@ func (c *Core) Steered() (int, error) {
 // Wait waits until the core stops and returns why: nil when its context
 // ended or Close stopped it, else the error of a Handler, a Func or a
 // queue. It returns ctx.Err() if ctx ends first (the core keeps running),
-// and an error at once when the core was never started. Called from one of
-// the core's own Handlers or Funcs, it returns ErrSelfWait at once.
+// and ErrNotStarted at once when the core was never started. Called from
+// one of the core's own Handlers or Funcs, it returns ErrSelfWait at once.
 func (c *Core) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: lcore: nil context", os.ErrInvalid)
@@ -455,7 +458,7 @@ func (c *Core) Wait(ctx context.Context) error {
 	started := c.started
 	c.mu.Unlock()
 	if !started {
-		return errors.New("lcore: core not started")
+		return ErrNotStarted
 	}
 	select {
 	case <-c.done:
@@ -467,10 +470,11 @@ func (c *Core) Wait(ctx context.Context) error {
 
 // Wake makes a sleeping core run a round of polls; a Wake sent while the
 // core polls makes its next sleep return at once. It is safe from any
-// goroutine.
+// goroutine. It returns an error matching os.ErrClosed once the core is
+// closed.
 func (c *Core) Wake() error {
 	if err := c.wake.Add(1); err != nil {
-		return fmt.Errorf("lcore: %w", os.ErrClosed)
+		return fmt.Errorf("lcore: wake: %w", closedErr(err))
 	}
 	return nil
 }

@@ -259,8 +259,7 @@ func TestConfigErrors(t *testing.T) {
 	require.Equal(t, DefaultIdleInterval, c.Config().IdleInterval)
 	require.ErrorIs(t, c.AddQueue(nil, nil), os.ErrInvalid)
 	require.ErrorIs(t, c.AddFunc(nil), os.ErrInvalid)
-	require.ErrorIs(t, c.Run(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
-	require.Error(t, c.Wait(context.Background()), "never started")
+	require.ErrorIs(t, c.Run(nil), os.ErrInvalid)  //nolint:staticcheck // a nil context is refused
 	require.ErrorIs(t, c.Wait(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
 
 	for _, s := range []string{"busy", "adaptive", "interrupt"} {
@@ -270,6 +269,28 @@ func TestConfigErrors(t *testing.T) {
 	}
 	_, err = ParseMode("napi")
 	require.ErrorIs(t, err, os.ErrInvalid)
+}
+
+func TestWaitOnACoreNeverStartedIsErrNotStarted(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Wait(context.Background()), ErrNotStarted)
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.Wait(context.Background()), ErrNotStarted, "closed, still never started")
+}
+
+// Wake reports a closed core as os.ErrClosed, and passes any other failure
+// of the eventfd through: a full counter (EAGAIN) is not a closed core.
+func TestWakeErrClosedOnlyWhenClosed(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	require.NoError(t, c.Wake())
+	require.NoError(t, c.wake.Add(0xfffffffffffffffe-1)) // the most an eventfd holds
+	err = c.Wake()
+	require.ErrorIs(t, err, unix.EAGAIN)
+	require.NotErrorIs(t, err, os.ErrClosed)
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.Wake(), os.ErrClosed)
 }
 
 func TestQueueWithoutInterruptOnlyInBusyMode(t *testing.T) {
