@@ -34,12 +34,14 @@
 // CPU, which then has to wake the core's with an inter-processor
 // interrupt (in a QEMU guest, each one a halted vCPU the host wakes).
 //
-// A Core is stopped by its context, by Close, or by a Handler or Func that
-// returns an error. A core started with Start runs on a goroutine of its
+// A Core is stopped by its context, by Close (which a Handler or Func may
+// call too), or by a Handler or Func that returns an error. A core started with Start runs on a goroutine of its
 // own whose thread the runtime discards when the core stops, so that no
 // thread with a pinned affinity goes back to the scheduler's pool; Run
 // runs the loop on the calling goroutine and restores the thread's
-// affinity before it returns.
+// affinity before it returns. A Handler or Func that panics stops a core
+// in Run, and the panic goes on to Run's caller; on a core started with
+// Start it ends the program, as a panic on any goroutine does.
 //
 // GOMAXPROCS counts the core's thread: a busy core keeps one P for itself,
 // and the rest of the program shares the others.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"golang.org/x/sys/unix"
 )
 
 // Mode says what a core does when its queues are empty.
@@ -78,6 +79,12 @@ var (
 	// ErrStarted means the core was already started (Run, Start), or
 	// that a queue or function was added to a started core.
 	ErrStarted = errors.New("lcore: core already started")
+	// ErrNotStarted means Wait was called on a core that was never
+	// started (Run, Start).
+	ErrNotStarted = errors.New("lcore: core not started")
+	// ErrSelfWait means Wait was called from a Handler or Func of the core
+	// it waits for: the core cannot stop while its own thread waits.
+	ErrSelfWait = errors.New("lcore: Wait called on the core's own thread")
 )
 
 // Config says how a core runs. The zero Config pins the core to CPU 0,
@@ -274,7 +281,24 @@ func (c *Core) begin(ctx context.Context) error {
 func (c *Core) end(err error) {
 	c.err = err
 	c.tid.Store(0)
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		// A Close from a Handler or Func could not wait to release the
+		// wake eventfd. eventfd's Close is idempotent: a Close that
+		// waited may release it again.
+		_ = c.wake.Close()
+	}
 	close(c.done)
+}
+
+// onCore reports whether the caller runs on the core's thread, that is,
+// in one of its Handlers or Funcs: the thread is locked to the core's
+// goroutine while the core runs.
+func (c *Core) onCore() bool {
+	tid := c.tid.Load()
+	return tid != 0 && tid == int64(unix.Gettid())
 }
 
 // Run runs the core on the calling goroutine until ctx ends, Close is
@@ -282,7 +306,13 @@ func (c *Core) end(err error) {
 // goroutine is locked to its thread, which is pinned to Config.CPU while
 // Run lasts; Run restores the thread's affinity and unlocks it before it
 // returns.
-func (c *Core) Run(ctx context.Context) error {
+//
+// A Handler or Func that panics stops the core too: Run restores and
+// unlocks the thread, and the panic goes on to Run's caller, which may
+// recover it. The core is then stopped like one that failed: Wait and
+// Close return an error that names the panic. One that calls
+// runtime.Goexit stops the core the same way.
+func (c *Core) Run(ctx context.Context) (err error) {
 	if err := c.begin(ctx); err != nil {
 		return err
 	}
@@ -293,17 +323,40 @@ func (c *Core) Run(ctx context.Context) error {
 		c.end(err)
 		return err
 	}
+	// Deferred, so that a Handler's panic does not leave the caller's
+	// thread locked and pinned, nor Close and Wait waiting for ever.
+	returned := false
+	defer func() {
+		var r any
+		if !returned {
+			r = recover()
+			err = abortErr(r)
+		}
+		if rerr := p.restore(c.cfg.CPU); rerr != nil {
+			// Keep the thread locked: the goroutine's exit will discard it
+			// rather than hand a pinned thread to other goroutines.
+			err = errors.Join(err, rerr)
+		} else {
+			runtime.UnlockOSThread()
+		}
+		c.end(err)
+		if r != nil {
+			panic(r) // the caller's to recover, with its original stack
+		}
+	}()
 	c.steerInterrupts()
 	err = c.loop(ctx, p)
-	if rerr := p.restore(c.cfg.CPU); rerr != nil {
-		// Keep the thread locked: the goroutine's exit will discard it
-		// rather than hand a pinned thread to other goroutines.
-		err = errors.Join(err, rerr)
-	} else {
-		runtime.UnlockOSThread()
-	}
-	c.end(err)
+	returned = true
 	return err
+}
+
+// abortErr is the core's result when its loop did not return: r is what
+// recover returned, nil for runtime.Goexit.
+func abortErr(r any) error {
+	if r == nil {
+		return errors.New("lcore: a Handler or Func called runtime.Goexit")
+	}
+	return fmt.Errorf("lcore: a Handler or Func panicked: %v", r)
 }
 
 // Start runs the core on a goroutine of its own and returns once its
@@ -311,6 +364,11 @@ func (c *Core) Run(ctx context.Context) error {
 // ends, Close is called or a Handler or Func fails; Wait returns the
 // result. The thread is never given back to the scheduler: it ends with
 // the core (or, if it is the process's main thread, Go parks it for good).
+//
+// A Handler or Func that panics on a started core ends the program, as a
+// panic on any goroutine does: nothing can recover it. One that calls
+// runtime.Goexit (a test's t.FailNow) stops the core, and Wait and Close
+// return an error that says so.
 func (c *Core) Start(ctx context.Context) error {
 	if err := c.begin(ctx); err != nil {
 		return err
@@ -330,12 +388,20 @@ func (c *Core) Start(ctx context.Context) error {
 			c.end(err)
 			return
 		}
-		err = c.loop(ctx, p)
 		// The thread usually ends with the goroutine, but Go parks the
 		// main thread instead of ending it, and that one's affinity is
-		// the process's: restore it either way.
-		err = errors.Join(err, p.restore(c.cfg.CPU))
-		c.end(err)
+		// the process's: restore it either way. Deferred for Goexit, which
+		// would otherwise leave Close and Wait waiting for ever (a panic
+		// ends the process).
+		returned := false
+		defer func() {
+			if !returned {
+				err = errors.New("lcore: a Handler or Func panicked or called runtime.Goexit")
+			}
+			c.end(errors.Join(err, p.restore(c.cfg.CPU)))
+		}()
+		err = c.loop(ctx, p)
+		returned = true
 	}()
 	return <-ready
 }
@@ -379,16 +445,20 @@ func (c *Core) Steered() (int, error) {
 // Wait waits until the core stops and returns why: nil when its context
 // ended or Close stopped it, else the error of a Handler, a Func or a
 // queue. It returns ctx.Err() if ctx ends first (the core keeps running),
-// and an error at once when the core was never started.
+// and ErrNotStarted at once when the core was never started. Called from
+// one of the core's own Handlers or Funcs, it returns ErrSelfWait at once.
 func (c *Core) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: lcore: nil context", os.ErrInvalid)
+	}
+	if c.onCore() {
+		return ErrSelfWait
 	}
 	c.mu.Lock()
 	started := c.started
 	c.mu.Unlock()
 	if !started {
-		return errors.New("lcore: core not started")
+		return ErrNotStarted
 	}
 	select {
 	case <-c.done:
@@ -400,10 +470,11 @@ func (c *Core) Wait(ctx context.Context) error {
 
 // Wake makes a sleeping core run a round of polls; a Wake sent while the
 // core polls makes its next sleep return at once. It is safe from any
-// goroutine.
+// goroutine. It returns an error matching os.ErrClosed once the core is
+// closed.
 func (c *Core) Wake() error {
 	if err := c.wake.Add(1); err != nil {
-		return fmt.Errorf("lcore: %w", os.ErrClosed)
+		return fmt.Errorf("lcore: wake: %w", closedErr(err))
 	}
 	return nil
 }
@@ -412,6 +483,11 @@ func (c *Core) Wake() error {
 // and releases its resources. It returns the loop's error, as Wait does.
 // The queues stay open: close the core before the device. Close is safe
 // to call more than once.
+//
+// Called from one of the core's own Handlers or Funcs, Close only asks the
+// core to stop, and returns nil: the core stops once the current round
+// ends (nil to Run and Wait, unless the round fails), and releases its
+// resources then.
 func (c *Core) Close() error {
 	c.mu.Lock()
 	first := !c.closed
@@ -419,6 +495,9 @@ func (c *Core) Close() error {
 	started := c.started
 	c.mu.Unlock()
 	c.requestStop()
+	if c.onCore() {
+		return nil // waiting would wait for the loop this call runs in
+	}
 	var err error
 	if started {
 		<-c.done

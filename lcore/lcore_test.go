@@ -69,6 +69,10 @@ func threadAffinity(t *testing.T, tid int) []int {
 	t.Helper()
 	var set unix.CPUSet
 	require.NoError(t, unix.SchedGetaffinity(tid, &set))
+	return cpusIn(set)
+}
+
+func cpusIn(set unix.CPUSet) []int {
 	var cpus []int
 	for i := 0; i < maxCPU; i++ {
 		if set.IsSet(i) {
@@ -126,6 +130,107 @@ func TestRunRestoresTheCallersAffinity(t *testing.T) {
 	require.Greater(t, c.Stats().Polls, uint64(0))
 }
 
+// A Handler that panics inside Run: the panic reaches Run's caller, the
+// caller's thread is unpinned, and the core is stopped (Wait and Close
+// return at once, with the panic as its error).
+func TestPanicInRunReachesTheCallerAndStopsTheCore(t *testing.T) {
+	all, err := AllowedCPUs()
+	require.NoError(t, err)
+	for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+		c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+		require.NoError(t, err)
+		q := newQueue(t, 0)
+		require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { panic("handler bug") }))
+		q.Inject(1)
+		type result struct {
+			tid       int
+			recovered any
+			affinity  unix.CPUSet
+			err       error
+		}
+		res := make(chan result, 1)
+		go func() {
+			// Locked around Run, so that the thread read after it is the
+			// one Run pinned.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			r := result{tid: unix.Gettid()}
+			func() {
+				defer func() { r.recovered = recover() }()
+				_ = c.Run(context.Background())
+			}()
+			r.err = unix.SchedGetaffinity(0, &r.affinity)
+			res <- r
+		}()
+		var r result
+		select {
+		case r = <-res:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: Run did not return", mode)
+		}
+		require.Equal(t, "handler bug", r.recovered, "%v: the original panic reaches Run's caller", mode)
+		require.NoError(t, r.err)
+		require.Equal(t, all, cpusIn(r.affinity), "%v: the caller's thread is no longer pinned", mode)
+		pinnedThreads.Lock()
+		_, left := pinnedThreads.old[r.tid]
+		pinnedThreads.Unlock()
+		require.False(t, left, mode)
+		require.Zero(t, c.ThreadID(), mode)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = c.Wait(ctx)
+		cancel()
+		require.NotErrorIs(t, err, context.DeadlineExceeded, "%v: Wait returns", mode)
+		require.ErrorContains(t, err, "panicked: handler bug", mode)
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		select {
+		case err := <-closed:
+			require.ErrorContains(t, err, "panicked: handler bug", mode)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: Close hangs", mode)
+		}
+	}
+}
+
+// A Handler that calls runtime.Goexit (t.FailNow on the core's thread)
+// ends the core's goroutine, in Run or Start: the core is stopped, and
+// Wait and Close return rather than wait for ever.
+func TestGoexitInAHandlerStopsTheCore(t *testing.T) {
+	for _, run := range []bool{false, true} {
+		for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+			c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+			require.NoError(t, err)
+			q := newQueue(t, 0)
+			require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error {
+				runtime.Goexit()
+				return nil
+			}))
+			q.Inject(1)
+			if run {
+				exited := make(chan struct{})
+				go func() {
+					defer close(exited)
+					_ = c.Run(context.Background())
+				}()
+				select {
+				case <-exited:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%v: Run's goroutine did not exit", mode)
+				}
+			} else {
+				require.NoError(t, c.Start(context.Background()))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = c.Wait(ctx)
+			cancel()
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "%v (Run %v): Wait returns", mode, run)
+			require.ErrorContains(t, err, "runtime.Goexit", mode)
+			require.ErrorContains(t, c.Close(), "runtime.Goexit", mode)
+		}
+	}
+}
+
 func TestBadCPUs(t *testing.T) {
 	allowed, err := AllowedCPUs()
 	require.NoError(t, err)
@@ -154,8 +259,7 @@ func TestConfigErrors(t *testing.T) {
 	require.Equal(t, DefaultIdleInterval, c.Config().IdleInterval)
 	require.ErrorIs(t, c.AddQueue(nil, nil), os.ErrInvalid)
 	require.ErrorIs(t, c.AddFunc(nil), os.ErrInvalid)
-	require.ErrorIs(t, c.Run(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
-	require.Error(t, c.Wait(context.Background()), "never started")
+	require.ErrorIs(t, c.Run(nil), os.ErrInvalid)  //nolint:staticcheck // a nil context is refused
 	require.ErrorIs(t, c.Wait(nil), os.ErrInvalid) //nolint:staticcheck // a nil context is refused
 
 	for _, s := range []string{"busy", "adaptive", "interrupt"} {
@@ -165,6 +269,28 @@ func TestConfigErrors(t *testing.T) {
 	}
 	_, err = ParseMode("napi")
 	require.ErrorIs(t, err, os.ErrInvalid)
+}
+
+func TestWaitOnACoreNeverStartedIsErrNotStarted(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Wait(context.Background()), ErrNotStarted)
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.Wait(context.Background()), ErrNotStarted, "closed, still never started")
+}
+
+// Wake reports a closed core as os.ErrClosed, and passes any other failure
+// of the eventfd through: a full counter (EAGAIN) is not a closed core.
+func TestWakeErrClosedOnlyWhenClosed(t *testing.T) {
+	c, err := New(Config{CPU: AnyCPU})
+	require.NoError(t, err)
+	require.NoError(t, c.Wake())
+	require.NoError(t, c.wake.Add(0xfffffffffffffffe-1)) // the most an eventfd holds
+	err = c.Wake()
+	require.ErrorIs(t, err, unix.EAGAIN)
+	require.NotErrorIs(t, err, os.ErrClosed)
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.Wake(), os.ErrClosed)
 }
 
 func TestQueueWithoutInterruptOnlyInBusyMode(t *testing.T) {
@@ -208,6 +334,67 @@ func TestLifecycleErrors(t *testing.T) {
 	after, err := leakcheck.Snapshot()
 	require.NoError(t, err)
 	require.Equal(t, before, after, "Close gives back the epoll and wake fds")
+}
+
+// Close from a Handler or Func, on the core's own thread, stops the core
+// rather than wait for the loop it runs in; Wait there says it cannot
+// wait. The core's fds are released when the loop ends.
+func TestCloseFromInsideTheCoreStopsIt(t *testing.T) {
+	for _, run := range []bool{false, true} {
+		for _, mode := range []Mode{Busy, Adaptive, Interrupt} {
+			before, err := leakcheck.Snapshot()
+			require.NoError(t, err)
+			c, err := New(Config{CPU: lastCPU(t), Mode: mode})
+			require.NoError(t, err)
+			q := newQueue(t, 0)
+			inside := make(chan [2]error, 1)
+			closeInside := func() {
+				select {
+				case inside <- [2]error{c.Close(), c.Wait(context.Background())}:
+				default: // called again before the loop saw the stop
+				}
+			}
+			if run {
+				// From a Func: Run's round calls it at once.
+				require.NoError(t, c.AddQueue(q, nil))
+				require.NoError(t, c.AddFunc(func() (int, error) { closeInside(); return 0, nil }))
+			} else {
+				require.NoError(t, c.AddQueue(q, func(nic.Queue, []nic.Completion) error { closeInside(); return nil }))
+			}
+			ran := make(chan error, 1)
+			if run {
+				go func() { ran <- c.Run(context.Background()) }()
+			} else {
+				require.NoError(t, c.Start(context.Background()))
+				q.Inject(1)
+			}
+			var errs [2]error
+			select {
+			case errs = <-inside:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%v (Run %v): the Handler or Func did not return", mode, run)
+			}
+			require.NoError(t, errs[0], "%v (Run %v): Close inside", mode, run)
+			require.ErrorIs(t, errs[1], ErrSelfWait, "%v (Run %v): Wait inside", mode, run)
+			if run {
+				select {
+				case err := <-ran:
+					require.NoError(t, err, mode)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%v: Run did not return", mode)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			require.NoError(t, c.Wait(ctx), "%v (Run %v)", mode, run)
+			cancel()
+			require.NoError(t, c.Close(), "%v (Run %v): again, outside", mode, run)
+			require.ErrorIs(t, c.Wake(), os.ErrClosed)
+			require.NoError(t, q.Close())
+			after, err := leakcheck.Snapshot()
+			require.NoError(t, err)
+			require.Equal(t, before, after, "%v (Run %v): the core's fds are released", mode, run)
+		}
+	}
 }
 
 func TestHandlerErrorStopsTheCore(t *testing.T) {
