@@ -179,6 +179,15 @@ type Device interface {
 	// address, for RxQueue.Frame, Release and Repost. Queue is the
 	// device's number for the queue (see the driver). Bad device entries
 	// become error completions (cq.ProvBadID, cq.ProvBadLen, ...).
+	//
+	// When the device closes (Close, or the kernel taking it back), each
+	// operation still outstanding on a bound queue completes in c as a
+	// flushed error completion (verbs' WR_FLUSH_ERR): Err cq.ECANCELED,
+	// its Context, Flags and Queue as above, Len 0, ProvErrno 0, one per
+	// ReadErr, after what c read before; then the queue reports nothing.
+	// The drivers do not read the ring at close, so an operation the
+	// device finished but c had not read yet is flushed too. Closing c
+	// drops those it did not read.
 	BindCQ(c *cq.CQ, i int, dir Direction) error
 }
 

@@ -780,11 +780,12 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 			return err
 		}
 		d.bound = append(d.bound, c)
+		s.irq = cqring.Interrupt(c)
 		q.mu.Lock()
 		q.src = s
 		q.disarm()
 		q.mu.Unlock()
-		if efd := cqring.Interrupt(c); efd != nil && q.vector >= 0 {
+		if efd := s.irq; efd != nil && q.vector >= 0 {
 			if err := d.wire(q.vector, efd.Fd()); err != nil {
 				return err
 			}
@@ -801,6 +802,9 @@ func (d *Device) unbind(s *cqSource) error {
 	q.mu.Lock()
 	if q.src == s {
 		q.src = nil
+		// Flushed completions the CQ did not read go with it (a closed
+		// CQ loses what it held).
+		q.flushed.Drop()
 	}
 	q.mu.Unlock()
 	if d.closed || q.vector < 0 || q.efd == nil {
@@ -827,7 +831,9 @@ func (d *Device) wire(v, fd int) error {
 // device so it no longer touches the rings, disables MSI-X and bus
 // mastering, frees the DMA memory, closes the VFIO objects and the
 // eventfds (which wakes blocked readers with ErrClosed) and unbinds the
-// CQs queues fed. A device that Open bound to vfio-pci then goes back to
+// CQs queues fed, after giving each a flushed error completion
+// (cq.ECANCELED) per operation still outstanding on those queues
+// (nic.Device.BindCQ). A device that Open bound to vfio-pci then goes back to
 // the driver it had (Info.PreviousDriver) unless Config.KeepBound.
 // Idempotent.
 func (d *Device) Close() error {

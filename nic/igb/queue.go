@@ -15,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/canceled"
 	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"github.com/vfnic/vfnic/vfio"
@@ -79,6 +80,9 @@ type queue struct {
 	closed, broken bool
 	closeErr       error     // why the queue closed, once closed
 	src            *cqSource // set while the queue feeds a user CQ
+	// flushed are the operations outstanding when the queue closed while
+	// it fed a CQ, which reads each as a flushed error completion.
+	flushed canceled.List
 
 	packets, bytes, errs, interrupts atomic.Uint64
 	notifies                         atomic.Uint64
@@ -216,12 +220,61 @@ func (q *queue) Stats() nic.QueueStats {
 
 // close marks the queue closed; later operations return why (nic.ErrClosed,
 // or an error wrapping it and nic.ErrRemoved when the kernel took the
-// device back).
+// device back). A second close does nothing.
+//
+// Receive buffers still posted go back to the pool, once: the device no
+// longer owns them, and their operations complete with nothing to lend.
+// A queue that feeds a cq.CQ keeps every operation still posted, in ring
+// (posting) order, for the CQ to read as flushed (cq.ECANCELED) after
+// what it read before, and wakes a reader blocked on the CQ; a queue that
+// feeds none reports nothing, its Poll returning 0 as before.
+//
+// The ring is not read again, not even for descriptors the device had
+// written back: teardown resets the device and unmaps the DMA memory
+// right after the queues close, so a later read would fault, and a
+// receive completion would lend the caller a frame in memory about to
+// go. A descriptor the device completed but nobody read is reported
+// flushed: a flushed completion says the driver cannot report the
+// outcome, not that nothing happened (a frame may have gone out).
 func (q *queue) close(why error) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
 	q.closed = true
 	q.closeErr = why
-	q.mu.Unlock()
+	if q.rx {
+		q.bufs.RecyclePosted()
+	}
+	if q.src == nil || q.r == nil {
+		return
+	}
+	q.keepFlushed()
+	if q.flushed.Len() > 0 && q.src.irq != nil {
+		// As a last interrupt would: a reader asleep on the CQ wakes to
+		// read them (the device's vectors go quiet now).
+		_ = q.src.irq.Add(1)
+	}
+}
+
+// keepFlushed keeps a flushed completion for each operation the table
+// still holds, in posting order, leaving out context descriptors (the
+// queue's own). The table's slots are ring positions, visited from 0:
+// when the outstanding run wraps past the end of the ring (more
+// outstanding than the tail's position), the first tail slots visited
+// were posted last. Called locked, closing.
+func (q *queue) keepFlushed() {
+	var ctxs []any
+	q.r.tab.Each(func(ctx any) { ctxs = append(ctxs, ctx) })
+	if t := int(q.tail); len(ctxs) > t {
+		ctxs = append(ctxs[t:], ctxs[:t]...)
+	}
+	for _, ctx := range ctxs {
+		if ctx != any(ctxSlot) {
+			q.flushed.Add(ctx, q.index, cq.ECANCELED)
+		}
+	}
 }
 
 // next takes the next completion into c, for Poll and for the CQ the

@@ -9,6 +9,8 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/eventfd"
+	"github.com/vfnic/vfnic/nic/internal/canceled"
 )
 
 // Status values of the receive layout's Status field (the DD and EOP bits
@@ -113,10 +115,13 @@ func (r *ring) strError(prov int, data []byte) (string, bool) { return r.src.Str
 // QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
 // and error order. Its batch read is the queue's next, the same take per
 // entry as Poll's, so the queue keeps its bookkeeping (buffers lent,
-// error recycling) whichever way it is read.
+// error recycling) whichever way it is read. Once the queue is closed it
+// reads the operations close kept, each as a flushed error completion
+// (cq.ECANCELED), then nothing.
 type cqSource struct {
 	q   *queue
 	dev *Device
+	irq *eventfd.FD // the CQ's interrupt eventfd (nil: none)
 }
 
 var _ cqring.QueueReader = (*cqSource)(nil)
@@ -131,6 +136,11 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.closed {
+		// A source unbound before the close has none (they went to
+		// the one bound then, or nowhere).
+		return 0, q.src == s && q.flushed.Next(bad, s.flags())
+	}
 	n, errs := 0, 0
 	var bytes uint64
 	var c cqring.Completion
@@ -148,12 +158,27 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 	return n, errs > 0
 }
 
+// flags are those the queue's operations are posted with (ring.post), for
+// its flushed completions.
+func (s *cqSource) flags() cq.Flags {
+	if s.q.rx {
+		return cq.FlagRecv | cq.FlagMsg
+	}
+	return cq.FlagSend | cq.FlagMsg
+}
+
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
 	q := s.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.broken || !q.settle() {
+	if q.closed {
+		if q.src != s {
+			return 0
+		}
+		return min(q.flushed.Len(), max)
+	}
+	if q.broken || !q.settle() {
 		return 0
 	}
 	return q.r.pending(max)
@@ -174,8 +199,12 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	return nil
 }
 
-// StrError implements cqring.QueueReader.
+// StrError implements cqring.QueueReader: the device's status values, and
+// 0 for a flushed operation.
 func (s *cqSource) StrError(prov int, data []byte) (string, bool) {
+	if prov == 0 {
+		return "igb " + s.q.name + ": " + canceled.Flushed, true
+	}
 	return s.q.r.strError(prov, data)
 }
 

@@ -62,6 +62,9 @@ func (d *Device) unbind(s *cqSource) error {
 	s.q.mu.Lock()
 	if s.q.src == s {
 		s.q.src = nil
+		// Flushed completions the CQ did not read go with it (a closed
+		// CQ loses what it held); Poll must not report them instead.
+		s.q.canceled.Drop()
 	}
 	s.q.mu.Unlock()
 	if d.closed || s.q.vector < 0 || s.q.efd == nil {

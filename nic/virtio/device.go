@@ -714,7 +714,9 @@ func (d *Device) Stats() nic.Stats {
 // the rings, disables MSI-X and bus mastering, frees the DMA memory, closes
 // the VFIO device, group and container, and closes the eventfds, which
 // wakes goroutines blocked in SRead with ErrClosed. CQs that queues were
-// bound to are unbound (and may then be closed). A device that Open bound
+// bound to receive a flushed error completion (cq.ECANCELED) for each
+// operation still outstanding on those queues (nic.Device.BindCQ), and are
+// unbound (and may then be closed). A device that Open bound
 // to vfio-pci then goes back to the driver it had (Info.PreviousDriver)
 // unless Config.KeepBound. Close is idempotent.
 func (d *Device) Close() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/canceled"
 	"github.com/vfnic/vfnic/nic/internal/irq"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"github.com/vfnic/vfnic/vfio"
@@ -40,9 +41,11 @@ type queue struct {
 	// device back.
 	closeErr error
 	src      *cqSource // set while the queue feeds a cq.CQ
-	// canceled are the operations outstanding when the kernel took the
-	// device back; Poll reports them, one error completion per call.
-	canceled []nic.Completion
+	// canceled are the operations outstanding at close that still owe a
+	// completion: flushed ones for the CQ the queue feeds (cqSource), or,
+	// for a queue that feeds none, those the kernel's taking the device
+	// back canceled (Poll). One error completion per read.
+	canceled canceled.List
 	vector   int          // MSI-X vector, -1 for none
 	vdev     *vfio.Device // the device's, to steer the vector; nil without vfio
 
@@ -199,35 +202,61 @@ func (q *queue) usable() error {
 
 // close marks the queue closed once the operation in progress, if any,
 // has finished; later operations return why (nic.ErrClosed, or an error
-// wrapping it and nic.ErrRemoved).
+// wrapping it and nic.ErrRemoved). A second close does nothing.
 //
-// When the kernel took the device back (why wraps nic.ErrRemoved), every
-// operation still posted is kept as an ErrCanceled completion for Poll,
-// so that callers learn the fate of each. (A queue that feeds a cq.CQ is
-// unbound from it at Close and reports none.)
+// Every operation still posted is then kept as an error completion, in
+// table slot (buffer id) order, so that callers learn the fate of each:
+//
+//   - A queue that feeds a cq.CQ keeps them all, whatever why is, for
+//     the CQ to read as flushed completions (cq.ECANCELED) after what it
+//     read before (cqSource.ReadBatch), and wakes a reader asleep on it.
+//   - Otherwise, when the kernel took the device back (why wraps
+//     nic.ErrRemoved), Poll reports them with ErrCanceled; a plain Close
+//     reports none.
+//
+// The ring is not read again, not even for entries the device had
+// written: teardown resets the device and unmaps the DMA memory right
+// after the queues close, so a later read would fault, and a receive
+// completion would lend the caller a frame in memory about to go. An
+// operation the device completed but nobody read is reported flushed: a
+// flushed completion says the driver cannot report the outcome, not that
+// nothing happened (a frame may have gone out).
 func (q *queue) close(why error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.closed = true
-	q.closeErr = why
-	if !errors.Is(why, nic.ErrRemoved) || q.src != nil || q.vq == nil {
+	if q.closed {
 		return
 	}
-	q.vq.tab.Each(func(ctx any) {
-		q.canceled = append(q.canceled, nic.Completion{Context: ctx, Queue: q.index, Err: errCanceled})
-	})
+	q.closed = true
+	q.closeErr = why
+	if q.vq == nil {
+		return
+	}
+	var err error
+	switch {
+	case q.src != nil:
+		err = cq.ECANCELED // only the CQ reads them (Poll of a bound queue reports none)
+	case errors.Is(why, nic.ErrRemoved):
+		err = errCanceled
+	default:
+		return
+	}
+	q.vq.tab.Each(func(ctx any) { q.canceled.Add(ctx, q.index, err) })
+	if q.src != nil && q.canceled.Len() > 0 && q.src.irq != nil {
+		// As a last interrupt would: a reader asleep on the CQ wakes to
+		// read them (the device's own vectors go quiet now).
+		_ = q.src.irq.Add(1)
+	}
 }
 
-// takeCanceled moves one canceled completion into out (an error
-// completion is always the last of a Poll). Called locked.
+// takeCanceled moves one canceled completion into out for Poll (an error
+// completion is always the last of a Poll); those of a queue that feeds a
+// CQ are the CQ's (cqSource.ReadBatch). Called locked.
 func (q *queue) takeCanceled(out []nic.Completion) int {
-	if len(out) == 0 || len(q.canceled) == 0 {
+	if q.src != nil {
 		return 0
 	}
-	out[0] = q.canceled[0]
-	q.canceled[0] = nic.Completion{}
-	q.canceled = q.canceled[1:]
-	return 1
+	return q.canceled.Take(out)
 }
 
 // RxQueue is a virtio-net receive queue (nic.RxQueue).
@@ -325,6 +354,16 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 		return errNoDesc
 	}
 	return nil
+}
+
+// close is queue.close, then the buffers still posted go back to the
+// pool, once: their operations complete as canceled or flushed, which
+// lend the caller nothing, and the DMA memory goes with the device.
+func (q *RxQueue) close(why error) {
+	q.queue.close(why)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.bufs.RecyclePosted()
 }
 
 // Release implements nic.RxQueue.

@@ -15,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/canceled"
 )
 
 // Kinds of used ring, by what the reader checks.
@@ -246,6 +247,8 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 // and error order. Its batch read is next, the same take per entry as
 // Poll's, each good completion written straight into the caller's
 // cq.Entry; a refused one reaches the CQ with the ring reader's code.
+// Once the queue is closed it reads the operations close kept, each as a
+// flushed error completion (cq.ECANCELED), then nothing.
 type cqSource struct {
 	dev  *Device
 	rx   *RxQueue // one of rx and tx is set
@@ -276,7 +279,7 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return 0, false
+		return 0, s.flushed(bad)
 	}
 	n, errs := 0, 0
 	var bytes uint64
@@ -299,12 +302,32 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 	return n, errs > 0
 }
 
+// flushed takes the next operation close kept into bad, as a flushed
+// completion; false when none is left. A source unbound before then has
+// none: the queue's canceled operations are for its own Poll. Called
+// locked, closed.
+func (s *cqSource) flushed(bad *cqring.Completion) bool {
+	return s.q.src == s && s.q.canceled.Next(bad, s.flags())
+}
+
+// flags are those the queue's operations are posted with (RxQueue.post,
+// TxQueue.Send), for its flushed completions.
+func (s *cqSource) flags() cq.Flags {
+	if s.rx != nil {
+		return cq.FlagRecv | cq.FlagMsg
+	}
+	return cq.FlagSend | cq.FlagMsg
+}
+
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
 	s.q.mu.Lock()
 	defer s.q.mu.Unlock()
 	if s.q.closed {
-		return 0
+		if s.q.src != s {
+			return 0
+		}
+		return min(s.q.canceled.Len(), max)
 	}
 	return s.q.vq.pending(max)
 }
@@ -330,8 +353,11 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 }
 
 // StrError implements cqring.QueueReader: virtio reports only cq's own
-// codes, which the CQ describes itself.
+// codes, which the CQ describes itself, and 0 for a flushed operation.
 func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
+	if provErrno == 0 {
+		return "virtio " + s.q.vq.name + ": " + canceled.Flushed, true
+	}
 	return "", false
 }
 

@@ -65,6 +65,21 @@ func (p *Pool) Recycle(b uint32) {
 	_ = p.Put(b) // b is in range and not free: Put cannot fail
 }
 
+// RecyclePosted returns every buffer still lent to the device to the free
+// list and reports how many: a closing queue's, whose operations complete
+// as canceled or flushed (which lend the caller nothing), so each posted
+// buffer goes back exactly once. Buffers lent to the caller stay lent.
+func (p *Pool) RecyclePosted() int {
+	n := 0
+	for b, s := range p.state {
+		if s == stPosted {
+			p.Recycle(uint32(b))
+			n++
+		}
+	}
+	return n
+}
+
 // Lent maps the frame address of a buffer lent to the caller back to the
 // buffer.
 func (p *Pool) Lent(frame uintptr) (uint32, error) {

@@ -64,3 +64,25 @@ func TestLifecycle(t *testing.T) {
 		require.Equal(t, [2]int{0, 0}, [2]int{posted, lent})
 	}
 }
+
+// TestRecyclePosted: a closing queue's posted buffers go back once; lent
+// ones stay lent.
+func TestRecyclePosted(t *testing.T) {
+	p := newPool(t, 0)
+	var bs [3]uint32
+	for i := range bs {
+		b, ok := p.Get()
+		require.True(t, ok)
+		p.Posted(b)
+		bs[i] = b
+	}
+	p.Lend(bs[1])
+	require.Equal(t, 2, p.RecyclePosted())
+	posted, lent := p.Counts()
+	require.Equal(t, [2]int{0, 1}, [2]int{posted, lent})
+	require.Equal(t, 3, p.Free(), "the never-used one and the two posted")
+	require.Zero(t, p.RecyclePosted(), "nothing twice")
+	require.Equal(t, 3, p.Free())
+	require.NoError(t, p.Release(p.Start(bs[1])))
+	require.Equal(t, 4, p.Free())
+}
