@@ -237,6 +237,7 @@ func TestStrings(t *testing.T) {
 	require.Equal(t, "local length error", verbs.WCLocLenErr.String())
 	require.Equal(t, "local protection error", verbs.WCLocProtErr.String())
 	require.Equal(t, "remote access error", verbs.WCRemAccessErr.String())
+	require.Equal(t, "memory management operation error", verbs.WCMWBindErr.String())
 	require.Equal(t, "general error", verbs.WCGeneralErr.String())
 	require.Equal(t, "unknown status 99", verbs.WCStatus(99).String())
 	require.Equal(t, "RECV_RDMA_WITH_IMM", verbs.WCRecvRDMAWithImm.String())
