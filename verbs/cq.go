@@ -513,7 +513,8 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 // event GetEvent returned for it is acknowledged; when ctx ends first it
 // returns an error matching ctx.Err() (and os.ErrDeadlineExceeded for a
 // deadline) that reports the count, and the CQ stays usable. It fails with
-// cq.ErrBusy while device queues are bound to the CQ. Events queued and
+// an error matching cq.ErrBusy and syscall.EBUSY while device queues are
+// bound to the CQ. Events queued and
 // not yet returned are dropped; completions still queued are lost. It is
 // idempotent.
 func (c *CQ) Destroy(ctx context.Context) error {
@@ -526,7 +527,7 @@ func (c *CQ) Destroy(ctx context.Context) error {
 		return nil
 	}
 	if n := ring.Bound(c.c); n > 0 {
-		return fmt.Errorf("%w: %d device queue(s)", cq.ErrBusy, n)
+		return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", n)}
 	}
 	ch := c.ch
 	if ch != nil {

@@ -160,7 +160,8 @@ func (ch *CompChannel) unuse() {
 }
 
 // Close destroys the channel (ibv_destroy_comp_channel). It fails with an
-// error matching cq.ErrBusy while CQs created with it are not destroyed.
+// error matching cq.ErrBusy and syscall.EBUSY while CQs created with it
+// are not destroyed.
 // A GetEvent blocked on it returns os.ErrClosed. It is idempotent.
 func (ch *CompChannel) Close() error {
 	ch.mu.Lock()
@@ -171,7 +172,11 @@ func (ch *CompChannel) Close() error {
 	if ch.users > 0 {
 		n := ch.users
 		ch.mu.Unlock()
-		return fmt.Errorf("verbs: %w: completion channel used by %d CQ(s)", cq.ErrBusy, n)
+		s := "s"
+		if n == 1 {
+			s = ""
+		}
+		return &busyError{fmt.Sprintf("verbs: completion channel used by %d CQ%s", n, s)}
 	}
 	ch.closed = true
 	ch.events, ch.head = nil, 0

@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"context"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -170,6 +171,32 @@ func TestChannelSeveralCQs(t *testing.T) {
 	require.Equal(t, -1, ch.Fd())
 	_, err = verbs.CreateCQ(e.p, verbs.CQInitAttr{CQE: 1, Channel: ch})
 	require.ErrorIs(t, err, os.ErrClosed)
+}
+
+// A channel still used by CQs is busy: the error says so in its own words
+// and matches both cq.ErrBusy and EBUSY. So is a CQ with a queue bound.
+func TestChannelCloseBusy(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c1 := e.cq(verbs.CQInitAttr{CQE: 8, Channel: ch})
+	c2 := e.cq(verbs.CQInitAttr{CQE: 8, Channel: ch})
+	err = ch.Close()
+	require.ErrorIs(t, err, cq.ErrBusy)
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.EqualError(t, err, "verbs: completion channel used by 2 CQs")
+	require.NoError(t, c1.Close())
+	err = ch.Close()
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.EqualError(t, err, "verbs: completion channel used by 1 CQ")
+
+	a := e.qp(c2, false)
+	err = c2.Close()
+	require.ErrorIs(t, err, cq.ErrBusy)
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.NoError(t, a.Close())
+	require.NoError(t, c2.Close())
+	require.NoError(t, ch.Close())
 }
 
 // The channel's descriptor works with epoll: readable while an event is
