@@ -32,8 +32,24 @@ type Provider interface {
 }
 
 // QueryDevice returns what p supports for CQs (the CQ part of
-// ibv_query_device).
-func QueryDevice(p Provider) DeviceAttr { return p.QueryDevice() }
+// ibv_query_device), as far as this package can deliver it: the
+// completion fields are those p reports and the accessors implement
+// (implementedFields), the flags those p honours and this package knows.
+// CreateCQ refuses anything else with errors.ErrUnsupported.
+func QueryDevice(p Provider) DeviceAttr {
+	da := p.QueryDevice()
+	da.Fields &= implementedFields
+	da.Flags &= SingleThreaded | IgnoreOverrun
+	return da
+}
+
+// implementedFields are the completion fields the accessors deliver. The
+// others have no data path through cq.Entry: CompletionTS,
+// CompletionWallclockNS, CVLAN and FlowTag would return 0, SLID, SL and
+// DLID path bits have no accessor, and WCFlags never sets
+// WCFlagIPCsumOK; so a provider advertising them (a device's entry may
+// carry them) still cannot have them asked for.
+const implementedFields = FieldByteLen | FieldImm | FieldQPNum | FieldSrcQP
 
 // CQInitAttr are the attributes of a new CQ (struct ibv_cq_init_attr_ex).
 type CQInitAttr struct {
@@ -141,12 +157,14 @@ const (
 // CreateCQ creates a CQ on p (ibv_create_cq_ex). Errors: a CQE below 1 or
 // above the device's maximum, a completion vector out of range, unknown
 // fields or flags match os.ErrInvalid; a field or flag the device cannot
-// honour errors.ErrUnsupported; a closed channel os.ErrClosed.
+// honour, or a field this package cannot deliver whatever the device
+// reports (QueryDevice), errors.ErrUnsupported; a closed channel
+// os.ErrClosed.
 func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	if p == nil {
 		return nil, invalid("nil provider")
 	}
-	da := p.QueryDevice()
+	da := QueryDevice(p)
 	switch {
 	case attr.CQE < 1 || attr.CQE > da.MaxCQE:
 		return nil, invalid("cqe %d (1 to %d)", attr.CQE, da.MaxCQE)
@@ -449,21 +467,21 @@ func (c *CQ) WCFlags() WCFlags {
 }
 
 // CompletionTS returns the completion time in device clock units
-// (FieldCompletionTimestamp); 0 on devices that do not report it, which
-// refuse the field at creation.
+// (FieldCompletionTimestamp). It returns 0: no completion carries it to
+// this package yet, so CreateCQ refuses the field on every device.
 func (c *CQ) CompletionTS() uint64 { return 0 }
 
 // CompletionWallclockNS returns the completion time in wall-clock
-// nanoseconds (FieldCompletionWallclock); 0 on devices that do not report
-// it.
+// nanoseconds (FieldCompletionWallclock). It returns 0: CreateCQ refuses
+// the field on every device.
 func (c *CQ) CompletionWallclockNS() uint64 { return 0 }
 
-// CVLAN returns the VLAN tag (FieldCVLAN); 0 on devices that do not report
-// it.
+// CVLAN returns the VLAN tag (FieldCVLAN). It returns 0: CreateCQ refuses
+// the field on every device.
 func (c *CQ) CVLAN() uint16 { return 0 }
 
-// FlowTag returns the flow tag (FieldFlowTag); 0 on devices that do not
-// report it.
+// FlowTag returns the flow tag (FieldFlowTag). It returns 0: CreateCQ
+// refuses the field on every device.
 func (c *CQ) FlowTag() uint32 { return 0 }
 
 // WC is a work completion (struct ibv_wc), as Poll returns it.

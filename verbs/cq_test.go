@@ -62,6 +62,38 @@ func TestCreateCQUnsupported(t *testing.T) {
 	require.NoError(t, c.Close())
 }
 
+// allFieldsProvider is the software device's provider claiming every
+// completion field and flag, as a device whose entries carried them would.
+type allFieldsProvider struct{ verbs.Provider }
+
+func (p allFieldsProvider) QueryDevice() verbs.DeviceAttr {
+	a := p.Provider.QueryDevice()
+	a.Fields = ^verbs.Fields(0)
+	a.Flags = ^verbs.CreateFlags(0)
+	return a
+}
+
+// A field the verbs layer cannot deliver (no accessor, or one that always
+// returns 0) is refused whatever the provider claims, and QueryDevice
+// reports only what both can do.
+func TestCreateCQFieldsTheLayerLacks(t *testing.T) {
+	e := newEnv(t)
+	p := allFieldsProvider{e.p}
+	da := verbs.QueryDevice(p)
+	require.Equal(t, verbs.FieldByteLen|verbs.FieldImm|verbs.FieldQPNum|verbs.FieldSrcQP, da.Fields)
+	require.Equal(t, verbs.SingleThreaded|verbs.IgnoreOverrun, da.Flags)
+	for _, f := range []verbs.Fields{verbs.FieldCompletionTimestamp, verbs.FieldCompletionWallclock,
+		verbs.FieldCVLAN, verbs.FieldFlowTag, verbs.FieldSLID, verbs.FieldSL, verbs.FieldDLIDPathBits,
+		verbs.FieldCsumOK} {
+		_, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Fields: verbs.FieldByteLen | f})
+		require.ErrorIs(t, err, errors.ErrUnsupported, "%v", f)
+		require.Contains(t, err.Error(), f.String())
+	}
+	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Fields: da.Fields})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}
+
 // The fi_cq CQ underneath has the narrowest format that holds the fields
 // asked for: FormatData only for the immediate data. Without FieldImm the
 // other fields are still right.

@@ -6,8 +6,11 @@
 //     reported by CQ.CQE; a caller context returned with events; an
 //     optional completion channel; a completion vector checked against
 //     the device's; the completion fields wanted, a field the device
-//     cannot give failing with errors.ErrUnsupported; SingleThreaded and
-//     IgnoreOverrun. QueryDevice answers before creation.
+//     cannot give, or that this package has no data path for (the
+//     timestamps, VLAN, flow tag, SLID, SL, DLID path bits, checksum),
+//     failing with errors.ErrUnsupported; SingleThreaded and
+//     IgnoreOverrun. QueryDevice answers before creation, with what the
+//     device and this package can both do.
 //   - The iterator: StartPoll, NextPoll, EndPoll and the accessors of the
 //     current completion (WRID, Status, Opcode, VendorErr, ByteLen, ...).
 //     Poll (ibv_poll_cq) fills an array of WC on the same path. Error
