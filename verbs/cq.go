@@ -100,16 +100,17 @@ type CQ struct {
 	// it with an 8-byte type header (TestEntriesOnCacheLines checks the
 	// sum). An entry spanning two lines would cost the ring reader's
 	// writes and the accessors' reads a second line each.
-	co     uintptr  // the current completion's byte offset in ents: an accessor adds it to the CQ's address, with no shift or bounds check
-	lim    uintptr  // n*entSize while the current completion is buffered, else 0 (NextPoll's fast test)
-	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
-	qshift uint     // Provider.QueueShift
-	status WCStatus // of the current completion (set once per batch for successes)
-	vendor uint32   // of the current completion
-	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
-	curErr bool     // the current completion is errEnt
-	single bool
-	_      [4]byte
+	co      uintptr  // the current completion's byte offset in ents: an accessor adds it to the CQ's address, with no shift or bounds check
+	lim     uintptr  // n*entSize while the current completion is buffered, else 0 (NextPoll's fast test)
+	i, n    int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
+	qshift  uint     // Provider.QueueShift
+	status  WCStatus // of the current completion (set once per batch for successes)
+	vendor  uint32   // of the current completion
+	valid   bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
+	curErr  bool     // the current completion is errEnt
+	single  bool
+	inBatch bool // a successful StartPoll began a batch that EndPoll has not ended (EndPoll's guard)
+	_       [3]byte
 	// opc is opcodes, copied here so that Opcode indexes it from c, with
 	// no instruction to form a global's address.
 	opc [64]uint8
@@ -250,16 +251,17 @@ func (c *CQ) unlock() {
 
 // StartPoll starts a batch (ibv_start_poll) and makes its first completion
 // current. When none is available it returns ErrEmpty (ENOENT), the CQ
-// stays valid and EndPoll must not be called. It returns cq.ErrOverrun
-// once the CQ overran (unless created IgnoreOverrun) and os.ErrClosed
-// after Destroy. While the batch lasts the CQ's lock is held. It does not
-// allocate.
+// stays valid and no batch is started: EndPoll need not be called (it
+// would do nothing). It returns cq.ErrOverrun once the CQ overran (unless
+// created IgnoreOverrun) and os.ErrClosed after Destroy. While the batch
+// lasts the CQ's lock is held. It does not allocate.
 func (c *CQ) StartPoll() error {
 	c.lock()
 	if err := c.load(); err != nil {
 		c.unlock()
 		return err
 	}
+	c.inBatch = true
 	return nil
 }
 
@@ -283,8 +285,17 @@ func (c *CQ) nextSlow() error {
 }
 
 // EndPoll consumes the current completion and ends the batch
-// (ibv_end_poll).
+// (ibv_end_poll). Outside a batch (after a failed StartPoll, a second
+// time, or with no StartPoll) it does nothing: in C that is undefined, and
+// here it would unlock a lock not held, a fatal error in Go. Like the
+// accessors it belongs to the goroutine that started the batch: called
+// from another goroutine while one is open, it races with that batch.
 func (c *CQ) EndPoll() {
+	// inBatch is iterator state: guarded by the lock the batch holds.
+	if !c.inBatch {
+		return
+	}
+	c.inBatch = false
 	c.consume()
 	c.unlock()
 }

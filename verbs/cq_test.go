@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
@@ -188,6 +189,63 @@ func TestIterator(t *testing.T) {
 	n, err = c.Poll(wcs)
 	require.NoError(t, err)
 	require.Zero(t, n)
+}
+
+// EndPoll outside a batch does nothing: after a failed StartPoll, a
+// second time, or with no StartPoll. (It used to unlock the CQ's unlocked
+// mutex, a fatal error that no recover catches.) The CQ works afterwards,
+// its lock free.
+func TestEndPollOutsideBatch(t *testing.T) {
+	e := newEnv(t)
+	for _, fl := range []verbs.CreateFlags{0, verbs.SingleThreaded} {
+		c := e.cq(verbs.CQInitAttr{CQE: 8, Flags: fl})
+		a := e.qp(c, false)
+		// works checks that a completion is read, on another goroutine
+		// for a locked CQ (whose lock must be free).
+		works := func(wrid uint64) {
+			t.Helper()
+			e.send(a, nowhere(a), wrid, 10, sim.SendOpts{})
+			got := make(chan []verbs.WC, 1)
+			poll := func() {
+				wcs := make([]verbs.WC, 4)
+				n, _ := c.Poll(wcs)
+				got <- wcs[:n]
+			}
+			if fl&verbs.SingleThreaded != 0 {
+				poll()
+			} else {
+				go poll()
+			}
+			select {
+			case wcs := <-got:
+				require.Len(t, wcs, 1)
+				require.Equal(t, wrid, wcs[0].WRID)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("flags %v: the CQ's lock is held", fl)
+			}
+		}
+
+		c.EndPoll() // no StartPoll
+		works(1)
+
+		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+		c.EndPoll() // after a failed StartPoll
+		works(2)
+
+		e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+		require.NoError(t, c.StartPoll())
+		require.Equal(t, uint64(3), c.WRID())
+		c.EndPoll()
+		c.EndPoll() // a second time: consumes nothing more
+		wcs := drain(t, c)
+		require.Len(t, wcs, 1)
+		require.Equal(t, uint64(4), wcs[0].WRID)
+		works(5)
+
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
+	}
 }
 
 // Error completions come in completion order with their status and
