@@ -38,7 +38,9 @@
 // until empty" loses no wake-up; a spurious one, with an empty CQ, may
 // happen. A device interrupt reaches the channel through a goroutine per
 // CQ parked on the CQ's eventfd (the kernel's completion handler in
-// rdma-core), which queues one event per arm.
+// rdma-core), which queues one event per arm. Every ReqNotify writes the
+// device's arm, even while one is pending (as rdma-core's providers do),
+// so a lost device interrupt costs one event, not all later ones.
 //
 // Providers: a device plugs in through Provider; verbs/simverbs adapts the
 // software device (nic/sim).

@@ -209,6 +209,13 @@ func (c *CQ) AckEvents(n int) {
 // the event gives one event; a "next" request takes precedence over a
 // solicited one. A CQ without a channel only reports present. It must not
 // be called between StartPoll and EndPoll.
+//
+// Every call arms the device, as rdma-core's providers write the arm
+// doorbell on every ibv_req_notify_cq: the device's arm is one-shot, so a
+// device interrupt that never arrives (lost) would otherwise leave the
+// CQ armed here and disarmed there, with no event ever again. Re-arming
+// an arm still pending moves the point it counts from up to the entries
+// present now: they raise no event, and present reports them.
 func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	want := armNext
 	if solicitedOnly {
@@ -222,9 +229,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	// the iterator out while the ring is counted.
 	c.lock()
 	defer c.unlock()
-	if c.ch == nil || c.armed >= want {
-		// Nothing to arm: an arm already pending keeps counting from when
-		// it was made, so re-arming the device would lose its event.
+	if c.ch == nil {
 		switch _, err := c.c.Read(nil); err {
 		case nil, cq.ErrAvail, cq.ErrOverrun:
 			present = true
@@ -233,10 +238,13 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 			return false, err
 		}
 	} else {
-		if present, err = c.c.ReqNotify(want == armSolicited); err != nil {
+		// The stronger of the pending arm and this one: one event
+		// fulfils both.
+		arm := max(c.armed, want)
+		if present, err = c.c.ReqNotify(arm == armSolicited); err != nil {
 			return false, err
 		}
-		c.armed = want
+		c.armed = arm
 	}
 	// Completions the iterator took from the ring but the caller has not
 	// consumed are in the CQ too.

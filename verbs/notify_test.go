@@ -93,6 +93,39 @@ func TestReqNotifyRepeated(t *testing.T) {
 	c.AckEvents(1)
 }
 
+// A device interrupt that is lost costs one event, not every later one:
+// each ReqNotify arms the device again, even while an arm is pending.
+func TestReqNotifyAfterLostInterrupt(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+	_, err := c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	noEvent(t, ch, 30*time.Millisecond) // lost, as injected
+	require.Len(t, drain(t, c), 1)
+	for i := range 3 {
+		present, err := c.ReqNotify(i%2 == 1) // solicited on a pending next stays next
+		require.NoError(t, err)
+		require.False(t, present)
+		e.send(a, nowhere(a), uint64(2+i), 10, sim.SendOpts{})
+		getEvent(t, ch)
+		c.AckEvents(1)
+		noEvent(t, ch, 10*time.Millisecond)
+		require.Len(t, drain(t, c), 1)
+		if i == 0 {
+			// Lose the next one while an arm is pending, then arm again.
+			require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+			_, err := c.ReqNotify(false)
+			require.NoError(t, err)
+			e.send(a, nowhere(a), 100, 10, sim.SendOpts{})
+			noEvent(t, ch, 30*time.Millisecond)
+			require.Len(t, drain(t, c), 1)
+			_, err = c.ReqNotify(false)
+			require.NoError(t, err)
+		}
+	}
+}
+
 // Solicited-only fires for a solicited receive or an error, not for other
 // completions; a "next" arm takes precedence over a solicited one.
 func TestReqNotifySolicited(t *testing.T) {
