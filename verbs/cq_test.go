@@ -433,3 +433,37 @@ func TestIgnoreOverrun(t *testing.T) {
 		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
 	}
 }
+
+// On a CQ created IgnoreOverrun, ReqNotify does not count an overrun as
+// a completion present: polling gives nothing, so present=true would
+// have the caller poll for ever. With or without a channel.
+func TestIgnoreOverrunReqNotify(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, ch.Close()) }()
+	for _, withCh := range []bool{false, true} {
+		attr := verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun}
+		if withCh {
+			attr.Channel = ch
+		}
+		c, err := verbs.CreateCQ(ignoreOverrun{e.p}, attr)
+		require.NoError(t, err)
+		a := e.qp(c, false)
+		for i := range c.CQE() + 1 {
+			e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		}
+		present, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		require.True(t, present, "channel %v: the CQ is full", withCh)
+		require.Len(t, drain(t, c), c.CQE())
+		for range 3 {
+			present, err := c.ReqNotify(false)
+			require.NoError(t, err)
+			require.False(t, present, "channel %v: nothing to poll", withCh)
+			require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+		}
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
+	}
+}

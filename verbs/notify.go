@@ -230,11 +230,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	c.lock()
 	defer c.unlock()
 	if c.ch == nil {
-		switch _, err := c.c.Read(nil); err {
-		case nil, cq.ErrAvail, cq.ErrOverrun:
-			present = true
-		case cq.ErrAgain:
-		default:
+		if present, err = c.held(); err != nil {
 			return false, err
 		}
 	} else {
@@ -245,10 +241,34 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 			return false, err
 		}
 		c.armed = arm
+		if present && c.flags&IgnoreOverrun != 0 {
+			// The fi_cq CQ counts an overrun as an entry held: ask
+			// which it is.
+			if present, err = c.held(); err != nil {
+				return false, err
+			}
+		}
 	}
 	// Completions the iterator took from the ring but the caller has not
 	// consumed are in the CQ too.
 	return present || c.i < c.n, nil
+}
+
+// held reports whether the ring holds a completion, error completions
+// included. An overrun counts, so that the caller polls and meets
+// cq.ErrOverrun, except on a CQ created IgnoreOverrun, where polling
+// gives ErrEmpty: reporting it would have the caller poll for ever.
+func (c *CQ) held() (bool, error) {
+	switch _, err := c.c.Read(nil); err {
+	case nil, cq.ErrAvail:
+		return true, nil
+	case cq.ErrOverrun:
+		return c.flags&IgnoreOverrun == 0, nil
+	case cq.ErrAgain:
+		return false, nil
+	default:
+		return false, err
+	}
 }
 
 // handle is the CQ's interrupt handler: each device interrupt fulfils the
