@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
@@ -144,8 +145,14 @@ type CQ struct {
 	ackCh       chan struct{}
 	handlerDone chan struct{}
 
-	dmu       sync.Mutex // Destroy
-	destroyed bool
+	// dsem serialises Destroys: a channel, so that a Destroy waiting for
+	// another can give up when its context ends.
+	dsem chan struct{}
+	// rmu keeps Resize and Destroy's close apart: Resize holds it, Destroy
+	// only while it closes the CQ, not while it waits for acknowledgments
+	// (the goroutine that would acknowledge may be resizing).
+	rmu       sync.Mutex
+	destroyed bool // written under dsem and rmu
 }
 
 // Arm types, from weakest to strongest.
@@ -182,7 +189,8 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	}
 	single := attr.Flags&SingleThreaded != 0
 	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
-		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
+		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift(),
+		dsem: make(chan struct{}, 1)}
 	if c.ch != nil {
 		if err := c.ch.use(); err != nil {
 			return nil, err
@@ -539,19 +547,28 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 }
 
 // Destroy destroys the CQ (ibv_destroy_cq). It first waits until every
-// event GetEvent returned for it is acknowledged; when ctx ends first it
-// returns an error matching ctx.Err() (and os.ErrDeadlineExceeded for a
-// deadline) that reports the count, and the CQ stays usable. It fails with
-// an error matching cq.ErrBusy and syscall.EBUSY while device queues are
-// bound to the CQ. Events queued and
-// not yet returned are dropped; completions still queued are lost. It is
-// idempotent.
+// event GetEvent returned for it is acknowledged, then for another
+// goroutine's StartPoll..EndPoll batch or Resize to end. When ctx ends
+// first (or while another Destroy of the CQ is under way) it returns an
+// error matching ctx.Err(), and os.ErrDeadlineExceeded for a deadline,
+// that says what it waited for, and the CQ stays usable. It fails with an
+// error matching cq.ErrBusy and syscall.EBUSY while device queues are
+// bound to the CQ. Events queued and not yet returned are dropped;
+// completions still queued are lost. It is idempotent.
 func (c *CQ) Destroy(ctx context.Context) error {
 	if ctx == nil {
 		return invalid("nil context")
 	}
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
+	select {
+	case c.dsem <- struct{}{}:
+	default:
+		select {
+		case c.dsem <- struct{}{}:
+		case <-ctx.Done():
+			return ctxError("verbs: destroy CQ: another Destroy is under way", ctx)
+		}
+	}
+	defer func() { <-c.dsem }()
 	if c.destroyed {
 		return nil
 	}
@@ -579,15 +596,21 @@ func (c *CQ) Destroy(ctx context.Context) error {
 			}
 		}
 	}
-	c.lock() // no reader inside the fi_cq CQ, which takes no lock of its own
+	// No Resize, and no reader inside the fi_cq CQ, which takes no lock of
+	// its own.
+	if !lockCtx(ctx, &c.rmu) {
+		c.revive()
+		return ctxError("verbs: destroy CQ: a Resize is under way", ctx)
+	}
+	defer c.rmu.Unlock()
+	if !c.single && !lockCtx(ctx, &c.mu) {
+		c.revive()
+		return ctxError("verbs: destroy CQ: a poll batch is open", ctx)
+	}
 	err := c.c.Close()
 	c.unlock()
 	if err != nil {
-		if ch != nil {
-			ch.mu.Lock()
-			c.dying = false
-			ch.mu.Unlock()
-		}
+		c.revive()
 		return err
 	}
 	c.destroyed = true
@@ -597,6 +620,41 @@ func (c *CQ) Destroy(ctx context.Context) error {
 		ch.unuse()
 	}
 	return nil
+}
+
+// revive undoes Destroy's dying when it fails after setting it: GetEvent
+// returns the CQ's events again.
+func (c *CQ) revive() {
+	if ch := c.ch; ch != nil {
+		ch.mu.Lock()
+		c.dying = false
+		ch.mu.Unlock()
+	}
+}
+
+// lockCtx locks mu unless ctx ends first. sync.Mutex has no such wait, so
+// it retries TryLock, sleeping 10 µs doubling to 1 ms in between: a
+// Destroy that waits pays at most a millisecond after the unlock, and the
+// iterator keeps its plain mutex.
+func lockCtx(ctx context.Context, mu *sync.Mutex) bool {
+	if mu.TryLock() {
+		return true
+	}
+	d := 10 * time.Microsecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if mu.TryLock() {
+			return true
+		}
+		d = min(2*d, time.Millisecond)
+		t.Reset(d)
+	}
 }
 
 // Close is Destroy without a deadline (io.Closer).
@@ -628,8 +686,11 @@ type Resizer interface {
 // A size below the number of completions the CQ holds fails with an error
 // matching os.ErrInvalid and loses nothing; completions present before
 // the resize are read after it, in order. Devices that cannot resize
-// return errors.ErrUnsupported. It must not be called between StartPoll
-// and EndPoll.
+// return errors.ErrUnsupported; after Destroy it returns os.ErrClosed. It
+// must not be called between StartPoll and EndPoll. It does not wait for
+// a Destroy that waits for events to be acknowledged (the CQ is usable
+// until they are, and the goroutine that acknowledges them may be the one
+// resizing); it waits only while Destroy closes the CQ.
 func (c *CQ) Resize(cqe int) error {
 	rz, ok := c.prov.(Resizer)
 	if !ok || !c.prov.QueryDevice().Resize {
@@ -638,8 +699,8 @@ func (c *CQ) Resize(cqe int) error {
 	if max := c.prov.QueryDevice().MaxCQE; cqe < 1 || cqe > max {
 		return invalid("cqe %d (1 to %d)", cqe, max)
 	}
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	// Both locks keep every reader of the ring out: the iterator and
 	// ReqNotify, which counts the entries the ring holds (nmu first, as
 	// there).

@@ -320,6 +320,115 @@ func TestDestroyUnackedEvents(t *testing.T) {
 	require.NoError(t, ch.Close())
 }
 
+// A Destroy waiting for another, which waits for an acknowledgment, ends
+// with its context; Resize does not wait for that Destroy (the goroutine
+// that would acknowledge may be the one resizing).
+func TestDestroyContextWhileAnotherWaits(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+	a := e.qp(c, false)
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	require.NoError(t, a.Close())
+	first := make(chan error, 1)
+	go func() { first <- c.Destroy(context.Background()) }() // waits for the ack
+	time.Sleep(20 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	second := make(chan error, 1)
+	go func() { second <- c.Destroy(ctx) }()
+	select {
+	case err := <-second:
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Contains(t, err.Error(), "another Destroy")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second Destroy blocked past its deadline")
+	}
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	err = c.Destroy(cctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+
+	resized := make(chan error, 1)
+	go func() { resized <- c.Resize(32) }()
+	select {
+	case err := <-resized:
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, c.CQE(), 32)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Resize blocked while Destroy waits for an acknowledgment")
+	}
+	require.Len(t, drain(t, c), 1) // still usable
+
+	c.AckEvents(1)
+	select {
+	case err := <-first:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Destroy not done after the acknowledgment")
+	}
+	require.ErrorIs(t, c.Resize(16), os.ErrClosed)
+	require.NoError(t, ch.Close())
+}
+
+// A Destroy waiting for another goroutine's open batch ends with its
+// context and leaves the CQ usable.
+func TestDestroyContextWhileBatchOpen(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 16})
+	a := e.qp(c, false)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	require.NoError(t, a.Close())
+	require.NoError(t, c.StartPoll())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Destroy(ctx) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		require.Contains(t, err.Error(), "batch")
+	case <-time.After(5 * time.Second):
+		c.EndPoll()
+		t.Fatal("Destroy blocked past its deadline on an open batch")
+	}
+	require.Equal(t, uint64(1), c.WRID())
+	c.EndPoll()
+	wcs := drain(t, c)
+	require.Len(t, wcs, 1)
+	require.Equal(t, uint64(2), wcs[0].WRID)
+
+	// Cancelled while the batch is open: the context's error.
+	require.NoError(t, c.Close()) // nothing open: fine
+	c = e.cq(verbs.CQInitAttr{CQE: 16})
+	a = e.qp(c, false)
+	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, a.Close())
+	require.NoError(t, c.StartPoll())
+	cctx, ccancel := context.WithCancel(context.Background())
+	go func() { done <- c.Destroy(cctx) }()
+	time.Sleep(10 * time.Millisecond)
+	ccancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		c.EndPoll()
+		t.Fatal("Destroy blocked past its cancellation on an open batch")
+	}
+	c.EndPoll()
+	require.NoError(t, c.Close())
+}
+
 // Events queued and not taken do not hold up Destroy, and are dropped.
 func TestDestroyDropsQueuedEvents(t *testing.T) {
 	e := newEnv(t)
