@@ -553,8 +553,10 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 // error matching ctx.Err(), and os.ErrDeadlineExceeded for a deadline,
 // that says what it waited for, and the CQ stays usable. It fails with an
 // error matching cq.ErrBusy and syscall.EBUSY while device queues are
-// bound to the CQ. Events queued and not yet returned are dropped;
-// completions still queued are lost. It is idempotent.
+// bound to the CQ. Once it succeeds, events queued and not yet returned
+// are dropped and completions still queued are lost; while it runs,
+// GetEvent does not return the CQ, and when it fails the CQ's events,
+// those raised meanwhile included, are returned again. It is idempotent.
 func (c *CQ) Destroy(ctx context.Context) error {
 	if ctx == nil {
 		return invalid("nil context")
@@ -582,8 +584,9 @@ func (c *CQ) Destroy(ctx context.Context) error {
 			un := c.got - c.acked
 			if un == 0 {
 				// Under the channel's lock: GetEvent can no longer return
-				// this CQ, so none can become unacknowledged.
-				c.dying = true
+				// this CQ, so none can become unacknowledged. Its events
+				// stay queued until the CQ is closed.
+				ch.setDying(c, true)
 			}
 			ch.mu.Unlock()
 			if un == 0 {
@@ -623,11 +626,11 @@ func (c *CQ) Destroy(ctx context.Context) error {
 }
 
 // revive undoes Destroy's dying when it fails after setting it: GetEvent
-// returns the CQ's events again.
+// returns the CQ's events again, those queued meanwhile included.
 func (c *CQ) revive() {
 	if ch := c.ch; ch != nil {
 		ch.mu.Lock()
-		c.dying = false
+		ch.setDying(c, false)
 		ch.mu.Unlock()
 	}
 }

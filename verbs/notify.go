@@ -81,9 +81,11 @@ func (ch *CompChannel) TryGetEvent() (*CQ, any, error) {
 	return c, c.ctx, nil
 }
 
-// pop takes the oldest event, skipping those of CQs being destroyed; nil
-// when none is queued. The descriptor stays readable exactly while events
-// remain.
+// pop takes the oldest event GetEvent may return; nil when none is
+// queued. It passes over, and leaves queued, the events of a CQ being
+// destroyed (dying): Destroy drops them when it succeeds, and GetEvent
+// returns them when it fails. The descriptor stays readable exactly while
+// such an event remains.
 func (ch *CompChannel) pop() (*CQ, error) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
@@ -91,36 +93,58 @@ func (ch *CompChannel) pop() (*CQ, error) {
 		return nil, cq.ErrClosed
 	}
 	var c *CQ
-	for c == nil && ch.head < len(ch.events) {
-		c = ch.events[ch.head]
-		ch.events[ch.head] = nil
-		ch.head++
-		if c.dying {
-			c = nil
+	for j := ch.head; j < len(ch.events); j++ {
+		if x := ch.events[j]; !x.dying {
+			// Out of the queue, the dying ones before it kept in order.
+			c = x
+			copy(ch.events[ch.head+1:j+1], ch.events[ch.head:j])
+			ch.events[ch.head] = nil
+			ch.head++
+			c.got++
+			break
 		}
-	}
-	if c != nil {
-		c.got++
 	}
 	if ch.head == len(ch.events) {
 		ch.events, ch.head = ch.events[:0], 0
-		_, _ = ch.efd.Take()
-	} else {
-		// A waiter's read reset the counter while events remain.
-		_ = ch.efd.Add(1)
 	}
+	// A waiter's read reset the counter while events may remain.
+	ch.settle()
 	return c, nil
 }
 
-// push queues an event for c. From c's interrupt handler.
+// ready reports whether an event GetEvent may return is queued. Under mu.
+func (ch *CompChannel) ready() bool {
+	for _, x := range ch.events[ch.head:] {
+		if !x.dying {
+			return true
+		}
+	}
+	return false
+}
+
+// settle makes the descriptor readable exactly while ready. Under mu.
+func (ch *CompChannel) settle() {
+	switch {
+	case ch.closed:
+	case ch.ready():
+		_ = ch.efd.Add(1)
+	default:
+		_, _ = ch.efd.Take()
+	}
+}
+
+// push queues an event for c. From c's interrupt handler. An event of a
+// CQ being destroyed is queued too, for GetEvent to return if Destroy
+// fails, but does not make the descriptor readable.
 func (ch *CompChannel) push(c *CQ) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if ch.closed || c.dying {
+	if ch.closed {
 		return
 	}
+	wasReady := c.dying || ch.ready()
 	ch.events = append(ch.events, c)
-	if len(ch.events)-ch.head == 1 {
+	if !wasReady {
 		_ = ch.efd.Add(1)
 	}
 }
@@ -138,9 +162,17 @@ func (ch *CompChannel) drop(c *CQ) {
 	}
 	clear(ch.events[k:])
 	ch.events, ch.head = ch.events[:k], 0
-	if k == 0 && !ch.closed {
+	if !ch.ready() && !ch.closed {
 		_, _ = ch.efd.Take()
 	}
+}
+
+// setDying marks c as being destroyed (Destroy, dying true) or no longer
+// (a Destroy that failed, false), and makes the descriptor say whether
+// GetEvent has an event to return now that c's count or not. Under mu.
+func (ch *CompChannel) setDying(c *CQ, dying bool) {
+	c.dying = dying
+	ch.settle()
 }
 
 func (ch *CompChannel) use() error {

@@ -429,6 +429,69 @@ func TestDestroyContextWhileBatchOpen(t *testing.T) {
 	require.NoError(t, c.Close())
 }
 
+// A Destroy that fails after it stopped GetEvent returning the CQ (its
+// events acknowledged, it waits for an open batch, then a queue bound
+// meanwhile makes it busy) loses none of the CQ's events: one the device
+// raised meanwhile, and one queued before that GetEvent passed over.
+func TestDestroyFailureKeepsEvents(t *testing.T) {
+	// failing starts a Destroy that will fail: it passes the bound check
+	// and its acknowledgments, then waits for the batch the caller holds;
+	// bind makes it busy. It returns Destroy's result and the new QP.
+	failing := func(t *testing.T, e *env, c *verbs.CQ) (<-chan error, *sim.QP) {
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			done <- c.Destroy(ctx)
+		}()
+		time.Sleep(20 * time.Millisecond) // past the bound check
+		return done, e.qp(c, false)
+	}
+	end := func(t *testing.T, ch *verbs.CompChannel, c *verbs.CQ, done <-chan error, b *sim.QP) {
+		c.EndPoll()
+		require.ErrorIs(t, <-done, cq.ErrBusy)
+		got, _ := getEvent(t, ch)
+		require.Same(t, c, got)
+		c.AckEvents(1)
+		require.NoError(t, b.Close())
+	}
+
+	t.Run("raised", func(t *testing.T) {
+		e, ch, c, a := chEnv(t)
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		getEvent(t, ch) // acknowledged once Destroy waits
+		present, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		require.True(t, present)
+		require.NoError(t, a.Close())
+		require.NoError(t, c.StartPoll())
+		done, b := failing(t, e, c)
+		c.AckEvents(1) // Destroy goes on, to the batch
+		time.Sleep(20 * time.Millisecond)
+		e.send(b, nowhere(b), 2, 10, sim.SendOpts{}) // fires the arm
+		time.Sleep(20 * time.Millisecond)
+		_, _, err = ch.TryGetEvent()
+		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
+		end(t, ch, c, done, b)
+	})
+
+	t.Run("queued", func(t *testing.T) {
+		e, ch, c, a := chEnv(t)
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		time.Sleep(20 * time.Millisecond) // the event is queued
+		require.NoError(t, a.Close())
+		require.NoError(t, c.StartPoll())
+		done, b := failing(t, e, c) // nothing to acknowledge: on to the batch
+		_, _, err = ch.TryGetEvent()
+		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
+		end(t, ch, c, done, b)
+	})
+}
+
 // Events queued and not taken do not hold up Destroy, and are dropped.
 func TestDestroyDropsQueuedEvents(t *testing.T) {
 	e := newEnv(t)
