@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -558,8 +559,11 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 // GetEvent does not return the CQ, and when it fails the CQ's events,
 // those raised meanwhile included, are returned again. It is idempotent.
 func (c *CQ) Destroy(ctx context.Context) error {
-	if ctx == nil {
+	switch {
+	case ctx == nil:
 		return invalid("nil context")
+	case c.dsem == nil: // a send on it would block for ever
+		return invalid("destroy of a CQ not made by CreateCQ")
 	}
 	select {
 	case c.dsem <- struct{}{}:
@@ -614,6 +618,9 @@ func (c *CQ) Destroy(ctx context.Context) error {
 	c.unlock()
 	if err != nil {
 		c.revive()
+		if errors.Is(err, cq.ErrBusy) { // a queue bound since the check
+			return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", ring.Bound(c.c))}
+		}
 		return err
 	}
 	c.destroyed = true

@@ -449,7 +449,9 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 	}
 	end := func(t *testing.T, ch *verbs.CompChannel, c *verbs.CQ, done <-chan error, b *sim.QP) {
 		c.EndPoll()
-		require.ErrorIs(t, <-done, cq.ErrBusy)
+		err := <-done
+		require.ErrorIs(t, err, cq.ErrBusy)
+		require.ErrorIs(t, err, syscall.EBUSY)
 		got, _ := getEvent(t, ch)
 		require.Same(t, c, got)
 		c.AckEvents(1)
@@ -490,6 +492,11 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
 		end(t, ch, c, done, b)
 	})
+}
+
+// A CQ not made by CreateCQ is refused, not waited on for ever.
+func TestDestroyZeroCQ(t *testing.T) {
+	require.ErrorIs(t, new(verbs.CQ).Close(), os.ErrInvalid)
 }
 
 // Events queued and not taken do not hold up Destroy, and are dropped.
