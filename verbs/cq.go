@@ -2,9 +2,11 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
@@ -32,8 +34,24 @@ type Provider interface {
 }
 
 // QueryDevice returns what p supports for CQs (the CQ part of
-// ibv_query_device).
-func QueryDevice(p Provider) DeviceAttr { return p.QueryDevice() }
+// ibv_query_device), as far as this package can deliver it: the
+// completion fields are those p reports and the accessors implement
+// (implementedFields), the flags those p honours and this package knows.
+// CreateCQ refuses anything else with errors.ErrUnsupported.
+func QueryDevice(p Provider) DeviceAttr {
+	da := p.QueryDevice()
+	da.Fields &= implementedFields
+	da.Flags &= SingleThreaded | IgnoreOverrun
+	return da
+}
+
+// implementedFields are the completion fields the accessors deliver. The
+// others have no data path through cq.Entry: CompletionTS,
+// CompletionWallclockNS, CVLAN and FlowTag would return 0, SLID, SL and
+// DLID path bits have no accessor, and WCFlags never sets
+// WCFlagIPCsumOK; so a provider advertising them (a device's entry may
+// carry them) still cannot have them asked for.
+const implementedFields = FieldByteLen | FieldImm | FieldQPNum | FieldSrcQP
 
 // CQInitAttr are the attributes of a new CQ (struct ibv_cq_init_attr_ex).
 type CQInitAttr struct {
@@ -84,16 +102,17 @@ type CQ struct {
 	// it with an 8-byte type header (TestEntriesOnCacheLines checks the
 	// sum). An entry spanning two lines would cost the ring reader's
 	// writes and the accessors' reads a second line each.
-	co     uintptr  // the current completion's byte offset in ents: an accessor adds it to the CQ's address, with no shift or bounds check
-	lim    uintptr  // n*entSize while the current completion is buffered, else 0 (NextPoll's fast test)
-	i, n   int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
-	qshift uint     // Provider.QueueShift
-	status WCStatus // of the current completion (set once per batch for successes)
-	vendor uint32   // of the current completion
-	valid  bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
-	curErr bool     // the current completion is errEnt
-	single bool
-	_      [4]byte
+	co      uintptr  // the current completion's byte offset in ents: an accessor adds it to the CQ's address, with no shift or bounds check
+	lim     uintptr  // n*entSize while the current completion is buffered, else 0 (NextPoll's fast test)
+	i, n    int      // ents[i:n] are completions not yet consumed, the current one first (i is behind while NextPoll's fast path runs: consume brings it up)
+	qshift  uint     // Provider.QueueShift
+	status  WCStatus // of the current completion (set once per batch for successes)
+	vendor  uint32   // of the current completion
+	valid   bool     // StartPoll or NextPoll succeeded and EndPoll not yet called
+	curErr  bool     // the current completion is errEnt
+	single  bool
+	inBatch bool // a successful StartPoll began a batch that EndPoll has not ended (EndPoll's guard)
+	_       [3]byte
 	// opc is opcodes, copied here so that Opcode indexes it from c, with
 	// no instruction to form a global's address.
 	opc [64]uint8
@@ -127,8 +146,14 @@ type CQ struct {
 	ackCh       chan struct{}
 	handlerDone chan struct{}
 
-	dmu       sync.Mutex // Destroy
-	destroyed bool
+	// dsem serialises Destroys: a channel, so that a Destroy waiting for
+	// another can give up when its context ends.
+	dsem chan struct{}
+	// rmu keeps Resize and Destroy's close apart: Resize holds it, Destroy
+	// only while it closes the CQ, not while it waits for acknowledgments
+	// (the goroutine that would acknowledge may be resizing).
+	rmu       sync.Mutex
+	destroyed bool // written under dsem and rmu
 }
 
 // Arm types, from weakest to strongest.
@@ -141,12 +166,14 @@ const (
 // CreateCQ creates a CQ on p (ibv_create_cq_ex). Errors: a CQE below 1 or
 // above the device's maximum, a completion vector out of range, unknown
 // fields or flags match os.ErrInvalid; a field or flag the device cannot
-// honour errors.ErrUnsupported; a closed channel os.ErrClosed.
+// honour, or a field this package cannot deliver whatever the device
+// reports (QueryDevice), errors.ErrUnsupported; a closed channel
+// os.ErrClosed.
 func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	if p == nil {
 		return nil, invalid("nil provider")
 	}
-	da := p.QueryDevice()
+	da := QueryDevice(p)
 	switch {
 	case attr.CQE < 1 || attr.CQE > da.MaxCQE:
 		return nil, invalid("cqe %d (1 to %d)", attr.CQE, da.MaxCQE)
@@ -163,7 +190,8 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	}
 	single := attr.Flags&SingleThreaded != 0
 	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
-		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift()}
+		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift(),
+		dsem: make(chan struct{}, 1)}
 	if c.ch != nil {
 		if err := c.ch.use(); err != nil {
 			return nil, err
@@ -232,16 +260,17 @@ func (c *CQ) unlock() {
 
 // StartPoll starts a batch (ibv_start_poll) and makes its first completion
 // current. When none is available it returns ErrEmpty (ENOENT), the CQ
-// stays valid and EndPoll must not be called. It returns cq.ErrOverrun
-// once the CQ overran (unless created IgnoreOverrun) and os.ErrClosed
-// after Destroy. While the batch lasts the CQ's lock is held. It does not
-// allocate.
+// stays valid and no batch is started: EndPoll need not be called (it
+// would do nothing). It returns cq.ErrOverrun once the CQ overran (unless
+// created IgnoreOverrun) and os.ErrClosed after Destroy. While the batch
+// lasts the CQ's lock is held. It does not allocate.
 func (c *CQ) StartPoll() error {
 	c.lock()
 	if err := c.load(); err != nil {
 		c.unlock()
 		return err
 	}
+	c.inBatch = true
 	return nil
 }
 
@@ -265,8 +294,17 @@ func (c *CQ) nextSlow() error {
 }
 
 // EndPoll consumes the current completion and ends the batch
-// (ibv_end_poll).
+// (ibv_end_poll). Outside a batch (after a failed StartPoll, a second
+// time, or with no StartPoll) it does nothing: in C that is undefined, and
+// here it would unlock a lock not held, a fatal error in Go. Like the
+// accessors it belongs to the goroutine that started the batch: called
+// from another goroutine while one is open, it races with that batch.
 func (c *CQ) EndPoll() {
+	// inBatch is iterator state: guarded by the lock the batch holds.
+	if !c.inBatch {
+		return
+	}
+	c.inBatch = false
 	c.consume()
 	c.unlock()
 }
@@ -449,21 +487,21 @@ func (c *CQ) WCFlags() WCFlags {
 }
 
 // CompletionTS returns the completion time in device clock units
-// (FieldCompletionTimestamp); 0 on devices that do not report it, which
-// refuse the field at creation.
+// (FieldCompletionTimestamp). It returns 0: no completion carries it to
+// this package yet, so CreateCQ refuses the field on every device.
 func (c *CQ) CompletionTS() uint64 { return 0 }
 
 // CompletionWallclockNS returns the completion time in wall-clock
-// nanoseconds (FieldCompletionWallclock); 0 on devices that do not report
-// it.
+// nanoseconds (FieldCompletionWallclock). It returns 0: CreateCQ refuses
+// the field on every device.
 func (c *CQ) CompletionWallclockNS() uint64 { return 0 }
 
-// CVLAN returns the VLAN tag (FieldCVLAN); 0 on devices that do not report
-// it.
+// CVLAN returns the VLAN tag (FieldCVLAN). It returns 0: CreateCQ refuses
+// the field on every device.
 func (c *CQ) CVLAN() uint16 { return 0 }
 
-// FlowTag returns the flow tag (FieldFlowTag); 0 on devices that do not
-// report it.
+// FlowTag returns the flow tag (FieldFlowTag). It returns 0: CreateCQ
+// refuses the field on every device.
 func (c *CQ) FlowTag() uint32 { return 0 }
 
 // WC is a work completion (struct ibv_wc), as Poll returns it.
@@ -510,23 +548,38 @@ func (c *CQ) Poll(wcs []WC) (int, error) {
 }
 
 // Destroy destroys the CQ (ibv_destroy_cq). It first waits until every
-// event GetEvent returned for it is acknowledged; when ctx ends first it
-// returns an error matching ctx.Err() (and os.ErrDeadlineExceeded for a
-// deadline) that reports the count, and the CQ stays usable. It fails with
-// cq.ErrBusy while device queues are bound to the CQ. Events queued and
-// not yet returned are dropped; completions still queued are lost. It is
-// idempotent.
+// event GetEvent returned for it is acknowledged, then for another
+// goroutine's StartPoll..EndPoll batch or Resize to end. When ctx ends
+// first (or while another Destroy of the CQ is under way) it returns an
+// error matching ctx.Err(), and os.ErrDeadlineExceeded for a deadline,
+// that says what it waited for, and the CQ stays usable. It fails with an
+// error matching cq.ErrBusy and syscall.EBUSY while device queues are
+// bound to the CQ. Once it succeeds, events queued and not yet returned
+// are dropped and completions still queued are lost; while it runs,
+// GetEvent does not return the CQ, and when it fails the CQ's events,
+// those raised meanwhile included, are returned again. It is idempotent.
 func (c *CQ) Destroy(ctx context.Context) error {
-	if ctx == nil {
+	switch {
+	case ctx == nil:
 		return invalid("nil context")
+	case c.dsem == nil: // a send on it would block for ever
+		return invalid("destroy of a CQ not made by CreateCQ")
 	}
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
+	select {
+	case c.dsem <- struct{}{}:
+	default:
+		select {
+		case c.dsem <- struct{}{}:
+		case <-ctx.Done():
+			return ctxError("verbs: destroy CQ: another Destroy is under way", ctx)
+		}
+	}
+	defer func() { <-c.dsem }()
 	if c.destroyed {
 		return nil
 	}
 	if n := ring.Bound(c.c); n > 0 {
-		return fmt.Errorf("%w: %d device queue(s)", cq.ErrBusy, n)
+		return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", n)}
 	}
 	ch := c.ch
 	if ch != nil {
@@ -535,8 +588,9 @@ func (c *CQ) Destroy(ctx context.Context) error {
 			un := c.got - c.acked
 			if un == 0 {
 				// Under the channel's lock: GetEvent can no longer return
-				// this CQ, so none can become unacknowledged.
-				c.dying = true
+				// this CQ, so none can become unacknowledged. Its events
+				// stay queued until the CQ is closed.
+				ch.setDying(c, true)
 			}
 			ch.mu.Unlock()
 			if un == 0 {
@@ -549,14 +603,23 @@ func (c *CQ) Destroy(ctx context.Context) error {
 			}
 		}
 	}
-	c.lock() // no reader inside the fi_cq CQ, which takes no lock of its own
+	// No Resize, and no reader inside the fi_cq CQ, which takes no lock of
+	// its own.
+	if !lockCtx(ctx, &c.rmu) {
+		c.revive()
+		return ctxError("verbs: destroy CQ: a Resize is under way", ctx)
+	}
+	defer c.rmu.Unlock()
+	if !c.single && !lockCtx(ctx, &c.mu) {
+		c.revive()
+		return ctxError("verbs: destroy CQ: a poll batch is open", ctx)
+	}
 	err := c.c.Close()
 	c.unlock()
 	if err != nil {
-		if ch != nil {
-			ch.mu.Lock()
-			c.dying = false
-			ch.mu.Unlock()
+		c.revive()
+		if errors.Is(err, cq.ErrBusy) { // a queue bound since the check
+			return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", ring.Bound(c.c))}
 		}
 		return err
 	}
@@ -567,6 +630,41 @@ func (c *CQ) Destroy(ctx context.Context) error {
 		ch.unuse()
 	}
 	return nil
+}
+
+// revive undoes Destroy's dying when it fails after setting it: GetEvent
+// returns the CQ's events again, those queued meanwhile included.
+func (c *CQ) revive() {
+	if ch := c.ch; ch != nil {
+		ch.mu.Lock()
+		ch.setDying(c, false)
+		ch.mu.Unlock()
+	}
+}
+
+// lockCtx locks mu unless ctx ends first. sync.Mutex has no such wait, so
+// it retries TryLock, sleeping 10 µs doubling to 1 ms in between: a
+// Destroy that waits pays at most a millisecond after the unlock, and the
+// iterator keeps its plain mutex.
+func lockCtx(ctx context.Context, mu *sync.Mutex) bool {
+	if mu.TryLock() {
+		return true
+	}
+	d := 10 * time.Microsecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if mu.TryLock() {
+			return true
+		}
+		d = min(2*d, time.Millisecond)
+		t.Reset(d)
+	}
 }
 
 // Close is Destroy without a deadline (io.Closer).
@@ -598,8 +696,11 @@ type Resizer interface {
 // A size below the number of completions the CQ holds fails with an error
 // matching os.ErrInvalid and loses nothing; completions present before
 // the resize are read after it, in order. Devices that cannot resize
-// return errors.ErrUnsupported. It must not be called between StartPoll
-// and EndPoll.
+// return errors.ErrUnsupported; after Destroy it returns os.ErrClosed. It
+// must not be called between StartPoll and EndPoll. It does not wait for
+// a Destroy that waits for events to be acknowledged (the CQ is usable
+// until they are, and the goroutine that acknowledges them may be the one
+// resizing); it waits only while Destroy closes the CQ.
 func (c *CQ) Resize(cqe int) error {
 	rz, ok := c.prov.(Resizer)
 	if !ok || !c.prov.QueryDevice().Resize {
@@ -608,8 +709,8 @@ func (c *CQ) Resize(cqe int) error {
 	if max := c.prov.QueryDevice().MaxCQE; cqe < 1 || cqe > max {
 		return invalid("cqe %d (1 to %d)", cqe, max)
 	}
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	// Both locks keep every reader of the ring out: the iterator and
 	// ReqNotify, which counts the entries the ring holds (nmu first, as
 	// there).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
@@ -59,6 +60,38 @@ func TestCreateCQUnsupported(t *testing.T) {
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	c := e.cq(verbs.CQInitAttr{CQE: 4, Fields: da.Fields, Flags: verbs.SingleThreaded, Context: "mine"})
 	require.Equal(t, "mine", c.Context())
+	require.NoError(t, c.Close())
+}
+
+// allFieldsProvider is the software device's provider claiming every
+// completion field and flag, as a device whose entries carried them would.
+type allFieldsProvider struct{ verbs.Provider }
+
+func (p allFieldsProvider) QueryDevice() verbs.DeviceAttr {
+	a := p.Provider.QueryDevice()
+	a.Fields = ^verbs.Fields(0)
+	a.Flags = ^verbs.CreateFlags(0)
+	return a
+}
+
+// A field the verbs layer cannot deliver (no accessor, or one that always
+// returns 0) is refused whatever the provider claims, and QueryDevice
+// reports only what both can do.
+func TestCreateCQFieldsTheLayerLacks(t *testing.T) {
+	e := newEnv(t)
+	p := allFieldsProvider{e.p}
+	da := verbs.QueryDevice(p)
+	require.Equal(t, verbs.FieldByteLen|verbs.FieldImm|verbs.FieldQPNum|verbs.FieldSrcQP, da.Fields)
+	require.Equal(t, verbs.SingleThreaded|verbs.IgnoreOverrun, da.Flags)
+	for _, f := range []verbs.Fields{verbs.FieldCompletionTimestamp, verbs.FieldCompletionWallclock,
+		verbs.FieldCVLAN, verbs.FieldFlowTag, verbs.FieldSLID, verbs.FieldSL, verbs.FieldDLIDPathBits,
+		verbs.FieldCsumOK} {
+		_, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Fields: verbs.FieldByteLen | f})
+		require.ErrorIs(t, err, errors.ErrUnsupported, "%v", f)
+		require.Contains(t, err.Error(), f.String())
+	}
+	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Fields: da.Fields})
+	require.NoError(t, err)
 	require.NoError(t, c.Close())
 }
 
@@ -158,6 +191,63 @@ func TestIterator(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// EndPoll outside a batch does nothing: after a failed StartPoll, a
+// second time, or with no StartPoll. (It used to unlock the CQ's unlocked
+// mutex, a fatal error that no recover catches.) The CQ works afterwards,
+// its lock free.
+func TestEndPollOutsideBatch(t *testing.T) {
+	e := newEnv(t)
+	for _, fl := range []verbs.CreateFlags{0, verbs.SingleThreaded} {
+		c := e.cq(verbs.CQInitAttr{CQE: 8, Flags: fl})
+		a := e.qp(c, false)
+		// works checks that a completion is read, on another goroutine
+		// for a locked CQ (whose lock must be free).
+		works := func(wrid uint64) {
+			t.Helper()
+			e.send(a, nowhere(a), wrid, 10, sim.SendOpts{})
+			got := make(chan []verbs.WC, 1)
+			poll := func() {
+				wcs := make([]verbs.WC, 4)
+				n, _ := c.Poll(wcs)
+				got <- wcs[:n]
+			}
+			if fl&verbs.SingleThreaded != 0 {
+				poll()
+			} else {
+				go poll()
+			}
+			select {
+			case wcs := <-got:
+				require.Len(t, wcs, 1)
+				require.Equal(t, wrid, wcs[0].WRID)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("flags %v: the CQ's lock is held", fl)
+			}
+		}
+
+		c.EndPoll() // no StartPoll
+		works(1)
+
+		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+		c.EndPoll() // after a failed StartPoll
+		works(2)
+
+		e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+		require.NoError(t, c.StartPoll())
+		require.Equal(t, uint64(3), c.WRID())
+		c.EndPoll()
+		c.EndPoll() // a second time: consumes nothing more
+		wcs := drain(t, c)
+		require.Len(t, wcs, 1)
+		require.Equal(t, uint64(4), wcs[0].WRID)
+		works(5)
+
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
+	}
+}
+
 // Error completions come in completion order with their status and
 // vendor error; bad device entries are general errors.
 func TestErrorCompletions(t *testing.T) {
@@ -237,6 +327,7 @@ func TestStrings(t *testing.T) {
 	require.Equal(t, "local length error", verbs.WCLocLenErr.String())
 	require.Equal(t, "local protection error", verbs.WCLocProtErr.String())
 	require.Equal(t, "remote access error", verbs.WCRemAccessErr.String())
+	require.Equal(t, "memory management operation error", verbs.WCMWBindErr.String())
 	require.Equal(t, "general error", verbs.WCGeneralErr.String())
 	require.Equal(t, "unknown status 99", verbs.WCStatus(99).String())
 	require.Equal(t, "RECV_RDMA_WITH_IMM", verbs.WCRecvRDMAWithImm.String())
@@ -340,5 +431,39 @@ func TestIgnoreOverrun(t *testing.T) {
 		require.NoError(t, err, "no error state")
 		require.Zero(t, n)
 		require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+	}
+}
+
+// On a CQ created IgnoreOverrun, ReqNotify does not count an overrun as
+// a completion present: polling gives nothing, so present=true would
+// have the caller poll for ever. With or without a channel.
+func TestIgnoreOverrunReqNotify(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, ch.Close()) }()
+	for _, withCh := range []bool{false, true} {
+		attr := verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun}
+		if withCh {
+			attr.Channel = ch
+		}
+		c, err := verbs.CreateCQ(ignoreOverrun{e.p}, attr)
+		require.NoError(t, err)
+		a := e.qp(c, false)
+		for i := range c.CQE() + 1 {
+			e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		}
+		present, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		require.True(t, present, "channel %v: the CQ is full", withCh)
+		require.Len(t, drain(t, c), c.CQE())
+		for range 3 {
+			present, err := c.ReqNotify(false)
+			require.NoError(t, err)
+			require.False(t, present, "channel %v: nothing to poll", withCh)
+			require.ErrorIs(t, c.StartPoll(), verbs.ErrEmpty)
+		}
+		require.NoError(t, a.Close())
+		require.NoError(t, c.Close())
 	}
 }

@@ -6,8 +6,11 @@
 //     reported by CQ.CQE; a caller context returned with events; an
 //     optional completion channel; a completion vector checked against
 //     the device's; the completion fields wanted, a field the device
-//     cannot give failing with errors.ErrUnsupported; SingleThreaded and
-//     IgnoreOverrun. QueryDevice answers before creation.
+//     cannot give, or that this package has no data path for (the
+//     timestamps, VLAN, flow tag, SLID, SL, DLID path bits, checksum),
+//     failing with errors.ErrUnsupported; SingleThreaded and
+//     IgnoreOverrun. QueryDevice answers before creation, with what the
+//     device and this package can both do.
 //   - The iterator: StartPoll, NextPoll, EndPoll and the accessors of the
 //     current completion (WRID, Status, Opcode, VendorErr, ByteLen, ...).
 //     Poll (ibv_poll_cq) fills an array of WC on the same path. Error
@@ -35,7 +38,9 @@
 // until empty" loses no wake-up; a spurious one, with an empty CQ, may
 // happen. A device interrupt reaches the channel through a goroutine per
 // CQ parked on the CQ's eventfd (the kernel's completion handler in
-// rdma-core), which queues one event per arm.
+// rdma-core), which queues one event per arm. Every ReqNotify writes the
+// device's arm, even while one is pending (as rdma-core's providers do),
+// so a lost device interrupt costs one event, not all later ones.
 //
 // Providers: a device plugs in through Provider; verbs/simverbs adapts the
 // software device (nic/sim).

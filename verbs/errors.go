@@ -12,7 +12,7 @@ import (
 // The errors of this package are those of package cq where one exists, so
 // that one errors.Is test covers both: closed is os.ErrClosed, a bad
 // argument os.ErrInvalid (EINVAL), not supported errors.ErrUnsupported,
-// busy cq.ErrBusy, overrun cq.ErrOverrun.
+// busy cq.ErrBusy (and syscall.EBUSY), overrun cq.ErrOverrun.
 var (
 	// ErrEmpty is StartPoll's and NextPoll's ENOENT: no completion is
 	// available; the CQ stays valid. It matches syscall.ENOENT and
@@ -36,6 +36,17 @@ func (e *errnoError) Error() string { return e.msg }
 
 // Is matches the errno and the cq sentinel.
 func (e *errnoError) Is(target error) bool { return target == e.errno || target == e.alias }
+
+// busyError is a resource still in use: it matches cq.ErrBusy, the busy
+// sentinel of this package, and syscall.EBUSY, the errno verbs returns,
+// with a message of its own (cq.ErrBusy's says "endpoints still bound").
+type busyError struct{ msg string }
+
+// Error returns the message.
+func (e *busyError) Error() string { return e.msg }
+
+// Is matches cq.ErrBusy and syscall.EBUSY.
+func (e *busyError) Is(target error) bool { return target == cq.ErrBusy || target == syscall.EBUSY }
 
 // invalid wraps a message as an error matching os.ErrInvalid (EINVAL).
 func invalid(format string, args ...any) error {

@@ -81,9 +81,11 @@ func (ch *CompChannel) TryGetEvent() (*CQ, any, error) {
 	return c, c.ctx, nil
 }
 
-// pop takes the oldest event, skipping those of CQs being destroyed; nil
-// when none is queued. The descriptor stays readable exactly while events
-// remain.
+// pop takes the oldest event GetEvent may return; nil when none is
+// queued. It passes over, and leaves queued, the events of a CQ being
+// destroyed (dying): Destroy drops them when it succeeds, and GetEvent
+// returns them when it fails. The descriptor stays readable exactly while
+// such an event remains.
 func (ch *CompChannel) pop() (*CQ, error) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
@@ -91,36 +93,58 @@ func (ch *CompChannel) pop() (*CQ, error) {
 		return nil, cq.ErrClosed
 	}
 	var c *CQ
-	for c == nil && ch.head < len(ch.events) {
-		c = ch.events[ch.head]
-		ch.events[ch.head] = nil
-		ch.head++
-		if c.dying {
-			c = nil
+	for j := ch.head; j < len(ch.events); j++ {
+		if x := ch.events[j]; !x.dying {
+			// Out of the queue, the dying ones before it kept in order.
+			c = x
+			copy(ch.events[ch.head+1:j+1], ch.events[ch.head:j])
+			ch.events[ch.head] = nil
+			ch.head++
+			c.got++
+			break
 		}
-	}
-	if c != nil {
-		c.got++
 	}
 	if ch.head == len(ch.events) {
 		ch.events, ch.head = ch.events[:0], 0
-		_, _ = ch.efd.Take()
-	} else {
-		// A waiter's read reset the counter while events remain.
-		_ = ch.efd.Add(1)
 	}
+	// A waiter's read reset the counter while events may remain.
+	ch.settle()
 	return c, nil
 }
 
-// push queues an event for c. From c's interrupt handler.
+// ready reports whether an event GetEvent may return is queued. Under mu.
+func (ch *CompChannel) ready() bool {
+	for _, x := range ch.events[ch.head:] {
+		if !x.dying {
+			return true
+		}
+	}
+	return false
+}
+
+// settle makes the descriptor readable exactly while ready. Under mu.
+func (ch *CompChannel) settle() {
+	switch {
+	case ch.closed:
+	case ch.ready():
+		_ = ch.efd.Add(1)
+	default:
+		_, _ = ch.efd.Take()
+	}
+}
+
+// push queues an event for c. From c's interrupt handler. An event of a
+// CQ being destroyed is queued too, for GetEvent to return if Destroy
+// fails, but does not make the descriptor readable.
 func (ch *CompChannel) push(c *CQ) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if ch.closed || c.dying {
+	if ch.closed {
 		return
 	}
+	wasReady := c.dying || ch.ready()
 	ch.events = append(ch.events, c)
-	if len(ch.events)-ch.head == 1 {
+	if !wasReady {
 		_ = ch.efd.Add(1)
 	}
 }
@@ -138,9 +162,17 @@ func (ch *CompChannel) drop(c *CQ) {
 	}
 	clear(ch.events[k:])
 	ch.events, ch.head = ch.events[:k], 0
-	if k == 0 && !ch.closed {
+	if !ch.ready() && !ch.closed {
 		_, _ = ch.efd.Take()
 	}
+}
+
+// setDying marks c as being destroyed (Destroy, dying true) or no longer
+// (a Destroy that failed, false), and makes the descriptor say whether
+// GetEvent has an event to return now that c's count or not. Under mu.
+func (ch *CompChannel) setDying(c *CQ, dying bool) {
+	c.dying = dying
+	ch.settle()
 }
 
 func (ch *CompChannel) use() error {
@@ -160,7 +192,8 @@ func (ch *CompChannel) unuse() {
 }
 
 // Close destroys the channel (ibv_destroy_comp_channel). It fails with an
-// error matching cq.ErrBusy while CQs created with it are not destroyed.
+// error matching cq.ErrBusy and syscall.EBUSY while CQs created with it
+// are not destroyed.
 // A GetEvent blocked on it returns os.ErrClosed. It is idempotent.
 func (ch *CompChannel) Close() error {
 	ch.mu.Lock()
@@ -171,7 +204,11 @@ func (ch *CompChannel) Close() error {
 	if ch.users > 0 {
 		n := ch.users
 		ch.mu.Unlock()
-		return fmt.Errorf("verbs: %w: completion channel used by %d CQ(s)", cq.ErrBusy, n)
+		s := "s"
+		if n == 1 {
+			s = ""
+		}
+		return &busyError{fmt.Sprintf("verbs: completion channel used by %d CQ%s", n, s)}
 	}
 	ch.closed = true
 	ch.events, ch.head = nil, 0
@@ -204,6 +241,13 @@ func (c *CQ) AckEvents(n int) {
 // the event gives one event; a "next" request takes precedence over a
 // solicited one. A CQ without a channel only reports present. It must not
 // be called between StartPoll and EndPoll.
+//
+// Every call arms the device, as rdma-core's providers write the arm
+// doorbell on every ibv_req_notify_cq: the device's arm is one-shot, so a
+// device interrupt that never arrives (lost) would otherwise leave the
+// CQ armed here and disarmed there, with no event ever again. Re-arming
+// an arm still pending moves the point it counts from up to the entries
+// present now: they raise no event, and present reports them.
 func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	want := armNext
 	if solicitedOnly {
@@ -217,25 +261,46 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	// the iterator out while the ring is counted.
 	c.lock()
 	defer c.unlock()
-	if c.ch == nil || c.armed >= want {
-		// Nothing to arm: an arm already pending keeps counting from when
-		// it was made, so re-arming the device would lose its event.
-		switch _, err := c.c.Read(nil); err {
-		case nil, cq.ErrAvail, cq.ErrOverrun:
-			present = true
-		case cq.ErrAgain:
-		default:
+	if c.ch == nil {
+		if present, err = c.held(); err != nil {
 			return false, err
 		}
 	} else {
-		if present, err = c.c.ReqNotify(want == armSolicited); err != nil {
+		// The stronger of the pending arm and this one: one event
+		// fulfils both.
+		arm := max(c.armed, want)
+		if present, err = c.c.ReqNotify(arm == armSolicited); err != nil {
 			return false, err
 		}
-		c.armed = want
+		c.armed = arm
+		if present && c.flags&IgnoreOverrun != 0 {
+			// The fi_cq CQ counts an overrun as an entry held: ask
+			// which it is.
+			if present, err = c.held(); err != nil {
+				return false, err
+			}
+		}
 	}
 	// Completions the iterator took from the ring but the caller has not
 	// consumed are in the CQ too.
 	return present || c.i < c.n, nil
+}
+
+// held reports whether the ring holds a completion, error completions
+// included. An overrun counts, so that the caller polls and meets
+// cq.ErrOverrun, except on a CQ created IgnoreOverrun, where polling
+// gives ErrEmpty: reporting it would have the caller poll for ever.
+func (c *CQ) held() (bool, error) {
+	switch _, err := c.c.Read(nil); err {
+	case nil, cq.ErrAvail:
+		return true, nil
+	case cq.ErrOverrun:
+		return c.flags&IgnoreOverrun == 0, nil
+	case cq.ErrAgain:
+		return false, nil
+	default:
+		return false, err
+	}
 }
 
 // handle is the CQ's interrupt handler: each device interrupt fulfils the

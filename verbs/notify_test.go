@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"context"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,6 +93,39 @@ func TestReqNotifyRepeated(t *testing.T) {
 	c.AckEvents(1)
 }
 
+// A device interrupt that is lost costs one event, not every later one:
+// each ReqNotify arms the device again, even while an arm is pending.
+func TestReqNotifyAfterLostInterrupt(t *testing.T) {
+	e, ch, c, a := chEnv(t)
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+	_, err := c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	noEvent(t, ch, 30*time.Millisecond) // lost, as injected
+	require.Len(t, drain(t, c), 1)
+	for i := range 3 {
+		present, err := c.ReqNotify(i%2 == 1) // solicited on a pending next stays next
+		require.NoError(t, err)
+		require.False(t, present)
+		e.send(a, nowhere(a), uint64(2+i), 10, sim.SendOpts{})
+		getEvent(t, ch)
+		c.AckEvents(1)
+		noEvent(t, ch, 10*time.Millisecond)
+		require.Len(t, drain(t, c), 1)
+		if i == 0 {
+			// Lose the next one while an arm is pending, then arm again.
+			require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+			_, err := c.ReqNotify(false)
+			require.NoError(t, err)
+			e.send(a, nowhere(a), 100, 10, sim.SendOpts{})
+			noEvent(t, ch, 30*time.Millisecond)
+			require.Len(t, drain(t, c), 1)
+			_, err = c.ReqNotify(false)
+			require.NoError(t, err)
+		}
+	}
+}
+
 // Solicited-only fires for a solicited receive or an error, not for other
 // completions; a "next" arm takes precedence over a solicited one.
 func TestReqNotifySolicited(t *testing.T) {
@@ -170,6 +204,32 @@ func TestChannelSeveralCQs(t *testing.T) {
 	require.Equal(t, -1, ch.Fd())
 	_, err = verbs.CreateCQ(e.p, verbs.CQInitAttr{CQE: 1, Channel: ch})
 	require.ErrorIs(t, err, os.ErrClosed)
+}
+
+// A channel still used by CQs is busy: the error says so in its own words
+// and matches both cq.ErrBusy and EBUSY. So is a CQ with a queue bound.
+func TestChannelCloseBusy(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c1 := e.cq(verbs.CQInitAttr{CQE: 8, Channel: ch})
+	c2 := e.cq(verbs.CQInitAttr{CQE: 8, Channel: ch})
+	err = ch.Close()
+	require.ErrorIs(t, err, cq.ErrBusy)
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.EqualError(t, err, "verbs: completion channel used by 2 CQs")
+	require.NoError(t, c1.Close())
+	err = ch.Close()
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.EqualError(t, err, "verbs: completion channel used by 1 CQ")
+
+	a := e.qp(c2, false)
+	err = c2.Close()
+	require.ErrorIs(t, err, cq.ErrBusy)
+	require.ErrorIs(t, err, syscall.EBUSY)
+	require.NoError(t, a.Close())
+	require.NoError(t, c2.Close())
+	require.NoError(t, ch.Close())
 }
 
 // The channel's descriptor works with epoll: readable while an event is
@@ -258,6 +318,185 @@ func TestDestroyUnackedEvents(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(t0), 15*time.Millisecond)
 	require.NoError(t, c.Destroy(context.Background())) // idempotent
 	require.NoError(t, ch.Close())
+}
+
+// A Destroy waiting for another, which waits for an acknowledgment, ends
+// with its context; Resize does not wait for that Destroy (the goroutine
+// that would acknowledge may be the one resizing).
+func TestDestroyContextWhileAnotherWaits(t *testing.T) {
+	e := newEnv(t)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	c := e.cq(verbs.CQInitAttr{CQE: 16, Channel: ch})
+	a := e.qp(c, false)
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	getEvent(t, ch)
+	require.NoError(t, a.Close())
+	first := make(chan error, 1)
+	go func() { first <- c.Destroy(context.Background()) }() // waits for the ack
+	time.Sleep(20 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	second := make(chan error, 1)
+	go func() { second <- c.Destroy(ctx) }()
+	select {
+	case err := <-second:
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Contains(t, err.Error(), "another Destroy")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second Destroy blocked past its deadline")
+	}
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	err = c.Destroy(cctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+
+	resized := make(chan error, 1)
+	go func() { resized <- c.Resize(32) }()
+	select {
+	case err := <-resized:
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, c.CQE(), 32)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Resize blocked while Destroy waits for an acknowledgment")
+	}
+	require.Len(t, drain(t, c), 1) // still usable
+
+	c.AckEvents(1)
+	select {
+	case err := <-first:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Destroy not done after the acknowledgment")
+	}
+	require.ErrorIs(t, c.Resize(16), os.ErrClosed)
+	require.NoError(t, ch.Close())
+}
+
+// A Destroy waiting for another goroutine's open batch ends with its
+// context and leaves the CQ usable.
+func TestDestroyContextWhileBatchOpen(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 16})
+	a := e.qp(c, false)
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	require.NoError(t, a.Close())
+	require.NoError(t, c.StartPoll())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Destroy(ctx) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		require.Contains(t, err.Error(), "batch")
+	case <-time.After(5 * time.Second):
+		c.EndPoll()
+		t.Fatal("Destroy blocked past its deadline on an open batch")
+	}
+	require.Equal(t, uint64(1), c.WRID())
+	c.EndPoll()
+	wcs := drain(t, c)
+	require.Len(t, wcs, 1)
+	require.Equal(t, uint64(2), wcs[0].WRID)
+
+	// Cancelled while the batch is open: the context's error.
+	require.NoError(t, c.Close()) // nothing open: fine
+	c = e.cq(verbs.CQInitAttr{CQE: 16})
+	a = e.qp(c, false)
+	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, a.Close())
+	require.NoError(t, c.StartPoll())
+	cctx, ccancel := context.WithCancel(context.Background())
+	go func() { done <- c.Destroy(cctx) }()
+	time.Sleep(10 * time.Millisecond)
+	ccancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		c.EndPoll()
+		t.Fatal("Destroy blocked past its cancellation on an open batch")
+	}
+	c.EndPoll()
+	require.NoError(t, c.Close())
+}
+
+// A Destroy that fails after it stopped GetEvent returning the CQ (its
+// events acknowledged, it waits for an open batch, then a queue bound
+// meanwhile makes it busy) loses none of the CQ's events: one the device
+// raised meanwhile, and one queued before that GetEvent passed over.
+func TestDestroyFailureKeepsEvents(t *testing.T) {
+	// failing starts a Destroy that will fail: it passes the bound check
+	// and its acknowledgments, then waits for the batch the caller holds;
+	// bind makes it busy. It returns Destroy's result and the new QP.
+	failing := func(t *testing.T, e *env, c *verbs.CQ) (<-chan error, *sim.QP) {
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			done <- c.Destroy(ctx)
+		}()
+		time.Sleep(20 * time.Millisecond) // past the bound check
+		return done, e.qp(c, false)
+	}
+	end := func(t *testing.T, ch *verbs.CompChannel, c *verbs.CQ, done <-chan error, b *sim.QP) {
+		c.EndPoll()
+		err := <-done
+		require.ErrorIs(t, err, cq.ErrBusy)
+		require.ErrorIs(t, err, syscall.EBUSY)
+		got, _ := getEvent(t, ch)
+		require.Same(t, c, got)
+		c.AckEvents(1)
+		require.NoError(t, b.Close())
+	}
+
+	t.Run("raised", func(t *testing.T) {
+		e, ch, c, a := chEnv(t)
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		getEvent(t, ch) // acknowledged once Destroy waits
+		present, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		require.True(t, present)
+		require.NoError(t, a.Close())
+		require.NoError(t, c.StartPoll())
+		done, b := failing(t, e, c)
+		c.AckEvents(1) // Destroy goes on, to the batch
+		time.Sleep(20 * time.Millisecond)
+		e.send(b, nowhere(b), 2, 10, sim.SendOpts{}) // fires the arm
+		time.Sleep(20 * time.Millisecond)
+		_, _, err = ch.TryGetEvent()
+		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
+		end(t, ch, c, done, b)
+	})
+
+	t.Run("queued", func(t *testing.T) {
+		e, ch, c, a := chEnv(t)
+		_, err := c.ReqNotify(false)
+		require.NoError(t, err)
+		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		time.Sleep(20 * time.Millisecond) // the event is queued
+		require.NoError(t, a.Close())
+		require.NoError(t, c.StartPoll())
+		done, b := failing(t, e, c) // nothing to acknowledge: on to the batch
+		_, _, err = ch.TryGetEvent()
+		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
+		end(t, ch, c, done, b)
+	})
+}
+
+// A CQ not made by CreateCQ is refused, not waited on for ever.
+func TestDestroyZeroCQ(t *testing.T) {
+	require.ErrorIs(t, new(verbs.CQ).Close(), os.ErrInvalid)
 }
 
 // Events queued and not taken do not hold up Destroy, and are dropped.

@@ -43,7 +43,7 @@ const (
 var statusText = [numStatuses]string{
 	"success", "local length error", "local QP operation error",
 	"local EE context operation error", "local protection error",
-	"Work Request Flushed Error", "memory bind operation error",
+	"Work Request Flushed Error", "memory management operation error",
 	"bad response error", "local access error", "remote invalid request error",
 	"remote access error", "remote operation error",
 	"transport retry counter exceeded", "RNR retry counter exceeded",

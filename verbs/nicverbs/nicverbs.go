@@ -28,12 +28,19 @@ func New(d nic.Device) *Provider { return &Provider{Dev: d} }
 // count and the queue (the QP number is the queue pair); it has no
 // immediate data or source QP. Its interrupts are per queue, wired when a
 // queue is bound, so each queue pair is a completion vector.
+//
+// IgnoreOverrun is honoured because no overrun can happen: the CQ has no
+// ring of its own but reads the bound queues' rings (cq/ring.QueueSource),
+// whose completions are bounded by the buffers posted to them, and that
+// source never reports an overrun (only a ring with an overrun register
+// does, and virtio's and igb's have none). The CQ never enters the error
+// state, whatever its size.
 func (p *Provider) QueryDevice() verbs.DeviceAttr {
 	return verbs.DeviceAttr{
 		MaxCQE:         MaxCQE,
 		NumCompVectors: max(1, p.Dev.QueuePairs()),
 		Fields:         verbs.FieldByteLen | verbs.FieldQPNum,
-		Flags:          verbs.SingleThreaded,
+		Flags:          verbs.SingleThreaded | verbs.IgnoreOverrun,
 	}
 }
 

@@ -33,7 +33,8 @@ func Rounds(t testing.TB) int {
 // Run checks the verbs CQ over dev's transmit queue 0, sending frame
 // (which whoever is on the wire must ignore): creation limits as in
 // rdma-core's test_cq.py (sizes 1, max/2 and max; max+1 and a vector out
-// of range refused; an unsupported field refused), the iterator over 64
+// of range refused; an unsupported field refused; IgnoreOverrun
+// honoured), the iterator over 64
 // real transmit completions, request-notify with a completion channel
 // woken by the queue's MSI-X interrupt (entries present at the arm
 // reported, two arms one event), rounds of the lost-wake-up loop against
@@ -59,10 +60,14 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	require.ErrorIs(t, err, os.ErrInvalid)
 	_, err = verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 8, Fields: verbs.FieldCompletionTimestamp})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
+	// A NIC queue cannot overrun its CQ: IgnoreOverrun is honoured.
+	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 8, Flags: verbs.IgnoreOverrun})
+	require.NoError(t, err)
+	require.NoError(t, c.Destroy(ctx))
 
 	ch, err := verbs.NewCompChannel()
 	require.NoError(t, err)
-	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 512, Channel: ch, Context: "cq0",
+	c, err = verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 512, Channel: ch, Context: "cq0",
 		Fields: verbs.FieldByteLen | verbs.FieldQPNum})
 	require.NoError(t, err)
 	require.NoError(t, dev.BindCQ(c.FI(), 0, nic.Send))

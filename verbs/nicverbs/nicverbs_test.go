@@ -1,0 +1,63 @@
+package nicverbs_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/verbs"
+	"github.com/vfnic/vfnic/verbs/nicverbs"
+)
+
+// pairs is a nic.Device with 4 queue pairs; the provider calls nothing
+// else of it here.
+type pairs struct{ nic.Device }
+
+func (pairs) QueuePairs() int { return 4 }
+
+// queue is a device queue with n completions ready, as a bound queue's
+// ring is read (nic.Device.BindCQ adds a ring.QueueSource over it).
+type queue struct{ n int }
+
+func (q *queue) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, _ *ring.Completion) (int, bool) {
+	k := min(q.n, len(ents))
+	for i := range k {
+		qs.Store(&ents[i], &ring.Completion{Entry: cq.Entry{Context: uint64(i), Len: 64}})
+	}
+	q.n -= k
+	return k, false
+}
+func (q *queue) Pending(max int) int               { return min(q.n, max) }
+func (*queue) Arm(bool, int) error                 { return nil }
+func (*queue) StrError(int, []byte) (string, bool) { return "", false }
+func (*queue) Unbind() error                       { return nil }
+
+// A NIC CQ honours IgnoreOverrun: it reads the queues' own rings, so more
+// completions than its size are read, with no overrun.
+func TestIgnoreOverrun(t *testing.T) {
+	p := nicverbs.New(pairs{})
+	require.NotZero(t, verbs.QueryDevice(p).Flags&verbs.IgnoreOverrun)
+	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun})
+	require.NoError(t, err)
+	q := &queue{n: 3*c.CQE() + 1}
+	require.NoError(t, ring.Bind(c.FI()))
+	require.NoError(t, ring.AddSource(c.FI(), ring.NewQueueSource(q, "tx0", 1)))
+	wcs := make([]verbs.WC, 2)
+	got := 0
+	for {
+		n, err := c.Poll(wcs)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+		got += n
+	}
+	require.Equal(t, 3*c.CQE()+1, got)
+	present, err := c.ReqNotify(false)
+	require.NoError(t, err)
+	require.False(t, present)
+	ring.Unbind(c.FI())
+	require.NoError(t, c.Close())
+}
