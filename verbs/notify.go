@@ -217,6 +217,28 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	// the iterator out while the ring is counted.
 	c.lock()
 	defer c.unlock()
+	if want == armSolicited && c.ch != nil && c.swSolicited && c.armed < want {
+		if c.single {
+			// The handler would read the ring beside the caller's thread.
+			return false, unsupported("solicited-only notification on a SingleThreaded CQ of a device that does not filter it")
+		}
+		// Completions present now raise no event: take them, so that the
+		// handler looks only at those written after the arm.
+		if _, err := c.drain(); err != nil {
+			return false, err
+		}
+		p, err := c.c.ReqNotify(false)
+		if err != nil {
+			return false, err
+		}
+		c.armed = want
+		if p {
+			// Written between the drain and the arm: the handler takes it
+			// and fires if it is an error.
+			_ = c.irq.Add(1)
+		}
+		return c.i < c.n || c.stashLen() > 0, nil
+	}
 	if c.ch == nil || c.armed >= want {
 		// Nothing to arm: an arm already pending keeps counting from when
 		// it was made, so re-arming the device would lose its event.
@@ -235,7 +257,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	}
 	// Completions the iterator took from the ring but the caller has not
 	// consumed are in the CQ too.
-	return present || c.i < c.n, nil
+	return present || c.i < c.n || c.stashLen() > 0, nil
 }
 
 // handle is the CQ's interrupt handler: each device interrupt fulfils the
@@ -249,7 +271,12 @@ func (c *CQ) handle(irq *eventfd.FD) {
 		}
 		c.nmu.Lock()
 		fire := c.armed != armNone
-		c.armed = armNone
+		if c.armed == armSolicited && c.swSolicited {
+			fire = c.checkSolicited()
+		}
+		if fire {
+			c.armed = armNone
+		}
 		c.nmu.Unlock()
 		if fire {
 			c.ch.push(c)
