@@ -11,6 +11,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/eventfd"
 )
 
 // Provider is a device as the verbs layer needs it. Its CQs are package
@@ -137,6 +138,16 @@ type CQ struct {
 	errEnt cq.ErrEntry
 	errBuf [256]byte
 
+	// Solicited-only arms filtered here (solicited.go): swSolicited unless
+	// the provider is a SolicitedNotifier; stash[sh:] are completions the
+	// interrupt handler took from the ring, read before the ring's.
+	swSolicited bool
+	irq         *eventfd.FD
+	stash       []stashed
+	sh          int
+	dbuf        *[batch]cq.Entry
+	daddr       *[batch]cq.Addr
+
 	// Notification state: armed under nmu; got, acked, dying under the
 	// channel's mu.
 	nmu         sync.Mutex
@@ -191,7 +202,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	single := attr.Flags&SingleThreaded != 0
 	c := &CQ{prov: p, ctx: attr.Context, ch: attr.Channel, fields: attr.Fields, flags: attr.Flags,
 		single: single, opc: opcodes, withSrc: attr.Fields&FieldSrcQP != 0, qshift: p.QueueShift(),
-		dsem: make(chan struct{}, 1)}
+		dsem: make(chan struct{}, 1), swSolicited: filtersSolicited(p)}
 	if c.ch != nil {
 		if err := c.ch.use(); err != nil {
 			return nil, err
@@ -223,6 +234,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 			c.ch.unuse()
 			return nil, unsupported("the device's CQ has no interrupt")
 		}
+		c.irq = irq
 		c.ackCh = make(chan struct{}, 1)
 		c.handlerDone = make(chan struct{})
 		go c.handle(irq)
@@ -331,6 +343,9 @@ func (c *CQ) load() error {
 		return nil
 	}
 	c.i, c.n = 0, 0
+	if c.sh < len(c.stash) {
+		return c.loadStash()
+	}
 	var k int
 	var err error
 	if c.withSrc {
@@ -721,7 +736,7 @@ func (c *CQ) Resize(cqe int) error {
 	if c.destroyed {
 		return cq.ErrClosed
 	}
-	n, err := rz.ResizeCQ(c.c, cqe, c.n-c.i)
+	n, err := rz.ResizeCQ(c.c, cqe, c.n-c.i+c.stashLen())
 	if err != nil {
 		return err
 	}

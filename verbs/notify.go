@@ -269,6 +269,9 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 		// The stronger of the pending arm and this one: one event
 		// fulfils both.
 		arm := max(c.armed, want)
+		if arm == armSolicited && c.swSolicited {
+			return c.armSolicited()
+		}
 		if present, err = c.c.ReqNotify(arm == armSolicited); err != nil {
 			return false, err
 		}
@@ -283,7 +286,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	}
 	// Completions the iterator took from the ring but the caller has not
 	// consumed are in the CQ too.
-	return present || c.i < c.n, nil
+	return present || c.i < c.n || c.stashLen() > 0, nil
 }
 
 // held reports whether the ring holds a completion, error completions
@@ -314,7 +317,12 @@ func (c *CQ) handle(irq *eventfd.FD) {
 		}
 		c.nmu.Lock()
 		fire := c.armed != armNone
-		c.armed = armNone
+		if c.armed == armSolicited && c.swSolicited {
+			fire = c.checkSolicited()
+		}
+		if fire {
+			c.armed = armNone
+		}
 		c.nmu.Unlock()
 		if fire {
 			c.ch.push(c)

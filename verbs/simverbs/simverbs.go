@@ -38,6 +38,11 @@ func (p *Provider) OpenCQ(entries, vector int, format cq.Format, single bool) (*
 		Flags: cq.AttrAffinity, SignalingVector: vector, SingleThreaded: single})
 }
 
+// NotifiesSolicited implements verbs.SolicitedNotifier: the device raises
+// a solicited-only arm's interrupt only for a completion whose send asked
+// for it (sim.SendOpts.Solicited) or an error.
+func (p *Provider) NotifiesSolicited() bool { return true }
+
 // VendorErr implements verbs.Provider: the entry's syndrome for a device
 // status; for an entry the reader refused, the cq.Prov* number as a
 // 32-bit two's complement.
