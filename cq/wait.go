@@ -128,7 +128,7 @@ func (c *CQ) pendingLocked(max int) int {
 		return max
 	}
 	n := 0
-	for _, s := range c.srcs {
+	for _, s := range c.sources() {
 		n += s.Pending(max - n)
 		if n >= max {
 			return max
@@ -150,7 +150,7 @@ func (c *CQ) armLocked(thr int) error {
 	if c.closed {
 		return nil
 	}
-	for _, s := range c.srcs {
+	for _, s := range c.sources() {
 		if err := s.Arm(false, thr); err != nil {
 			return err
 		}
@@ -312,7 +312,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	if c.closed {
 		return false, ErrClosed
 	}
-	for _, s := range c.srcs {
+	for _, s := range c.sources() {
 		if err := s.Arm(solicitedOnly, 0); err != nil {
 			return false, err
 		}
