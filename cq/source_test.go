@@ -20,6 +20,7 @@ type fakeSource struct {
 	ready int
 	armed bool
 	thr   int
+	arms  []int // the thresholds it was armed with
 }
 
 func (s *fakeSource) Attach(Format) error { return nil }
@@ -44,12 +45,19 @@ func (s *fakeSource) Arm(_ bool, thr int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.armed, s.thr = true, max(thr, 1)
+	s.arms = append(s.arms, thr)
 	s.fireLocked()
 	return nil
 }
 
 func (s *fakeSource) StrError(int, []byte) (string, bool) { return "", false }
 func (s *fakeSource) Close() error                        { return nil }
+
+func (s *fakeSource) armedWith() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.arms...)
+}
 
 func (s *fakeSource) produce(n int) {
 	s.mu.Lock()
