@@ -17,8 +17,13 @@ type CQ struct {
 	attr   Attr
 	single bool
 
-	mu     sync.Mutex // readers; also guards srcs, closed, fatal, bound
-	srcs   []source
+	mu sync.Mutex // readers; also guards closed, fatal, bound, and changes to srcs
+	// srcs are the sources, published copy-on-write: a change (under mu)
+	// stores a new slice, never altering one published, so that readers
+	// of a SingleThreaded CQ, which take no lock, read them while a
+	// driver adds one (verbs creates QPs on a CQ that others poll).
+	// Never nil after New, so that a read loads it and nothing more.
+	srcs   atomic.Pointer[[]source]
 	closed bool
 	fatal  bool
 	bound  int
@@ -44,6 +49,7 @@ func New(attr Attr, lim Limits) (*CQ, error) {
 		return nil, err
 	}
 	c := &CQ{attr: a, single: a.SingleThreaded, wakeCh: make(chan struct{}), done: make(chan struct{})}
+	c.srcs.Store(&noSources)
 	switch a.WaitObj {
 	case WaitFD, WaitUnspec, WaitMutexCond:
 		fd, err := eventfd.New()
@@ -101,9 +107,18 @@ func (c *CQ) addSource(s source) error {
 	if err := s.Attach(c.attr.Format); err != nil {
 		return err
 	}
-	c.srcs = append(c.srcs, s)
+	old := c.sources()
+	srcs := append(old[:len(old):len(old)], s) // a copy: readers may hold old
+	c.srcs.Store(&srcs)
 	return nil
 }
+
+// sources returns the published sources, which nobody alters: one load,
+// without c.mu.
+func (c *CQ) sources() []source { return *c.srcs.Load() }
+
+// noSources is the sources of a new or closed CQ.
+var noSources []source
 
 // bind records an endpoint (a device queue) that reports to this CQ; Close
 // fails with ErrBusy until it is unbound.
@@ -169,12 +184,13 @@ func (c *CQ) ReadFrom(ents []Entry, addrs []Addr) (int, error) {
 
 func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	c.lock()
-	if c.closed || len(ents) == 0 || len(c.srcs) != 1 {
-		return c.readAll(ents, addrs)
+	srcs := c.sources()
+	if c.closed || len(ents) == 0 || len(srcs) != 1 {
+		return c.readAll(ents, addrs, srcs)
 	}
 	// One source, the common case: what readAll does, with nothing but c
 	// to keep across the call.
-	n, st := c.srcs[0].Poll(ents, addrs)
+	n, st := srcs[0].Poll(ents, addrs)
 	if st == provider.StateOverrun && n == 0 {
 		c.fatal = true
 	}
@@ -194,20 +210,20 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 }
 
 // readAll is read for a closed CQ, a zero-count read and any number of
-// sources. Called locked; it unlocks.
-func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
+// sources, srcs, as read loaded them. Called locked; it unlocks.
+func (c *CQ) readAll(ents []Entry, addrs []Addr, srcs []source) (int, error) {
 	if c.closed {
 		c.unlock()
 		return 0, ErrClosed
 	}
 	if len(ents) == 0 {
-		err := c.probe()
+		err := c.probe(srcs)
 		c.unlock()
 		return 0, err
 	}
 	n := 0
 	errHead, over := false, false
-	for _, s := range c.srcs {
+	for _, s := range srcs {
 		var a []Addr
 		if addrs != nil {
 			a = addrs[n:]
@@ -241,10 +257,11 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr) (int, error) {
 	return 0, ErrAgain
 }
 
-// probe is a zero-count read: progress and state only. Called locked.
-func (c *CQ) probe() error {
+// probe is a zero-count read of srcs: progress and state only. Called
+// locked.
+func (c *CQ) probe(srcs []source) error {
 	ready, over := false, false
-	for _, s := range c.srcs {
+	for _, s := range srcs {
 		switch _, st := s.Poll(nil, nil); st {
 		case provider.StateError:
 			return ErrAvail
@@ -285,7 +302,8 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 		return ErrClosed
 	}
 	buf := e.ErrData
-	for _, s := range c.srcs {
+	srcs := c.sources()
+	for _, s := range srcs {
 		data, ok := s.ReadErr(e)
 		if !ok {
 			continue
@@ -299,7 +317,7 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 	}
 	// No error entry: a source that overran says so here too, not only
 	// once a Read has noticed it.
-	if !c.fatal && c.probe() == ErrOverrun {
+	if !c.fatal && c.probe(srcs) == ErrOverrun {
 		return ErrOverrun
 	}
 	if c.fatal {
@@ -314,10 +332,7 @@ func (c *CQ) StrError(provErrno int, errData []byte) string {
 	if s, ok := provText[provErrno]; ok {
 		return "cq: " + s
 	}
-	c.mu.Lock()
-	srcs := c.srcs
-	c.mu.Unlock()
-	for _, s := range srcs {
+	for _, s := range c.sources() {
 		if msg, ok := s.StrError(provErrno, errData); ok {
 			return msg
 		}
@@ -340,8 +355,8 @@ func (c *CQ) Close() error {
 		return fmt.Errorf("%w: %d endpoint(s)", ErrBusy, n)
 	}
 	c.closed = true
-	srcs := c.srcs
-	c.srcs = nil
+	srcs := c.sources()
+	c.srcs.Store(&noSources)
 	c.mu.Unlock()
 
 	close(c.done)

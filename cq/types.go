@@ -156,11 +156,18 @@ type Attr struct {
 	SingleThreaded bool
 }
 
+// sizeLimit is the largest CQ size whatever a provider's Limits say: a
+// power of two that a 32-bit int holds, so that rounding up to it cannot
+// overflow.
+const sizeLimit = 1 << 30
+
 // Limits are what a provider supports; New resolves an Attr against them.
 type Limits struct {
 	// DefaultSize is used for Attr.Size 0.
 	DefaultSize int
 	// MaxSize is the largest size; larger requests fail with ErrInvalid.
+	// Zero means no limit but the package's own, 2^30, which also caps
+	// larger values.
 	MaxSize int
 	// PowerOfTwo rounds sizes up to a power of two.
 	PowerOfTwo bool
@@ -183,11 +190,21 @@ func (l Limits) Resolve(attr Attr) (Attr, error) {
 			a.Size = 1024
 		}
 	}
+	// Checked before rounding too: rounding a size above 2^62 (2^30 on
+	// 32 bits) up to a power of two overflows int, and the negative
+	// result would pass the check after it.
+	limit := l.MaxSize
+	if limit <= 0 || limit > sizeLimit {
+		limit = sizeLimit
+	}
+	if a.Size > limit {
+		return attr, fmt.Errorf("%w: size %d above the maximum %d", ErrInvalid, a.Size, limit)
+	}
 	if l.PowerOfTwo && a.Size&(a.Size-1) != 0 {
 		a.Size = 1 << bits.Len(uint(a.Size))
 	}
-	if l.MaxSize > 0 && a.Size > l.MaxSize {
-		return attr, fmt.Errorf("%w: size %d above the maximum %d", ErrInvalid, attr.Size, l.MaxSize)
+	if a.Size > limit {
+		return attr, fmt.Errorf("%w: size %d above the maximum %d", ErrInvalid, attr.Size, limit)
 	}
 	switch a.Format {
 	case FormatUnspec:

@@ -2,6 +2,8 @@ package cq
 
 import (
 	"errors"
+	"math"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +69,26 @@ func TestResolveEverySize(t *testing.T) {
 			t.Fatalf("size 65537: %v", err)
 		}
 	}
+}
+
+// TestResolveHugeSize: sizes whose rounding up to a power of two would
+// overflow int (above 2^62) fail with ErrInvalid, with or without a
+// provider maximum, and so do a huge default size and sizes above the
+// package's own limit.
+func TestResolveHugeSize(t *testing.T) {
+	huge := []int{math.MaxInt/2 + 2, math.MaxInt, math.MaxInt/2 + 1, sizeLimit + 1}
+	for _, lim := range []Limits{{PowerOfTwo: true}, {PowerOfTwo: true, MaxSize: 65536},
+		{}, {MaxSize: math.MaxInt, PowerOfTwo: true}} {
+		for _, n := range huge {
+			a, err := lim.Resolve(Attr{Size: n})
+			require.ErrorIs(t, err, ErrInvalid, "size %d, %+v: got %d", n, lim, a.Size)
+			require.ErrorIs(t, err, os.ErrInvalid)
+		}
+		lim.DefaultSize = math.MaxInt/2 + 2
+		_, err := lim.Resolve(Attr{})
+		require.ErrorIs(t, err, ErrInvalid, "a huge default size, %+v", lim)
+	}
+	a, err := Limits{PowerOfTwo: true}.Resolve(Attr{Size: sizeLimit - 1})
+	require.NoError(t, err)
+	require.Equal(t, sizeLimit, a.Size, "rounds up to the limit itself")
 }

@@ -128,7 +128,7 @@ func (c *CQ) pendingLocked(max int) int {
 		return max
 	}
 	n := 0
-	for _, s := range c.srcs {
+	for _, s := range c.sources() {
 		n += s.Pending(max - n)
 		if n >= max {
 			return max
@@ -146,12 +146,49 @@ func (c *CQ) arm(thr int) error {
 	return c.armLocked(thr)
 }
 
+// armLocked arms the sources' interrupts for thr entries queued. A device
+// counts the entries of its own ring only, so with several sources (a
+// device's receive and transmit rings bound to one CQ) each is armed for
+// its share of what is missing beyond what it holds, d = ceil((thr -
+// held) / n) more: once thr entries are queued, one source has d more and
+// fires. A source that fires first only wakes the reader to count again.
 func (c *CQ) armLocked(thr int) error {
 	if c.closed {
 		return nil
 	}
-	for _, s := range c.srcs {
-		if err := s.Arm(false, thr); err != nil {
+	srcs := c.sources()
+	if len(srcs) == 1 || thr <= 1 {
+		for _, s := range srcs {
+			if err := s.Arm(false, thr); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// The counts of the first sources, kept on the stack: with more
+	// sources than that, each is armed for its next entry (d = 1).
+	var buf [8]int
+	var held []int
+	d := 1
+	if len(srcs) <= len(buf) {
+		held = buf[:len(srcs)]
+		total := 0
+		for i, s := range srcs {
+			held[i] = s.Pending(thr)
+			total += held[i]
+		}
+		if total < thr {
+			d = (thr - total + len(srcs) - 1) / len(srcs)
+		}
+	}
+	for i, s := range srcs {
+		var h int
+		if held != nil {
+			h = held[i]
+		} else {
+			h = s.Pending(thr)
+		}
+		if err := s.Arm(false, h+d); err != nil {
 			return err
 		}
 	}
@@ -312,7 +349,7 @@ func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	if c.closed {
 		return false, ErrClosed
 	}
-	for _, s := range c.srcs {
+	for _, s := range c.sources() {
 		if err := s.Arm(solicitedOnly, 0); err != nil {
 			return false, err
 		}

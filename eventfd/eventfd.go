@@ -25,11 +25,18 @@ var ErrTimeout = os.ErrDeadlineExceeded
 var ErrClosed = os.ErrClosed
 
 // FD is an eventfd counter. Add and Take may be called from any goroutine.
-// Concurrent Waits on the runtime poller are serialised by its read lock,
-// so callers that need several sleepers on one source arrange for one of
-// them to wait on the FD.
+// Any number of goroutines may Wait at once, each with its own deadline and
+// context; on the runtime poller they take turns, one sleeping on the
+// descriptor at a time, so an event wakes one of them.
 type FD struct {
 	fd int
+
+	// turn is held by the one goroutine that sleeps on the runtime poller:
+	// a read deadline belongs to the os.File, not to the goroutine, and the
+	// file's read lock would queue the others where neither their deadline
+	// nor their context reaches them (expiring it would wake the sleeper
+	// instead, and a zero deadline would clear the sleeper's).
+	turn chan struct{}
 
 	// users counts the calls using fd (Add, Take, a thread's Wait), with
 	// closedBit set by Close, which waits on drained for them to end:
@@ -64,7 +71,7 @@ func New() (*FD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: eventfd2: %w", err)
 	}
-	return &FD{fd: fd, drained: make(chan struct{}), spare: -1}, nil
+	return &FD{fd: fd, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
 
 // acquire counts a call that uses the descriptor; false once closed.
@@ -215,15 +222,25 @@ func (e *FD) pollerFile() (*os.File, error) {
 	return e.f, nil
 }
 
-// waitPoller is Wait parked on the runtime poller.
+// waitPoller is Wait parked on the runtime poller, one goroutine at a time
+// (turn).
 func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error) {
 	f, err := e.pollerFile()
 	if err != nil {
 		return 0, err
 	}
+	select {
+	case e.turn <- struct{}{}: // no other sleeper: nothing more to do
+	default:
+		if err := e.awaitTurn(ctx, deadline); err != nil {
+			return 0, err
+		}
+	}
+	defer e.endTurn()
 	if ctx.Done() != nil {
 		// The context's end expires the read deadline, which wakes the
-		// poller; so may another sleeper's context: look again then.
+		// poller; so may the end of a context registered for an earlier
+		// wait: look again then.
 		w := e.watchCtx(ctx)
 		defer e.unwatch(w)
 	}
@@ -251,6 +268,33 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 		return getU64(b[:]), nil
 	}
 }
+
+// awaitTurn waits for the sleeper on the poller to leave, until the
+// deadline (zero: none) or ctx. A Close ends the sleeper's wait, and then
+// that of each waiting its turn in the call it makes on the closed file.
+func (e *FD) awaitTurn(ctx context.Context, deadline time.Time) error {
+	var expiry <-chan time.Time
+	if !deadline.IsZero() {
+		d := time.Until(deadline)
+		if d <= 0 {
+			return ErrTimeout
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		expiry = t.C
+	}
+	select {
+	case e.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-expiry:
+		return ErrTimeout
+	}
+}
+
+// endTurn lets the next sleeper on the poller in.
+func (e *FD) endTurn() { <-e.turn }
 
 func (e *FD) mapErr(ctx context.Context, err error) error {
 	switch {
