@@ -1,6 +1,7 @@
 package nicverbs_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,6 +59,41 @@ func TestIgnoreOverrun(t *testing.T) {
 	present, err := c.ReqNotify(false)
 	require.NoError(t, err)
 	require.False(t, present)
+	ring.Unbind(c.FI())
+	require.NoError(t, c.Close())
+}
+
+// A NIC CQ resizes as rdma-core's test_cq.py asks (3, then 1, then 7),
+// never below the completions it holds (in the rings and in the verbs
+// layer's buffer), and loses none of them.
+func TestResize(t *testing.T) {
+	p := nicverbs.New(pairs{})
+	require.True(t, verbs.QueryDevice(p).Resize)
+	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 3})
+	require.NoError(t, err)
+	for _, n := range []int{1, 7} {
+		require.NoError(t, c.Resize(n))
+		require.Equal(t, n, c.CQE())
+	}
+	q := &queue{n: 5}
+	require.NoError(t, ring.Bind(c.FI()))
+	require.NoError(t, ring.AddSource(c.FI(), ring.NewQueueSource(q, "tx0", 1)))
+	require.ErrorIs(t, c.Resize(4), os.ErrInvalid, "5 held in the ring")
+	require.Equal(t, 7, c.CQE())
+	// One taken into the verbs buffer, 4 left in the ring: still 5.
+	require.NoError(t, c.StartPoll())
+	require.Equal(t, uint64(0), c.WRID())
+	c.EndPoll()
+	require.ErrorIs(t, c.Resize(3), os.ErrInvalid, "4 held")
+	require.NoError(t, c.Resize(4))
+	wcs := make([]verbs.WC, 8)
+	n, err := c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	for i, w := range wcs[:n] {
+		require.Equal(t, uint64(i+1), w.WRID)
+	}
+	require.ErrorIs(t, c.Resize(verbs.QueryDevice(p).MaxCQE+1), os.ErrInvalid)
 	ring.Unbind(c.FI())
 	require.NoError(t, c.Close())
 }
