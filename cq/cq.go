@@ -93,6 +93,7 @@ func init() {
 		Unbind:    func(c any) { c.(*CQ).unbind() },
 		Bound:     func(c any) int { return c.(*CQ).boundCount() },
 		Interrupt: func(c any) *eventfd.FD { return c.(*CQ).wait },
+		Pending:   func(c any, max int) int { return c.(*CQ).pending(max) },
 	}
 }
 

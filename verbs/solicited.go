@@ -1,6 +1,8 @@
 package verbs
 
 import (
+	"errors"
+
 	"github.com/vfnic/vfnic/cq"
 )
 
@@ -156,9 +158,14 @@ func (c *CQ) armSolicited() (present bool, err error) {
 func (c *CQ) checkSolicited() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, err := c.c.ReqNotify(false); err != nil {
+	// The arm fails when the CQ is destroyed (then so does the drain) or
+	// when a device queue has closed: nothing more comes from that one,
+	// but what it flushed into the CQ at the close (the interrupt that
+	// woke us) is still to be looked at.
+	_, _ = c.c.ReqNotify(false)
+	found, err := c.drain()
+	if errors.Is(err, cq.ErrClosed) {
 		return false // destroyed: the handler is about to return
 	}
-	found, err := c.drain()
 	return found || err != nil
 }

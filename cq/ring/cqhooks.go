@@ -55,3 +55,13 @@ func Interrupt(c *cq.CQ) *eventfd.FD {
 	}
 	return provider.CQ.Interrupt(c)
 }
+
+// Pending counts the completions c's sources hold, error entries
+// included, up to max; an overrun or a closed CQ counts as max. It is for
+// a provider that checks what a resize must keep.
+func Pending(c *cq.CQ, max int) int {
+	if c == nil || max <= 0 {
+		return 0
+	}
+	return provider.CQ.Pending(c, max)
+}

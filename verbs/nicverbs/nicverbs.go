@@ -6,7 +6,10 @@
 package nicverbs
 
 import (
+	"fmt"
+
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/verbs"
 )
@@ -41,6 +44,7 @@ func (p *Provider) QueryDevice() verbs.DeviceAttr {
 		NumCompVectors: max(1, p.Dev.QueuePairs()),
 		Fields:         verbs.FieldByteLen | verbs.FieldQPNum,
 		Flags:          verbs.SingleThreaded | verbs.IgnoreOverrun,
+		Resize:         true,
 	}
 }
 
@@ -49,6 +53,21 @@ func (p *Provider) QueryDevice() verbs.DeviceAttr {
 func (p *Provider) OpenCQ(entries, vector int, format cq.Format, single bool) (*cq.CQ, error) {
 	return cq.New(cq.Attr{Size: entries, Format: format, WaitObj: cq.WaitFD, SingleThreaded: single},
 		cq.Limits{MaxSize: MaxCQE, Vectors: max(1, p.Dev.QueuePairs())})
+}
+
+// ResizeCQ implements verbs.Resizer. A NIC CQ has no ring of its own:
+// its completions stay in the bound queues' rings until they are read,
+// and a resize moves none of them, so that order is kept while the
+// device writes. It checks that the new size holds the completions
+// waiting (held, plus those the rings hold) and reports it.
+func (p *Provider) ResizeCQ(c *cq.CQ, entries, held int) (int, error) {
+	if entries < 1 || entries > MaxCQE || held < 0 {
+		return 0, fmt.Errorf("nicverbs: resize to %d entries (1 to %d): %w", entries, MaxCQE, cq.ErrInvalid)
+	}
+	if n := held + ring.Pending(c, entries+1); n > entries {
+		return 0, fmt.Errorf("nicverbs: resize to %d entries: the CQ holds %d or more: %w", entries, n, cq.ErrInvalid)
+	}
+	return entries, nil
 }
 
 // VendorErr implements verbs.Provider: the code of the ring reader or the

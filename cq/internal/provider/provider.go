@@ -24,6 +24,7 @@ type Hooks struct {
 	Unbind    func(c any)
 	Bound     func(c any) int
 	Interrupt func(c any) *eventfd.FD
+	Pending   func(c any, max int) int
 }
 
 // CQ holds cq's hooks, set by cq's init.

@@ -31,16 +31,19 @@ func Rounds(t testing.TB) int {
 }
 
 // Run checks the verbs CQ over dev's transmit queue 0, sending frame
-// (which whoever is on the wire must ignore): creation limits as in
-// rdma-core's test_cq.py (sizes 1, max/2 and max; max+1 and a vector out
-// of range refused; an unsupported field refused; IgnoreOverrun
-// honoured), the iterator over 64
-// real transmit completions, request-notify with a completion channel
-// woken by the queue's MSI-X interrupt (entries present at the arm
-// reported, two arms one event), rounds of the lost-wake-up loop against
-// completions the device writes while the consumer polls and arms, and a
-// destroy that reports an unacknowledged event. It closes dev; the caller
-// checks that every resource came back.
+// (which whoever is on the wire must ignore), and over its receive queue
+// 0: creation limits as in rdma-core's test_cq.py (sizes 1, max/2 and
+// max; max+1 and a vector out of range refused; an unsupported field
+// refused; IgnoreOverrun honoured), the iterator over 64 real transmit
+// completions, resize (3, 1, 7; not below the completions held; none
+// lost), request-notify with a completion channel woken by the queue's
+// MSI-X interrupt (entries present at the arm reported, two arms one
+// event), rounds of the lost-wake-up loop against completions the device
+// writes while the consumer polls and arms, a solicited-only arm that
+// successful completions do not fire, the flush at close (posted receives
+// complete flushed, which fires a solicited-only arm), and a destroy that
+// reports an unacknowledged event. It closes dev; the caller checks that
+// every resource came back.
 func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	ctx := context.Background()
 	p := nicverbs.New(dev)
@@ -106,6 +109,32 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	}
 	require.Equal(t, uint64(64), next)
 
+	wcs := make([]verbs.WC, 32)
+
+	// Resize as rdma-core's test_cq.py does (3, 1, then 7), never below
+	// the completions the CQ holds, with none lost or reordered, the
+	// device writing meanwhile.
+	for _, n := range []int{3, 1, 7} {
+		require.NoError(t, c.Resize(n))
+		require.Equal(t, n, c.CQE())
+	}
+	for i := range 4 {
+		send(uint64(300 + i))
+	}
+	require.Eventually(t, func() bool { return ready.Ready(8) >= 4 }, 5*time.Second, time.Millisecond)
+	require.ErrorIs(t, c.Resize(3), os.ErrInvalid, "4 completions held")
+	require.Equal(t, 7, c.CQE())
+	send(304)
+	require.NoError(t, c.Resize(512))
+	for got := uint64(300); got < 305; {
+		n, err := c.Poll(wcs)
+		require.NoError(t, err)
+		for _, w := range wcs[:n] {
+			require.Equal(t, got, w.WRID)
+			got++
+		}
+	}
+
 	// Request-notify: completions present at the arm raise no event and
 	// are reported; the next one wakes GetEvent through MSI-X.
 	send(100)
@@ -113,7 +142,6 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	present, err := c.ReqNotify(false)
 	require.NoError(t, err)
 	require.True(t, present, "an entry was there at the arm")
-	wcs := make([]verbs.WC, 32)
 	n, err := c.Poll(wcs)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -184,6 +212,57 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	t.Logf("verbs on %s %s: 64 completions through the iterator; notify woke GetEvent; %d rounds of the event loop, %d completions, %d events, none lost",
 		dev.Info().Model, dev.Info().Address, rounds, sent, events)
 
+	// Solicited-only: a NIC interrupts on every completion, so the verbs
+	// layer filters: successful completions raise no event, and they are
+	// read afterwards in order.
+	// First the loop's last arm, if still pending, is used up (a "next"
+	// arm would take precedence), and the events of rounds that needed
+	// none are taken.
+	takeStale := func() {
+		for {
+			_, _, err := ch.TryGetEvent()
+			if errors.Is(err, verbs.ErrNoEvent) {
+				return
+			}
+			require.NoError(t, err)
+			c.AckEvents(1)
+		}
+	}
+	takeStale()
+	_, err = c.ReqNotify(false)
+	require.NoError(t, err)
+	send(199)
+	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	_, _, err = ch.GetEvent(gctx)
+	cancel()
+	require.NoError(t, err)
+	c.AckEvents(1)
+	for got := 0; got < 1; {
+		n, err := c.Poll(wcs)
+		require.NoError(t, err)
+		got += n
+	}
+	takeStale()
+	present, err = c.ReqNotify(true)
+	require.NoError(t, err)
+	require.False(t, present)
+	for i := range 3 {
+		send(uint64(200 + i))
+	}
+	require.Eventually(t, func() bool { return ready.Ready(8) == 0 }, 5*time.Second, time.Millisecond,
+		"the verbs layer takes the completions from the ring to look at them")
+	gctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	_, _, err = ch.GetEvent(gctx)
+	cancel()
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "successes are not solicited")
+	n, err = c.Poll(wcs)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	for i := range 3 {
+		require.Equal(t, uint64(200+i), wcs[i].WRID)
+		require.Equal(t, verbs.WCSuccess, wcs[i].Status)
+	}
+
 	// Destroy with an unacknowledged event reports it at the deadline.
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
@@ -192,7 +271,53 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	_, _, err = ch.GetEvent(gctx)
 	cancel()
 	require.NoError(t, err)
+
+	// The flush path: receives posted on a queue that feeds a CQ complete
+	// as flushed when the device closes, and a flushed completion is an
+	// error, so it fires a solicited-only arm (on the same channel).
+	rc, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 256, Channel: ch, Context: "rx"})
+	require.NoError(t, err)
+	require.NoError(t, dev.BindCQ(rc.FI(), 0, nic.Recv))
+	rx, err := dev.Rx(0)
+	require.NoError(t, err)
+	const posted = 32
+	for i := range posted {
+		require.NoError(t, rx.PostRecv(uint64(5000+i)))
+	}
+	require.NoError(t, rx.Flush())
+	_, err = rc.ReqNotify(true)
+	require.NoError(t, err)
 	require.NoError(t, dev.Close(), "closing the device unbinds its queues")
+	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	got, cctx, err = ch.GetEvent(gctx)
+	cancel()
+	require.NoError(t, err, "the flush fires the solicited-only arm")
+	require.Same(t, rc, got)
+	require.Equal(t, "rx", cctx)
+	rc.AckEvents(1)
+	seen, flushed := map[uint64]bool{}, 0
+	for {
+		n, err := rc.Poll(wcs)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+		for _, w := range wcs[:n] {
+			require.False(t, seen[w.WRID], "wrid %d twice", w.WRID)
+			seen[w.WRID] = true
+			require.Equal(t, verbs.WCRecv, w.Opcode)
+			if w.Status == verbs.WCWRFlushErr {
+				flushed++
+			} else {
+				require.Equal(t, verbs.WCSuccess, w.Status, "wrid %d", w.WRID) // a frame from the wire
+			}
+		}
+	}
+	require.Len(t, seen, posted, "every posted receive comes back once")
+	require.Positive(t, flushed)
+	t.Logf("flush at close: %d of %d posted receives flushed, the rest received; the solicited-only arm fired", flushed, posted)
+	require.NoError(t, rc.Destroy(ctx))
+
 	dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	err = c.Destroy(dctx)
 	cancel()
