@@ -22,9 +22,8 @@
 //
 // The iterator reads the ring through cq.CQ.Read in batches of up to 32
 // entries (DPDK's burst: larger batches share a ring read's fixed cost
-// among more completions, but their buffer falls out of L1). The
-// consumer index goes to the
-// device once per such batch, never per entry, and the completions of a
+// among more completions, but their buffer falls out of L1). The consumer
+// index goes to the device once per such batch, never per entry, and the completions of a
 // batch stay in the CQ's buffer until the caller has iterated over them.
 // Unlike mlx5, where ibv_end_poll writes the consumer index, here it is
 // written when the batch is read from the ring (at StartPoll, or at a
@@ -42,6 +41,18 @@
 // device's arm, even while one is pending (as rdma-core's providers do),
 // so a lost device interrupt costs one event, not all later ones.
 //
+// Solicited-only arms: without a messaging layer that carries a solicited
+// bit, error completions are the solicited ones (the spec's "any
+// unsuccessful work completion"), plus, on the software device, a send
+// that asked for it. A device that interrupts on every completion (a NIC)
+// leaves the filtering to this package: while such an arm is pending,
+// each interrupt makes the CQ take the ring's completions into a queue of
+// its own (each read once, kept in order, read by the iterator before the
+// ring's), and the event fires when one is an error. A flushed completion
+// is an error, so closing a device fires a solicited-only arm on the CQs
+// its queues feed. A SingleThreaded CQ refuses such an arm, since the
+// interrupt handler would read its ring beside the caller.
+//
 // Providers: a device plugs in through Provider; verbs/simverbs adapts the
-// software device (nic/sim).
+// software device (nic/sim), verbs/nicverbs a NIC (virtio, igb).
 package verbs
