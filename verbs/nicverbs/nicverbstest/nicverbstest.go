@@ -78,6 +78,12 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	require.NoError(t, err)
 	ready, ok := tx.(interface{ Ready(max int) int })
 	require.True(t, ok, "%T counts written completions (Ready)", tx)
+	// getEvent waits up to d for an event on ch.
+	getEvent := func(d time.Duration) (*verbs.CQ, any, error) {
+		gctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return ch.GetEvent(gctx)
+	}
 	send := func(wrid uint64) {
 		require.NoError(t, tx.Send(frame, wrid))
 		require.NoError(t, tx.Flush())
@@ -151,9 +157,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err, "arming twice gives one event")
 	send(101)
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	got, cctx, err := ch.GetEvent(gctx)
-	cancel()
+	got, cctx, err := getEvent(5 * time.Second)
 	require.NoError(t, err)
 	require.Same(t, c, got)
 	require.Equal(t, "cq0", cctx)
@@ -197,9 +201,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 		if read == sent {
 			continue // nothing unread: no event to wait for
 		}
-		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, _, err = ch.GetEvent(gctx)
-		cancel()
+		_, _, err = getEvent(5 * time.Second)
 		require.NoError(t, err, "round %d: %d sent, %d read: the event was lost", r, sent, read)
 		events++
 		c.AckEvents(1)
@@ -232,9 +234,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
 	send(199)
-	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-	_, _, err = ch.GetEvent(gctx)
-	cancel()
+	_, _, err = getEvent(5 * time.Second)
 	require.NoError(t, err)
 	c.AckEvents(1)
 	for got := 0; got < 1; {
@@ -251,9 +251,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	}
 	require.Eventually(t, func() bool { return ready.Ready(8) == 0 }, 5*time.Second, time.Millisecond,
 		"the verbs layer takes the completions from the ring to look at them")
-	gctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
-	_, _, err = ch.GetEvent(gctx)
-	cancel()
+	_, _, err = getEvent(100 * time.Millisecond)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "successes are not solicited")
 	n, err = c.Poll(wcs)
 	require.NoError(t, err)
@@ -267,9 +265,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
 	send(9999)
-	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-	_, _, err = ch.GetEvent(gctx)
-	cancel()
+	_, _, err = getEvent(5 * time.Second)
 	require.NoError(t, err)
 
 	// The flush path: receives posted on a queue that feeds a CQ complete
@@ -288,9 +284,7 @@ func Run(t *testing.T, dev nic.Device, frame []byte, rounds int) {
 	_, err = rc.ReqNotify(true)
 	require.NoError(t, err)
 	require.NoError(t, dev.Close(), "closing the device unbinds its queues")
-	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-	got, cctx, err = ch.GetEvent(gctx)
-	cancel()
+	got, cctx, err = getEvent(5 * time.Second)
 	require.NoError(t, err, "the flush fires the solicited-only arm")
 	require.Same(t, rc, got)
 	require.Equal(t, "rx", cctx)
