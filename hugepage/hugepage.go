@@ -40,12 +40,14 @@ func (s Size) String() string {
 // Errors returned by Alloc.
 var (
 	// ErrNoHugepages means the kernel had no free hugepages of the asked size
-	// (see /proc/sys/vm/nr_hugepages) and no fallback was allowed.
+	// (see /proc/sys/vm/nr_hugepages) and no fallback was allowed. The
+	// error also wraps mmap's errno.
 	ErrNoHugepages = errors.New("hugepage: no free hugepages of the requested size")
 	// ErrBadSize means the length or the page size is not usable.
 	ErrBadSize = errors.New("hugepage: bad size")
 	// ErrPin means 4K memory could not be locked in RAM (needs CAP_IPC_LOCK
-	// or a large enough RLIMIT_MEMLOCK).
+	// or a large enough RLIMIT_MEMLOCK). The error also wraps mlock's
+	// errno: EPERM (os.ErrPermission) when the limit is 0, else ENOMEM.
 	ErrPin = errors.New("hugepage: cannot pin memory")
 )
 
@@ -95,7 +97,7 @@ func Alloc(length int, opts Options) (*Memory, error) {
 		if opts.AllowFallback {
 			return alloc4K(length)
 		}
-		return nil, fmt.Errorf("%w: %d x %s pages: mmap: %v", ErrNoHugepages, n/int(page), page, err)
+		return nil, fmt.Errorf("%w: %d x %s pages: mmap: %w", ErrNoHugepages, n/int(page), page, err)
 	}
 	// MAP_HUGETLB reserves the pages at mmap time, so a short pool fails
 	// above rather than with SIGBUS on first touch.
@@ -113,7 +115,7 @@ func alloc4K(length int) (*Memory, error) {
 	// Hugepages are never swapped; small pages must be locked to stay put.
 	if err := unix.Mlock(b); err != nil {
 		_ = unix.Munmap(b)
-		return nil, fmt.Errorf("%w: mlock %d bytes: %v", ErrPin, n, err)
+		return nil, fmt.Errorf("%w: mlock %d bytes: %w", ErrPin, n, err)
 	}
 	dontFork(b)
 	return &Memory{b: b, page: Size4K}, nil
