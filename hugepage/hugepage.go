@@ -8,6 +8,7 @@ package hugepage
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 
@@ -85,7 +86,10 @@ func Alloc(length int, opts Options) (*Memory, error) {
 	default:
 		return nil, fmt.Errorf("%w: page size %d is not 4K, 2M or 1G", ErrBadSize, int64(page))
 	}
-	n := roundUp(length, int(page))
+	n, ok := roundUp(length, int(page))
+	if !ok {
+		return nil, fmt.Errorf("%w: length %d cannot be rounded up to whole %s pages", ErrBadSize, length, page)
+	}
 	shift := 21
 	if page == Size1G {
 		shift = 30
@@ -106,7 +110,10 @@ func Alloc(length int, opts Options) (*Memory, error) {
 }
 
 func alloc4K(length int) (*Memory, error) {
-	n := roundUp(length, int(Size4K))
+	n, ok := roundUp(length, int(Size4K))
+	if !ok {
+		return nil, fmt.Errorf("%w: length %d cannot be rounded up to whole %s pages", ErrBadSize, length, Size4K)
+	}
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
@@ -125,7 +132,14 @@ func alloc4K(length int) (*Memory, error) {
 // pages that a device writes into. Failure only loses that protection.
 func dontFork(b []byte) { _ = unix.Madvise(b, unix.MADV_DONTFORK) }
 
-func roundUp(n, to int) int { return (n + to - 1) / to * to }
+// roundUp rounds n (> 0) up to a multiple of page; ok is false when the
+// result would not fit in an int.
+func roundUp(n, page int) (rounded int, ok bool) {
+	if n > math.MaxInt-page+1 {
+		return 0, false
+	}
+	return (n + page - 1) / page * page, true
+}
 
 // Bytes returns the memory. The slice is invalid after Close.
 func (m *Memory) Bytes() []byte {

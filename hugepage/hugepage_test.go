@@ -3,6 +3,7 @@ package hugepage
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"testing"
@@ -53,6 +54,26 @@ func TestHugepages2M(t *testing.T) {
 	require.Equal(t, 4<<20, m.Len())
 	require.Zero(t, m.Addr()%uintptr(Size2M))
 	require.NoError(t, m.Close())
+}
+
+// TestHugeLength: a length that cannot be rounded up to whole pages is
+// ErrBadSize, not an overflow into a negative or small mapping.
+func TestHugeLength(t *testing.T) {
+	for _, o := range []Options{{}, {PageSize: Size1G}, {PageSize: Size4K}, {AllowFallback: true}} {
+		m, err := Alloc(math.MaxInt-10, o)
+		require.ErrorIs(t, err, ErrBadSize, "%+v", o)
+		require.Nil(t, m)
+	}
+	for _, page := range []Size{Size4K, Size2M, Size1G} {
+		n, ok := roundUp(math.MaxInt-int(page)+1, int(page))
+		require.True(t, ok, "the largest length that rounds up to %s pages", page)
+		require.Equal(t, math.MaxInt-int(page)+1, n)
+		_, ok = roundUp(math.MaxInt-int(page)+2, int(page))
+		require.False(t, ok, "one more byte does not fit in %s pages", page)
+		n, ok = roundUp(1, int(page))
+		require.True(t, ok)
+		require.Equal(t, int(page), n)
+	}
 }
 
 // TestPinErrors: when mlock fails, the error is ErrPin and keeps the
