@@ -47,6 +47,20 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"capture", "-w", "-", "-json", "0000:7f:1f.0"}, "both want stdout"},
 		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144]"},
 		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
+		// Every traffic command's device flags, before the device is opened.
+		{[]string{"pktgen", "0000:7f:1f.0", "-queue-size", "-1"}, "-queue-size -1 is negative"},
+		{[]string{"sink", "-buffer-size", "-2048", "0000:7f:1f.0"}, "-buffer-size -2048 is negative"},
+		{[]string{"echo", "-ip", "10.0.0.1", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
+		{[]string{"capture", "-w", "/dev/null", "-progress", "-1s", "0000:7f:1f.0"}, "-progress -1s is negative"},
+		{[]string{"pktgen", "-count", "0", "0000:7f:1f.0"}, "-count 0 needs a positive -duration"},
+		{[]string{"pktgen", "-count", "0", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
+		{[]string{"pktgen", "-count", "-5", "-duration", "1s", "0000:7f:1f.0"}, "-count -5 is negative"},
+		{[]string{"pktgen", "-rate", "NaN", "0000:7f:1f.0"}, "-rate NaN is not a finite number"},
+		{[]string{"pktgen", "-rate", "Inf", "0000:7f:1f.0"}, "-rate +Inf is not a finite number"},
+		{[]string{"pktgen", "-rate", "-Inf", "0000:7f:1f.0"}, "-rate -Inf is not a finite number"},
+		{[]string{"pktgen", "-rate", "-5", "0000:7f:1f.0"}, "-rate -5 is negative"},
+		{[]string{"pktgen", "-dst-mac", "00:11:22:33:44:55:66:77", "0000:7f:1f.0"}, `-dst-mac "00:11:22:33:44:55:66:77" is not a 6-byte Ethernet address`},
+		{[]string{"pktgen", "-dst-mac", "zz", "0000:7f:1f.0"}, "-dst-mac"},
 		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
 		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"version", "x"}, "takes no arguments"},
@@ -55,6 +69,7 @@ func TestUsageErrors(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errw)
 		require.Contains(t, strings.ToLower(errw), strings.ToLower(tc.want), "%v", tc.args)
 		require.Empty(t, out, "%v: errors go to stderr", tc.args)
+		require.NotContains(t, errw, "not found", "%v: refused before the device is looked up", tc.args)
 	}
 }
 
