@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/hugepage"
+	"golang.org/x/sys/unix"
 )
 
 // The ranges a q35 guest with aw-bits=48 reports: a hole at the interrupt window.
@@ -196,6 +197,34 @@ func TestPool(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadRange)
 	_, err = NewPool(nil, 8, 2000)
 	require.ErrorIs(t, err, ErrBadRange, "a nil region is an error, not a panic")
+}
+
+// TestPoolBeyond4GiB: in a pool larger than 4 GiB, Buf and Addr name the
+// same buffer past the first 4 GiB. The pool's memory is reserved address
+// space only (PROT_NONE, MAP_NORESERVE): Buf hands out slices without
+// touching them.
+func TestPoolBeyond4GiB(t *testing.T) {
+	const size, count, iova = 1 << 16, 1 << 17, 1 << 32 // 8 GiB: 131072 buffers of 64 KiB
+	n := uint64(size) * count
+	if uint64(int(n)) != n {
+		t.Skip("needs a 64-bit address space")
+	}
+	mem, err := unix.Mmap(-1, 0, int(n), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		t.Skipf("cannot reserve 8 GiB of address space: %v", err)
+	}
+	defer unix.Munmap(mem)
+	p := &Pool{mem: Slice{Bytes: mem, IOVA: iova}, size: size, count: count, iovaEnd: iova + n}
+	for _, idx := range []uint32{0, 1, 1<<16 - 1, 1 << 16, 1<<16 + 1, count - 1} {
+		b := p.Buf(idx)
+		require.Len(t, b, size)
+		off := uint64(uintptrOf(b) - uintptrOf(mem))
+		require.Equal(t, p.Addr(idx)-iova, off, "buffer %d: Buf at offset %#x, the device's address at %#x", idx, off, p.Addr(idx)-iova)
+		got, err := p.Index(p.Addr(idx) + size - 1)
+		require.NoError(t, err)
+		require.Equal(t, idx, got)
+	}
+	require.Equal(t, uintptrOf(mem)+uintptr(n), uintptrOf(p.Buf(count-1))+size, "the last buffer ends where the pool does")
 }
 
 func TestPoolNoAllocs(t *testing.T) {

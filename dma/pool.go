@@ -3,6 +3,7 @@ package dma
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // ErrBadBuffer means a buffer index or address is not one the pool handed
@@ -32,6 +33,9 @@ func NewPool(r *Region, count, size int) (*Pool, error) {
 		return nil, fmt.Errorf("%w: pool of %d x %d bytes", ErrBadRange, count, size)
 	}
 	size = (size + 63) &^ 63
+	if uint64(count)*uint64(size) > math.MaxInt { // only where int has 32 bits
+		return nil, fmt.Errorf("%w: pool of %d x %d bytes exceeds the address space", ErrBadRange, count, size)
+	}
 	mem, err := r.Carve(count*size, 64)
 	if err != nil {
 		return nil, err
@@ -81,8 +85,11 @@ func (p *Pool) Buf(idx uint32) []byte {
 	if idx >= p.count {
 		return nil
 	}
-	off := idx * p.size
-	return p.mem.Bytes[off : off+p.size : off+p.size]
+	// In uint, not uint32: pools can pass 4 GiB (NewPool bounds the
+	// product by MaxInt).
+	off := uint(idx) * uint(p.size)
+	end := off + uint(p.size)
+	return p.mem.Bytes[off:end:end]
 }
 
 // Addr returns the device address of buffer idx.

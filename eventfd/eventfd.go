@@ -24,10 +24,18 @@ var ErrTimeout = os.ErrDeadlineExceeded
 // ErrClosed is returned by operations on a closed FD. It is os.ErrClosed.
 var ErrClosed = os.ErrClosed
 
+// errNotMade is returned by the methods of an FD that New did not make.
+var errNotMade = fmt.Errorf("eventfd: FD not made by New: %w", os.ErrInvalid)
+
 // FD is an eventfd counter. Add and Take may be called from any goroutine.
 // Any number of goroutines may Wait at once, each with its own deadline and
 // context; on the runtime poller they take turns, one sleeping on the
 // descriptor at a time, so an event wakes one of them.
+//
+// Only New makes an FD. Any other (the zero FD, a struct field never set)
+// owns no descriptor: its methods return an error matching os.ErrInvalid,
+// Fd returns -1 and Close does nothing, so that none of them uses fd 0,
+// which belongs to someone else.
 type FD struct {
 	fd int
 
@@ -44,7 +52,7 @@ type FD struct {
 	// No lock is held across a system call: a reader that Add wakes on
 	// the writer's CPU must not then wait for the writer to let go.
 	users   atomic.Uint64
-	drained chan struct{}
+	drained chan struct{} // nil in an FD that New did not make
 	// left says an Await returned on the count and left it (TakeLeft).
 	left atomic.Bool
 
@@ -74,15 +82,18 @@ func New() (*FD, error) {
 	return &FD{fd: fd, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
 
-// acquire counts a call that uses the descriptor; false once closed.
-func (e *FD) acquire() bool {
+// acquire counts a call that uses the descriptor; ErrClosed once closed.
+func (e *FD) acquire() error {
+	if e.drained == nil {
+		return errNotMade
+	}
 	for {
 		s := e.users.Load()
 		if s&closedBit != 0 {
-			return false
+			return ErrClosed
 		}
 		if e.users.CompareAndSwap(s, s+1) {
-			return true
+			return nil
 		}
 	}
 }
@@ -97,7 +108,7 @@ func (e *FD) release() {
 // Fd returns the descriptor, for epoll/poll or for VFIO's SET_IRQS. It stays
 // owned by the FD: do not close it. It is -1 after Close.
 func (e *FD) Fd() int {
-	if e.users.Load()&closedBit != 0 {
+	if e.drained == nil || e.users.Load()&closedBit != 0 {
 		return -1
 	}
 	return e.fd
@@ -108,8 +119,8 @@ func (e *FD) Fd() int {
 func (e *FD) Add(n uint64) error {
 	var b [8]byte
 	putU64(b[:], n)
-	if !e.acquire() {
-		return ErrClosed
+	if err := e.acquire(); err != nil {
+		return err
 	}
 	defer e.release()
 	if _, err := unix.Write(e.fd, b[:]); err != nil {
@@ -121,8 +132,8 @@ func (e *FD) Add(n uint64) error {
 // Take reads and resets the counter without blocking; it returns 0 when no
 // event is pending.
 func (e *FD) Take() (uint64, error) {
-	if !e.acquire() {
-		return 0, ErrClosed
+	if err := e.acquire(); err != nil {
+		return 0, err
 	}
 	defer e.release()
 	e.left.Store(false)
@@ -211,6 +222,9 @@ func onOneCPU() bool {
 // runtime poller (which is what lets Wait park a goroutine without holding
 // a thread: the fd is non-blocking), making it on the first call.
 func (e *FD) pollerFile() (*os.File, error) {
+	if e.drained == nil {
+		return nil, errNotMade // no descriptor to wrap
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
@@ -315,8 +329,11 @@ func (e *FD) mapErr(ctx context.Context, err error) error {
 
 // Close releases the descriptor and wakes the goroutines blocked in Wait,
 // waiting for those that use it to let go of it. It is safe to call
-// more than once.
+// more than once. Close of an FD that New did not make does nothing.
 func (e *FD) Close() error {
+	if e.drained == nil {
+		return nil
+	}
 	old := e.users.Or(closedBit)
 	if old&closedBit != 0 {
 		return nil
@@ -352,8 +369,8 @@ func (e *FD) Close() error {
 // write. Several may sleep at once: all wake on an event and, with takeIt,
 // one takes it and the others sleep on.
 func (e *FD) waitThread(ctx context.Context, deadline time.Time, takeIt bool) (uint64, error) {
-	if !e.acquire() {
-		return 0, ErrClosed
+	if err := e.acquire(); err != nil {
+		return 0, err
 	}
 	defer e.release()
 	cancel, err := e.enter()

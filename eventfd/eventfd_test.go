@@ -332,3 +332,46 @@ func TestAwait(t *testing.T) {
 		})
 	}
 }
+
+// TestZeroFD: an FD that New did not make (a struct field never set) owns
+// no descriptor. Its methods fail with os.ErrInvalid and its Close does
+// nothing; none of them touches fd 0, which belongs to someone else.
+func TestZeroFD(t *testing.T) {
+	saved, err := unix.Dup(0)
+	require.NoError(t, err)
+	defer func() {
+		require.NoError(t, unix.Dup2(saved, 0))
+		unix.Close(saved)
+	}()
+	// fd 0 becomes the write end of a pipe this test reads: a write to it
+	// shows up there, a close of it makes fcntl fail.
+	var p [2]int
+	require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK))
+	defer unix.Close(p[0])
+	require.NoError(t, unix.Dup2(p[1], 0))
+	unix.Close(p[1])
+
+	var e FD
+	require.Equal(t, -1, e.Fd())
+	require.ErrorIs(t, e.Add(1), os.ErrInvalid)
+	_, err = e.Take()
+	require.ErrorIs(t, err, os.ErrInvalid)
+	deadline := time.Now().Add(50 * time.Millisecond)
+	_, err = e.Wait(context.Background(), deadline)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	_, err = e.Await(context.Background(), deadline)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	_, err = e.waitPoller(context.Background(), deadline)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	_, err = e.waitThread(context.Background(), deadline, true)
+	require.ErrorIs(t, err, os.ErrInvalid)
+	require.NoError(t, e.Close())
+	require.NoError(t, e.Close())
+	require.ErrorIs(t, e.Add(1), os.ErrInvalid, "still not an FD after Close")
+
+	_, err = unix.FcntlInt(0, unix.F_GETFD, 0)
+	require.NoError(t, err, "fd 0 was closed")
+	var b [8]byte
+	_, err = unix.Read(p[0], b[:])
+	require.ErrorIs(t, err, unix.EAGAIN, "something was written to fd 0")
+}

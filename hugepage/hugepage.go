@@ -8,6 +8,7 @@ package hugepage
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 
@@ -40,12 +41,14 @@ func (s Size) String() string {
 // Errors returned by Alloc.
 var (
 	// ErrNoHugepages means the kernel had no free hugepages of the asked size
-	// (see /proc/sys/vm/nr_hugepages) and no fallback was allowed.
+	// (see /proc/sys/vm/nr_hugepages) and no fallback was allowed. The
+	// error also wraps mmap's errno.
 	ErrNoHugepages = errors.New("hugepage: no free hugepages of the requested size")
 	// ErrBadSize means the length or the page size is not usable.
 	ErrBadSize = errors.New("hugepage: bad size")
 	// ErrPin means 4K memory could not be locked in RAM (needs CAP_IPC_LOCK
-	// or a large enough RLIMIT_MEMLOCK).
+	// or a large enough RLIMIT_MEMLOCK). The error also wraps mlock's
+	// errno: EPERM (os.ErrPermission) when the limit is 0, else ENOMEM.
 	ErrPin = errors.New("hugepage: cannot pin memory")
 )
 
@@ -83,7 +86,10 @@ func Alloc(length int, opts Options) (*Memory, error) {
 	default:
 		return nil, fmt.Errorf("%w: page size %d is not 4K, 2M or 1G", ErrBadSize, int64(page))
 	}
-	n := roundUp(length, int(page))
+	n, ok := roundUp(length, int(page))
+	if !ok {
+		return nil, fmt.Errorf("%w: length %d cannot be rounded up to whole %s pages", ErrBadSize, length, page)
+	}
 	shift := 21
 	if page == Size1G {
 		shift = 30
@@ -95,7 +101,7 @@ func Alloc(length int, opts Options) (*Memory, error) {
 		if opts.AllowFallback {
 			return alloc4K(length)
 		}
-		return nil, fmt.Errorf("%w: %d x %s pages: mmap: %v", ErrNoHugepages, n/int(page), page, err)
+		return nil, fmt.Errorf("%w: %d x %s pages: mmap: %w", ErrNoHugepages, n/int(page), page, err)
 	}
 	// MAP_HUGETLB reserves the pages at mmap time, so a short pool fails
 	// above rather than with SIGBUS on first touch.
@@ -104,7 +110,10 @@ func Alloc(length int, opts Options) (*Memory, error) {
 }
 
 func alloc4K(length int) (*Memory, error) {
-	n := roundUp(length, int(Size4K))
+	n, ok := roundUp(length, int(Size4K))
+	if !ok {
+		return nil, fmt.Errorf("%w: length %d cannot be rounded up to whole %s pages", ErrBadSize, length, Size4K)
+	}
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
@@ -113,7 +122,7 @@ func alloc4K(length int) (*Memory, error) {
 	// Hugepages are never swapped; small pages must be locked to stay put.
 	if err := unix.Mlock(b); err != nil {
 		_ = unix.Munmap(b)
-		return nil, fmt.Errorf("%w: mlock %d bytes: %v", ErrPin, n, err)
+		return nil, fmt.Errorf("%w: mlock %d bytes: %w", ErrPin, n, err)
 	}
 	dontFork(b)
 	return &Memory{b: b, page: Size4K}, nil
@@ -123,7 +132,14 @@ func alloc4K(length int) (*Memory, error) {
 // pages that a device writes into. Failure only loses that protection.
 func dontFork(b []byte) { _ = unix.Madvise(b, unix.MADV_DONTFORK) }
 
-func roundUp(n, to int) int { return (n + to - 1) / to * to }
+// roundUp rounds n (> 0) up to a multiple of page; ok is false when the
+// result would not fit in an int.
+func roundUp(n, page int) (rounded int, ok bool) {
+	if n > math.MaxInt-page+1 {
+		return 0, false
+	}
+	return (n + page - 1) / page * page, true
+}
 
 // Bytes returns the memory. The slice is invalid after Close.
 func (m *Memory) Bytes() []byte {

@@ -31,6 +31,11 @@ const settleTimeout = 5 * time.Second
 // pollInterval is how often the driver link is re-read while waiting.
 const pollInterval = 2 * time.Millisecond
 
+// restoreTimeout bounds the return of a device to its old driver after a
+// failed Bind. It is a time of its own: the caller's context may be what
+// ended the bind. A variable so that tests can shorten it.
+var restoreTimeout = settleTimeout
+
 // Unbind detaches the device from its kernel driver by writing its address
 // to <dev>/driver/unbind, and waits until the driver link is gone. A device
 // without a driver is left as it is. Unbind does not check whether the
@@ -75,10 +80,14 @@ func (s Sysfs) unbind(ctx context.Context, a Address, drv string) error {
 // <sysfs>/bus/pci/drivers_probe and waits until the driver link names driver.
 // The wait ends with ctx, or after 5 s when ctx has no deadline; drivers
 // that probe asynchronously and load firmware may need a longer deadline.
-// A device already bound to driver is left as it is. When binding fails the
-// override is cleared again, so that a later probe can return the device to
-// its usual driver, and the device is left unbound. Bind does not check
+// A device already bound to driver is left as it is. Bind does not check
 // whether the device is in use: call CheckInUse first.
+//
+// When binding fails, also because ctx ended, the override is cleared and
+// a device that Bind unbound goes back to the driver it had (waiting up to
+// 5 s more, whatever ctx says): a NIC left without a driver would lose its
+// kernel interface. If that fails too, the error reports both failures and
+// the device may be left without a driver.
 //
 // The override stays set after success, so the device goes back to driver
 // rather than its usual one if it is ever re-probed; ClearOverride undoes it.
@@ -110,11 +119,45 @@ func (s Sysfs) Bind(ctx context.Context, a Address, driver string) error {
 		return err
 	}
 	if err := s.bind(ctx, a, d.Driver, driver); err != nil {
-		// Best effort: a stale override would keep the usual driver away.
-		_ = s.ClearOverride(a)
+		if rerr := s.undoBind(ctx, a, d.Driver, driver); rerr != nil {
+			return fmt.Errorf("%w; and giving %s back to %s failed: %w", err, a, driverName(d.Driver), rerr)
+		}
 		return err
 	}
 	return nil
+}
+
+// undoBind puts the device back after a failed bind from old to driver:
+// driver off it if its probe succeeded too late, old on it again, the
+// override cleared (a stale one would keep the usual driver away). A
+// device that another driver took meanwhile is left with it.
+func (s Sysfs) undoBind(ctx context.Context, a Address, old, driver string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
+	defer cancel()
+	cur, err := linkBase(filepath.Join(s.devDir(a), "driver"))
+	if err == nil && cur == driver {
+		if err = s.unbind(ctx, a, driver); err == nil {
+			cur = ""
+		}
+	}
+	if err == nil && cur == "" && old != "" {
+		// Through the override: old may match the device only by one (a
+		// dynamic ID, an earlier override), not by the ID table.
+		if err = s.setOverride(a, old); err == nil {
+			err = s.bind(ctx, a, "", old)
+		}
+	}
+	// Cleared even when the above failed: a later probe by ID may still
+	// find the usual driver.
+	return errors.Join(err, s.ClearOverride(a))
+}
+
+// driverName names a driver in messages; "" is no driver.
+func driverName(d string) string {
+	if d == "" {
+		return "no driver"
+	}
+	return d
 }
 
 func (s Sysfs) bind(ctx context.Context, a Address, old, driver string) error {

@@ -87,13 +87,52 @@ func TestBindProbeFails(t *testing.T) {
 	if !errors.Is(err, ErrBindFailed) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no driver") {
 		t.Fatalf("Bind with failing probe: %v, want ErrBindFailed (no driver, deadline)", err)
 	}
-	// The override is cleared so the usual driver can have the device back.
+	// The device is back on the driver Bind took it from, although the
+	// deadline has passed, and the override is cleared.
 	d, err := f.sys().Lookup(a)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if d.Driver != "virtio-pci" || d.DriverOverride != "" {
+		t.Errorf("after failed Bind: driver %q override %q, want virtio-pci and no override", d.Driver, d.DriverOverride)
+	}
+}
+
+// TestBindProbeFailsRestoreFails: when the old driver does not take the
+// device back either, the error says so as well as why the bind failed.
+func TestBindProbeFailsRestoreFails(t *testing.T) {
+	f, k := bindTree(t)
+	k.set(func() { k.failProbe["vfio-pci"], k.failProbe["virtio-pci"] = true, true })
+	defer func(d time.Duration) { restoreTimeout = d }(restoreTimeout)
+	restoreTimeout = 200 * time.Millisecond
+	a := Address{Device: 3}
+	err := f.sys().Bind(testCtx(t, 200*time.Millisecond), a, "vfio-pci")
+	if !errors.Is(err, ErrBindFailed) || !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.Contains(err.Error(), "to vfio-pci") || !strings.Contains(err.Error(), "giving 0000:00:03.0 back to virtio-pci failed") {
+		t.Fatalf("Bind and its undo failing: %v, want both failures", err)
+	}
+	d, _ := f.sys().Lookup(a)
+	if d.Driver != "" || d.DriverOverride != "" {
+		t.Errorf("after failed Bind and undo: driver %q override %q, want no driver and no override", d.Driver, d.DriverOverride)
+	}
+}
+
+// TestBindFromNoDriverProbeFails: a device that had no driver is left
+// without one, and without the override.
+func TestBindFromNoDriverProbeFails(t *testing.T) {
+	f, k := bindTree(t)
+	k.set(func() { k.failProbe["vfio-pci"] = true })
+	a := Address{Domain: 1, Bus: 2, Function: 1}
+	err := f.sys().Bind(testCtx(t, 100*time.Millisecond), a, "vfio-pci")
+	if !errors.Is(err, ErrBindFailed) {
+		t.Fatalf("Bind with a failing probe: %v", err)
+	}
+	d, _ := f.sys().Lookup(a)
 	if d.Driver != "" || d.DriverOverride != "" {
 		t.Errorf("after failed Bind: driver %q override %q, want both empty", d.Driver, d.DriverOverride)
+	}
+	if got, want := k.events(), []string{"probe 0001:02:00.1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("kernel saw %q, want %q", got, want)
 	}
 }
 

@@ -178,7 +178,9 @@ type TakeOptions struct {
 
 // Take binds the device to vfio-pci unless it already is, after checking
 // that the kernel's network stack is not using it (CheckInUse) and that no
-// process holds it (CheckHeld), and records the driver it had.
+// process holds it (CheckHeld), and records the driver it had. When the
+// bind fails, Bind has given the device back to that driver (or reports
+// that it could not), so there is no Claim to release.
 func (s Sysfs) Take(ctx context.Context, a Address, opts TakeOptions) (Claim, error) {
 	d, err := s.Lookup(a)
 	if err != nil {

@@ -1,6 +1,7 @@
 package pci
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -170,6 +171,33 @@ func TestReleaseUnboundStaysUnbound(t *testing.T) {
 		t.Errorf("after Release: driver %q override %q, want where it was: no driver", d.Driver, d.DriverOverride)
 	}
 	if got, want := k.events(), []string{"probe 0001:02:00.1", "unbind vfio-pci 0001:02:00.1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("kernel saw %q, want %q", got, want)
+	}
+}
+
+// TestTakeProbeFailsRestoresDriver: a Take whose vfio-pci probe fails
+// (here until its deadline has passed) gives the device back to the driver
+// it took it from, so that the NIC's kernel interface comes back.
+func TestTakeProbeFailsRestoresDriver(t *testing.T) {
+	_, k, s := ownTree(t)
+	k.set(func() { k.failProbe["vfio-pci"] = true })
+	a := Address{Device: 3}
+	c, err := s.Take(testCtx(t, 300*time.Millisecond), a, TakeOptions{Net: &fixedNet{}})
+	if !errors.Is(err, ErrBindFailed) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Take with a failing probe: %v, want ErrBindFailed after the deadline", err)
+	}
+	if c != (Claim{}) {
+		t.Errorf("failed Take returned %+v", c)
+	}
+	d, err := s.Lookup(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Driver != "virtio-pci" || d.DriverOverride != "" {
+		t.Errorf("after a failed Take: driver %q override %q, want virtio-pci again and no override", d.Driver, d.DriverOverride)
+	}
+	want := []string{"unbind virtio-pci 0000:00:03.0", "probe 0000:00:03.0", "probe 0000:00:03.0"}
+	if got := k.events(); !reflect.DeepEqual(got, want) {
 		t.Errorf("kernel saw %q, want %q", got, want)
 	}
 }

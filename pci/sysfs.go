@@ -12,7 +12,16 @@ import (
 )
 
 // ErrNotFound reports a PCI address with no device under the sysfs root.
-var ErrNotFound = errors.New("pci: device not found")
+// It also matches fs.ErrNotExist (os.ErrNotExist), so that callers that
+// know only the os package's errors see a missing device as missing.
+var ErrNotFound error = &notFoundError{"pci: device not found"}
+
+// notFoundError is ErrNotFound's type; errors.Is compares the pointer (of
+// a type that is not zero-sized, so no other pointer equals it).
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string { return e.msg }
+func (e *notFoundError) Unwrap() error { return fs.ErrNotExist }
 
 // ErrUnreadable reports a device whose sysfs attributes List could not
 // read or parse; the other devices are still listed.

@@ -2,6 +2,7 @@ package pci
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"reflect"
 	"strings"
@@ -76,6 +77,27 @@ func TestLookupMissing(t *testing.T) {
 	_, err := s.Lookup(Address{Bus: 5, Device: 1})
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "0000:05:01.0") {
 		t.Fatalf("Lookup of a missing device: %v, want ErrNotFound naming 0000:05:01.0", err)
+	}
+}
+
+// TestNotFoundIsNotExist: a missing device is a missing file to callers
+// that only know the os package's errors, and still ErrNotFound.
+func TestNotFoundIsNotExist(t *testing.T) {
+	if !errors.Is(ErrNotFound, fs.ErrNotExist) || !errors.Is(ErrNotFound, ErrNotFound) {
+		t.Fatal("ErrNotFound does not match fs.ErrNotExist and itself")
+	}
+	if errors.Is(ErrNotFound, fs.ErrPermission) || errors.Is(fs.ErrNotExist, ErrNotFound) {
+		t.Error("ErrNotFound matches too much, or a plain missing file is ErrNotFound")
+	}
+	s := standardTree(t).sys()
+	a := Address{Bus: 5, Device: 1}
+	_, lerr := s.Lookup(a)
+	_, cerr := s.Config(a)
+	_, rerr := s.Resources(a)
+	for _, err := range []error{lerr, cerr, rerr, s.ClearOverride(a)} {
+		if !errors.Is(err, ErrNotFound) || !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("missing device: %v, want both ErrNotFound and os.ErrNotExist", err)
+		}
 	}
 }
 

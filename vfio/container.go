@@ -72,9 +72,15 @@ func (e *dmaEntry) last() uint64 { return e.IOVA + e.Size - 1 }
 
 // Container is an open VFIO container (/dev/vfio/vfio): the IOMMU context
 // its groups' devices share. Its methods are safe for concurrent use.
+//
+// Only OpenContainerAt makes a Container. Any other (the zero value) owns
+// no descriptor: its methods return an error matching ErrInvalid
+// (os.ErrInvalid) and its Close does nothing, so that none of them uses
+// fd 0, which belongs to someone else.
 type Container struct {
 	path string
 	dir  string
+	made bool // by OpenContainerAt
 
 	mu       sync.Mutex
 	fd       int
@@ -126,6 +132,7 @@ func OpenContainerAt(path string) (*Container, error) {
 	return &Container{
 		path:  path,
 		dir:   filepath.Dir(path),
+		made:  true,
 		fd:    fd,
 		iommu: kernelIOMMU{fd: fd},
 	}, nil
@@ -137,6 +144,9 @@ func (c *Container) Path() string { return c.path }
 // CheckExtension reports whether the container supports a VFIO extension
 // (one of the Ext constants).
 func (c *Container) CheckExtension(ext int) (bool, error) {
+	if !c.made {
+		return false, errNotMade("VFIO_CHECK_EXTENSION", "Container")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -156,6 +166,9 @@ func (c *Container) CheckExtension(ext int) (bool, error) {
 func (c *Container) OpenGroup(n int) (*Group, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("vfio: group %d: negative group number: %w", n, ErrInvalid)
+	}
+	if !c.made {
+		return nil, errNotMade("open group", "Container")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -266,6 +279,9 @@ func (c *Container) refreshInfoLocked() error {
 
 // usableLocked checks that the container is open and has an IOMMU.
 func (c *Container) usableLocked(op string) error {
+	if !c.made {
+		return errNotMade(op, "Container")
+	}
 	if c.closed {
 		return fmt.Errorf("vfio: %s on %s: %w", op, c.path, ErrClosed)
 	}
@@ -447,8 +463,12 @@ func (c *Container) unmapAllLocked() error {
 // Close closes the container and everything opened through it: devices
 // (which stops their DMA), then DMA mappings, then groups (unset from the
 // container), then the container fd. It is idempotent; errors from the
-// steps are joined.
+// steps are joined. Close of a Container that OpenContainerAt did not make
+// does nothing.
 func (c *Container) Close() error {
+	if !c.made {
+		return nil
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

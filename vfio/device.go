@@ -23,10 +23,16 @@ type DeviceInfo struct {
 
 // Device is an open VFIO device. Its methods are safe for concurrent use;
 // memory returned by MapRegion is accessed without locks.
+//
+// Only Group.OpenDevice makes a Device. Any other (the zero value) owns no
+// descriptor: its methods that would use one return an error matching
+// ErrInvalid (os.ErrInvalid) and its Close does nothing, so that none of
+// them uses fd 0, which belongs to someone else.
 type Device struct {
 	g    *Group
 	addr string
 	info DeviceInfo
+	made bool // by Group.OpenDevice
 
 	mu      sync.Mutex
 	fd      int
@@ -47,6 +53,7 @@ func newDevice(g *Group, addr string, fd int) (*Device, error) {
 		g:    g,
 		addr: addr,
 		info: DeviceInfo{Flags: DeviceFlags(di.Flags), NumRegions: int(di.NumRegions), NumIRQs: int(di.NumIRQs)},
+		made: true,
 		fd:   fd,
 		irqs: make(map[int]int),
 	}, nil
@@ -63,8 +70,12 @@ func (d *Device) errf(op string, err error) error {
 	return fmt.Errorf("vfio: %s on device %s: %w", op, d.addr, err)
 }
 
-// usableLocked reports ErrClosed after Close.
+// usableLocked reports ErrClosed after Close, and ErrInvalid for a Device
+// that OpenDevice did not make.
 func (d *Device) usableLocked(op string) error {
+	if !d.made {
+		return errNotMade(op, "Device")
+	}
 	if d.closed {
 		return d.errf(op, ErrClosed)
 	}
@@ -319,8 +330,12 @@ func (d *Device) forget(m *RegionMapping) {
 // kernel then disables the device's interrupts and bus mastering and resets
 // it if it can. Eventfds passed to EnableIRQ stay open (they are the
 // caller's); the Request eventfd, the device's own, is closed, which wakes
-// a goroutine waiting on it with eventfd.ErrClosed. Idempotent.
+// a goroutine waiting on it with eventfd.ErrClosed. Idempotent. Close of a
+// Device that OpenDevice did not make does nothing.
 func (d *Device) Close() error {
+	if !d.made {
+		return nil
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -31,6 +31,7 @@ func fileDevice(t *testing.T, regions map[int]RegionInfo, size int64) (*Device, 
 	d := &Device{
 		addr:    "0000:00:04.0",
 		info:    DeviceInfo{Flags: DeviceFlagPCI, NumRegions: 9, NumIRQs: 5},
+		made:    true,
 		fd:      fd,
 		regions: regions,
 		irqs:    map[int]int{},

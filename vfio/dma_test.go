@@ -131,7 +131,7 @@ func (f *fakeType1) unmapDMA(iova, size uint64) (uint64, error) {
 // the model above; the info comes through the real two-call path.
 func fakeContainer(t *testing.T, f *fakeType1) *Container {
 	t.Helper()
-	c := &Container{path: "fake-container", fd: -1, iommu: f, iommuSet: true}
+	c := &Container{path: "fake-container", made: true, fd: -1, iommu: f, iommuSet: true}
 	if err := c.refreshInfoLocked(); err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestContainerCloseUnmapsAll(t *testing.T) {
 }
 
 func TestContainerWithoutGroup(t *testing.T) {
-	c := &Container{path: "fake", fd: -1, iommu: newFakeType1(holeyRanges...)}
+	c := &Container{path: "fake", made: true, fd: -1, iommu: newFakeType1(holeyRanges...)}
 	if err := c.MapDMA(make([]byte, 4096), 0); !errors.Is(err, ErrNoGroup) {
 		t.Errorf("map without group: %v", err)
 	}

@@ -2,6 +2,7 @@ package vfio
 
 import (
 	"errors"
+	"fmt"
 	"os"
 )
 
@@ -37,9 +38,17 @@ var (
 	ErrNotMappable = errors.New("vfio: region cannot be mmap'ed")
 	// ErrBadInfo: the kernel's info structure or capability chain is malformed.
 	ErrBadInfo = errors.New("vfio: malformed info structure")
-	// ErrInvalid: an argument is invalid (negative index, empty list, ...).
+	// ErrInvalid: an argument is invalid (negative index, empty list, ...),
+	// or a Container, Group or Device is a zero value this package did not
+	// open. It is os.ErrInvalid.
 	ErrInvalid = os.ErrInvalid
 	// ErrClosed: the container, group, device or mapping was closed. It is
 	// os.ErrClosed.
 	ErrClosed = os.ErrClosed
 )
+
+// errNotMade reports op on a what (Container, Group, Device) that this
+// package did not open: a zero value, which owns no descriptor.
+func errNotMade(op, what string) error {
+	return fmt.Errorf("vfio: %s on a %s that this package did not open (a zero value): %w", op, what, ErrInvalid)
+}

@@ -12,9 +12,11 @@ import (
 )
 
 // Group is an IOMMU group attached to a Container. Its methods are safe for
-// concurrent use.
+// concurrent use. Only Container.OpenGroup makes a Group: any other (the
+// zero value) owns no descriptor, its OpenDevice returns an error matching
+// ErrInvalid and its Close does nothing.
 type Group struct {
-	c    *Container
+	c    *Container // nil in a Group that OpenGroup did not make
 	num  int
 	path string
 
@@ -41,6 +43,9 @@ func (g *Group) OpenDevice(addr string) (*Device, error) {
 	name, err := unix.BytePtrFromString(addr)
 	if err != nil {
 		return nil, fmt.Errorf("vfio: %s on group %d: bad device name %q: %w", op, g.num, addr, ErrInvalid)
+	}
+	if g.c == nil {
+		return nil, errNotMade(op, "Group")
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -99,8 +104,12 @@ func (g *Group) closeDevices() error {
 // Close closes the group's devices, detaches the group from its container
 // (VFIO_GROUP_UNSET_CONTAINER) and closes the group fd. Detaching the
 // container's last group makes the kernel drop the IOMMU and all DMA
-// mappings. Idempotent.
+// mappings. Idempotent. Close of a Group that OpenGroup did not make does
+// nothing.
 func (g *Group) Close() error {
+	if g.c == nil {
+		return nil
+	}
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()

@@ -41,7 +41,7 @@ func TestOpenContainerNotVFIO(t *testing.T) {
 // testContainer is a Container whose group directory is dir, as if
 // OpenContainerAt(dir/vfio) had succeeded.
 func testContainer(dir string) *Container {
-	return &Container{path: filepath.Join(dir, "vfio"), dir: dir, fd: -1, iommu: newFakeType1(holeyRanges...)}
+	return &Container{path: filepath.Join(dir, "vfio"), dir: dir, made: true, fd: -1, iommu: newFakeType1(holeyRanges...)}
 }
 
 func TestOpenGroupNotAGroup(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -178,10 +179,18 @@ func parseAddrs(args []string) ([]pci.Address, error) {
 	return as, nil
 }
 
+// machine is where bind finds devices and checks them: the host's sysfs,
+// /proc, /dev and netlink when zero; tests point it at fake trees.
+type machine struct {
+	sys    pci.Sysfs
+	doctor doctor.Env
+	net    pci.NetState // nil: netlink
+}
+
 // bindReadiness explains, before a bind, why vfio-pci could not take the
 // device (doctor.CheckBind).
-func bindReadiness(a pci.Address) error {
-	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
+func (m machine) bindReadiness(a pci.Address) error {
+	if err := doctor.CheckBind(m.doctor, a); err != nil {
 		return fmt.Errorf("cannot bind %s: %s", a, strings.TrimPrefix(err.Error(), "doctor: "))
 	}
 	return nil
@@ -194,27 +203,44 @@ func runBind(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sys := pci.Sysfs{}
+	return machine{}.bind(ctx, addrs, *force, out)
+}
+
+// bind binds the devices at addrs to vfio-pci. Every one is looked up and
+// checked (present, not used by the kernel's network stack unless force,
+// VFIO ready for it) before the first is taken, so that a mistyped or busy
+// address binds none.
+func (m machine) bind(ctx context.Context, addrs []pci.Address, force bool, out io.Writer) error {
+	var todo []pci.Address
 	for _, a := range addrs {
-		if _, err := sys.Lookup(a); err != nil {
-			return err
+		if slices.Contains(todo, a) {
+			continue
 		}
-		if err := bindReadiness(a); err != nil {
-			return err
-		}
-		var c pci.Claim
-		err := withTimeout(ctx, func(ctx context.Context) error {
-			var err error
-			c, err = sys.Take(ctx, a, pci.TakeOptions{Force: *force})
-			return err
-		})
-		if errors.Is(err, pci.ErrInUse) {
-			return fmt.Errorf("%w (use -force to take it anyway)", err)
-		}
+		d, err := m.sys.Lookup(a)
 		if err != nil {
 			return err
 		}
-		d, err := sys.Lookup(a)
+		if d.Driver != pci.VFIODriver {
+			if err := m.sys.CheckInUse(a, m.net, force); err != nil {
+				return inUseHint(err)
+			}
+		}
+		if err := m.bindReadiness(a); err != nil {
+			return err
+		}
+		todo = append(todo, a)
+	}
+	for _, a := range todo {
+		var c pci.Claim
+		err := withTimeout(ctx, func(ctx context.Context) error {
+			var err error
+			c, err = m.sys.Take(ctx, a, pci.TakeOptions{Force: force, Net: m.net})
+			return err
+		})
+		if err != nil {
+			return inUseHint(err)
+		}
+		d, err := m.sys.Lookup(a)
 		if err != nil {
 			return err
 		}
@@ -225,6 +251,14 @@ func runBind(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "bound %s to vfio-pci (was %s), IOMMU group %d (/dev/vfio/%d)\n", a, driverName(c.Previous), d.IOMMUGroup, d.IOMMUGroup)
 	}
 	return nil
+}
+
+// inUseHint adds how to take a device that the kernel uses anyway.
+func inUseHint(err error) error {
+	if errors.Is(err, pci.ErrInUse) {
+		return fmt.Errorf("%w (use -force to take it anyway)", err)
+	}
+	return err
 }
 
 func driverName(d string) string {

@@ -33,20 +33,34 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"bind"}, "name at least one PCI address"},
 		{[]string{"bind", "00:zz.0"}, "bad address"},
-		{[]string{"unbind", "0000:00:04.9"}, "bad address"},
+		{[]string{"unbind", "0000:7f:1f.9"}, "bad address"},
 		{[]string{"list", "extra"}, "takes no arguments"},
 		{[]string{"list", "-nosuchflag"}, "flag provided but not defined"},
 		{[]string{"probe"}, "name at least one PCI address"},
 		{[]string{"demo"}, `unknown command "demo"`}, // cmd/vfnic-demo now
 		// Flags after the address are parsed, so their errors are theirs.
-		{[]string{"echo", "0000:00:04.0", "-ip", "x"}, `-ip needs an IPv4 address, got "x"`},
-		{[]string{"echo", "-ip", "10.0.0.1", "0000:00:04.0", "0000:00:05.0"}, "name one PCI address"},
+		{[]string{"echo", "0000:7f:1f.0", "-ip", "x"}, `-ip needs an IPv4 address, got "x"`},
+		{[]string{"echo", "-ip", "10.0.0.1", "0000:7f:1f.0", "0000:7f:1f.1"}, "name one PCI address"},
 		{[]string{"echo", "-ip", "10.0.0.1", "--", "-x"}, "bad address"},
-		{[]string{"pktgen", "0000:00:04.0", "-size", "70000"}, "-size 70000 outside [60, 65535]"},
-		{[]string{"capture", "0000:00:04.0"}, "-w FILE is required"},
-		{[]string{"capture", "-w", "-", "-json", "0000:00:04.0"}, "both want stdout"},
-		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:00:04.0"}, "-snaplen 3 outside [14, 262144]"},
-		{[]string{"sink", "-count", "-1", "0000:00:04.0"}, "-count -1 is negative"},
+		{[]string{"pktgen", "0000:7f:1f.0", "-size", "70000"}, "-size 70000 outside [60, 65535]"},
+		{[]string{"capture", "0000:7f:1f.0"}, "-w FILE is required"},
+		{[]string{"capture", "-w", "-", "-json", "0000:7f:1f.0"}, "both want stdout"},
+		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144]"},
+		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
+		// Every traffic command's device flags, before the device is opened.
+		{[]string{"pktgen", "0000:7f:1f.0", "-queue-size", "-1"}, "-queue-size -1 is negative"},
+		{[]string{"sink", "-buffer-size", "-2048", "0000:7f:1f.0"}, "-buffer-size -2048 is negative"},
+		{[]string{"echo", "-ip", "10.0.0.1", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
+		{[]string{"capture", "-w", "/dev/null", "-progress", "-1s", "0000:7f:1f.0"}, "-progress -1s is negative"},
+		{[]string{"pktgen", "-count", "0", "0000:7f:1f.0"}, "-count 0 needs a positive -duration"},
+		{[]string{"pktgen", "-count", "0", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
+		{[]string{"pktgen", "-count", "-5", "-duration", "1s", "0000:7f:1f.0"}, "-count -5 is negative"},
+		{[]string{"pktgen", "-rate", "NaN", "0000:7f:1f.0"}, "-rate NaN is not a finite number"},
+		{[]string{"pktgen", "-rate", "Inf", "0000:7f:1f.0"}, "-rate +Inf is not a finite number"},
+		{[]string{"pktgen", "-rate", "-Inf", "0000:7f:1f.0"}, "-rate -Inf is not a finite number"},
+		{[]string{"pktgen", "-rate", "-5", "0000:7f:1f.0"}, "-rate -5 is negative"},
+		{[]string{"pktgen", "-dst-mac", "00:11:22:33:44:55:66:77", "0000:7f:1f.0"}, `-dst-mac "00:11:22:33:44:55:66:77" is not a 6-byte Ethernet address`},
+		{[]string{"pktgen", "-dst-mac", "zz", "0000:7f:1f.0"}, "-dst-mac"},
 		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
 		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"version", "x"}, "takes no arguments"},
@@ -55,6 +69,7 @@ func TestUsageErrors(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errw)
 		require.Contains(t, strings.ToLower(errw), strings.ToLower(tc.want), "%v", tc.args)
 		require.Empty(t, out, "%v: errors go to stderr", tc.args)
+		require.NotContains(t, errw, "not found", "%v: refused before the device is looked up", tc.args)
 	}
 }
 
@@ -171,7 +186,7 @@ type fakeDevice struct{ stats nic.Stats }
 
 func (f *fakeDevice) Close() error { return nil }
 func (f *fakeDevice) Info() nic.Info {
-	return nic.Info{Driver: "fake", Address: "0000:00:04.0", Model: "fake", MAC: f.MAC(), MTU: 9000,
+	return nic.Info{Driver: "fake", Address: "0000:7f:1f.0", Model: "fake", MAC: f.MAC(), MTU: 9000,
 		QueuePairs: 1, QueueSize: 256, RxBuffers: 512, BufferSize: 9088, Vectors: 3, Features: []string{"MTU"}}
 }
 func (f *fakeDevice) MAC() net.HardwareAddr                   { return net.HardwareAddr{2, 0, 0, 0, 0, 1} }

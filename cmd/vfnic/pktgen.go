@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"time"
@@ -39,10 +40,19 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if *size < minFrame || *size > 65535 {
 		return fmt.Errorf("%w: -size %d outside [%d, 65535]", errUsage, *size, minFrame)
 	}
-	if *count < 0 || (*count == 0 && df.duration == 0) {
-		return fmt.Errorf("%w: -count must be positive, or 0 with -duration", errUsage)
+	// The device flags first: a negative -duration is its own mistake.
+	if err := df.check(); err != nil {
+		return err
 	}
-	if *rate < 0 {
+	switch {
+	case *count < 0:
+		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
+	case *count == 0 && df.duration == 0:
+		return fmt.Errorf("%w: -count 0 needs a positive -duration (else -count must be positive)", errUsage)
+	case math.IsNaN(*rate) || math.IsInf(*rate, 0):
+		// NaN passes every comparison, and the pacing would overflow.
+		return fmt.Errorf("%w: -rate %g is not a finite number", errUsage, *rate)
+	case *rate < 0:
 		return fmt.Errorf("%w: -rate %g is negative", errUsage, *rate)
 	}
 	if *vlan < -1 || *vlan > 4094 {
@@ -51,6 +61,9 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	dst, err := net.ParseMAC(*dstMAC)
 	if err != nil {
 		return fmt.Errorf("%w: -dst-mac: %v", errUsage, err)
+	}
+	if len(dst) != 6 { // ParseMAC takes EUI-64 and InfiniBand addresses too
+		return fmt.Errorf("%w: -dst-mac %q is not a 6-byte Ethernet address", errUsage, *dstMAC)
 	}
 	sip, err1 := netip.ParseAddr(*srcIP)
 	dip, err2 := netip.ParseAddr(*dstIP)

@@ -67,9 +67,28 @@ func (f modeFlag) Set(s string) error {
 	return nil
 }
 
-// newCore returns the polling core for -cpu, -mode, -idle and -batch, not started. Commands
-// call it before they open the device, so that a bad -cpu binds nothing.
+// check refuses the device flags no device could take, as usage errors.
+func (d *deviceFlags) check() error {
+	switch {
+	case d.queueSize < 0:
+		return fmt.Errorf("%w: -queue-size %d is negative", errUsage, d.queueSize)
+	case d.bufferSize < 0:
+		return fmt.Errorf("%w: -buffer-size %d is negative", errUsage, d.bufferSize)
+	case d.duration < 0:
+		return fmt.Errorf("%w: -duration %v is negative", errUsage, d.duration)
+	case d.interval < 0:
+		return fmt.Errorf("%w: -progress %v is negative", errUsage, d.interval)
+	}
+	return nil
+}
+
+// newCore checks the device flags and returns the polling core for -cpu,
+// -mode, -idle and -batch, not started. Commands call it before they open
+// the device, so that a bad flag binds nothing.
 func (d *deviceFlags) newCore() (*lcore.Core, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
 	switch {
 	case d.cpu < lcore.AnyCPU:
 		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
