@@ -85,8 +85,10 @@ func (q *vq) setReader(kind int) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
 	}
-	// ids are table slots (the id bits are the slot bits), below size.
-	tab, err := cqring.NewTable(n, max(1, bits.Len(uint(n-1))))
+	// ids are table slots (the id bits are the slot bits, no generation),
+	// below size: ndesc and the split ring's descriptor table are indexed
+	// by them.
+	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
 	}

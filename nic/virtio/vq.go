@@ -109,7 +109,7 @@ type vq struct {
 func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMem, notify doorbell.Reg16) (*vq, error) {
 	d, dr, dv, _ := ringSizes(size, packed)
 	switch {
-	case size < 1 || size > 1<<15:
+	case size < minRingSize || size > 1<<15:
 		return nil, fmt.Errorf("%w: %s: ring of %d descriptors", nic.ErrInvalid, name, size)
 	case !packed && size&(size-1) != 0:
 		return nil, fmt.Errorf("%w: %s: split ring of %d descriptors is not a power of two", nic.ErrInvalid, name, size)
