@@ -759,6 +759,9 @@ func (q *RingSource) Remap(mem []byte, entries int) error {
 		return err
 	}
 	r.count = old.count
+	// A UsedIndex reader goes on from the index it loaded, against the
+	// same producer limit.
+	r.prod, r.badIndex, r.limited, r.limit = old.prod, old.badIndex, old.limited, old.limit
 	r.head = r.count & (r.n - 1)
 	if (r.count>>uint(bits.TrailingZeros32(r.n)))&1 == 1 {
 		r.want ^= r.mask // an odd lap
