@@ -248,6 +248,10 @@ func (q *vq) publish() {
 	} else {
 		q.pubIdx = q.availIdx
 		atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+		// The device may now use up to pubIdx: a used index beyond it
+		// names buffers the device was never given (stale entries of
+		// the last lap, whose ids carry no generation).
+		q.rd.Ring().SetProducerLimit(uint32(q.pubIdx))
 	}
 	q.sinceKick += q.batch
 	q.batch = 0
