@@ -30,7 +30,7 @@ var (
 	errClosed    = nic.ErrClosed
 
 	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
-	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer", nic.ErrBadLen)
+	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", nic.ErrBadLen)
 	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
 	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
 	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
@@ -282,10 +282,11 @@ func (q *queue) keepFlushed() {
 // descriptor (DD, the length against the posted buffer, the EOP status,
 // and the offload words into c.Meta, all from one copy), then the queue's
 // bookkeeping. A descriptor without EOP and the rest of its frame complete
-// with cq.ETRUNC (provMultiBuffer); DD where nothing was posted, or a
-// hole, breaks the queue: the ring and the posted descriptors are out of
-// step. The buffer of a refused entry goes back to the pool (c.Buf is then
-// 0). Called locked; the caller ends a batch with finish.
+// with cq.ETRUNC (provMultiBuffer); a frame shorter than an Ethernet
+// header with cq.EIO (cq.ProvBadLen), as virtio refuses it; DD where nothing was posted, or a hole, breaks the
+// queue: the ring and the posted descriptors are out of step. The buffer
+// of a refused entry goes back to the pool (c.Buf is then 0), its context
+// kept. Called locked; the caller ends a batch with finish.
 func (q *queue) next(c *cqring.Completion) bool {
 again:
 	if q.closed || q.broken || !q.settle() || !q.r.src.Next(c) {
@@ -311,6 +312,8 @@ again:
 	case c.Err == 0 && q.skip:
 		q.skip = false // the last part of a frame without EOP
 		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+	case c.Err == 0 && c.Len < nic.MinFrame:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 	}
 	if c.Err != 0 {
 		q.bufs.Recycle(b) // a buffer this queue posted at c.Pos
