@@ -184,3 +184,52 @@ func TestMisbehaveShortFrame(t *testing.T) {
 		require.NoError(t, rx.Repost(buf, nil), "the queue keeps working")
 	}
 }
+
+// A write-back with RXE (a frame received in error) is refused: the driver
+// does not ask the device to store bad frames (RCTL.SBP), so the device
+// misbehaves. The completion carries nic.ErrDeviceStatus and, in a CQ,
+// the status as its provider error number (provRxError, which StrError
+// names); the context comes back and the buffer goes back to the pool.
+func TestMisbehaveRxError(t *testing.T) {
+	for _, viaCQ := range []bool{false, true} {
+		d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8, RxBuffers: 8}})
+		dev := newFakeNIC(t, d, f)
+		rx := d.rx[0]
+		require.Equal(t, 7, fill(t, rx))
+		free := rx.bufs.Free()
+		var c *cq.CQ
+		if viaCQ {
+			c = newCQ(t)
+			require.NoError(t, d.BindCQ(c, 0, nic.Recv))
+		}
+		dev.receive(frameOf(0, 60))
+		dev.writeBack(0, rxdStatusDD|rxdStatusEOP|rxdStatusIPCS|rxdErrIPE|rxdErrRXE, 60)
+		dev.receive(frameOf(1, 60))
+		if viaCQ {
+			_, err := c.Read(make([]cq.Entry, 4))
+			require.ErrorIs(t, err, cq.ErrAvail)
+			var ee cq.ErrEntry
+			require.NoError(t, c.ReadErr(&ee))
+			require.Equal(t, 0, ee.Context)
+			require.Equal(t, cq.EIO, ee.Err)
+			require.Equal(t, provRxError, ee.ProvErrno)
+			require.Contains(t, c.StrError(ee.ProvErrno, ee.ErrData), "RXE")
+			require.Equal(t, []any{1}, readOK(t, c, 1))
+		} else {
+			out := make([]nic.Completion, 4)
+			require.Equal(t, 1, rx.Poll(out), "an error completion ends the batch")
+			require.ErrorIs(t, out[0].Err, nic.ErrDeviceStatus)
+			require.Equal(t, 0, out[0].Context)
+			require.Nil(t, out[0].Data)
+			require.Zero(t, out[0].Buf)
+			require.Equal(t, 1, rx.Poll(out))
+			require.NoError(t, out[0].Err)
+			require.Equal(t, frameOf(1, 60), out[0].Data)
+			o, err := rx.Offload(out[0].Buf)
+			require.NoError(t, err)
+			require.False(t, o.RxError)
+		}
+		require.Equal(t, free+1, rx.bufs.Free(), "the refused buffer recycled, the good one lent")
+		require.EqualValues(t, 1, rx.Stats().Errors)
+	}
+}

@@ -34,6 +34,7 @@ var (
 	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
 	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
 	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
+	errRxError     = fmt.Errorf("%w: igb: write-back with RXE (a frame received in error, which the driver does not ask the device to store)", nic.ErrDeviceStatus)
 )
 
 // queue is what receive and transmit queues share: the descriptor ring,
@@ -282,8 +283,9 @@ func (q *queue) keepFlushed() {
 // descriptor (DD, the length against the posted buffer, the EOP status,
 // and the offload words into c.Meta, all from one copy), then the queue's
 // bookkeeping. A descriptor without EOP and the rest of its frame complete
-// with cq.ETRUNC (provMultiBuffer); a frame shorter than an Ethernet
-// header with cq.EIO (cq.ProvBadLen), as virtio refuses it; DD where nothing was posted, or a hole, breaks the
+// with cq.ETRUNC (provMultiBuffer); a frame with RXE (provRxError) or
+// shorter than an Ethernet header (cq.ProvBadLen) with cq.EIO, as virtio
+// refuses a short one; DD where nothing was posted, or a hole, breaks the
 // queue: the ring and the posted descriptors are out of step. The buffer
 // of a refused entry goes back to the pool (c.Buf is then 0), its context
 // kept. Called locked; the caller ends a batch with finish.
@@ -312,6 +314,10 @@ again:
 	case c.Err == 0 && q.skip:
 		q.skip = false // the last part of a frame without EOP
 		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+	case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
+		// RCTL.SBP is off: a device that hands over a bad frame anyway
+		// misbehaves, and its frame is not one to deliver.
+		c.Err, c.Prov = cq.EIO, provRxError
 	case c.Err == 0 && c.Len < nic.MinFrame:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 	}
@@ -356,6 +362,8 @@ func errOf(prov int) error {
 		return errBadPhase
 	case provMultiBuffer:
 		return errMultiBuffer
+	case provRxError:
+		return errRxError
 	}
 	return errBadStatus
 }
