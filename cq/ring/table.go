@@ -297,9 +297,17 @@ func (t *Table) flush() {
 // (fi_cq's FI_ECANCELED, verbs' IBV_WC_WR_FLUSH_ERR). Call it only while
 // nobody posts to the table or reads the ring it is bound to.
 func (t *Table) Each(f func(ctx any)) {
+	t.EachID(func(_ uint32, ctx any) { f(ctx) })
+}
+
+// EachID is Each with the id each operation was posted under (Post's
+// result), for a driver that keeps its own records by id, such as the
+// order operations were posted in, which slot order is not once slots
+// were freed out of order.
+func (t *Table) EachID(f func(id uint32, ctx any)) {
 	for i := range t.slots {
 		if s := &t.slots[i]; atomic.LoadUint32(&s.state) != slotFree {
-			f(s.ctx)
+			f(s.id, s.ctx)
 		}
 	}
 }
