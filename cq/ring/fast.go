@@ -43,6 +43,10 @@ import (
 //     stored as constant zeros rather than masked;
 //   - a UsedIndex ring (virtio split) has no ownership bits: Poll
 //     bounds the run by the producer index, loaded once.
+//
+// The loops step one ring position per entry. An operation that spans
+// several (Op.Span) is posted in a slot state they refuse, so they stop at
+// its entry and Poll has take read it, skip its positions and go on.
 
 // word32 is a field the fast path reads with a 32-bit load and a mask.
 type word32 struct {
@@ -268,8 +272,8 @@ func (fp *fastPath) setFormat(f cq.Format) {
 // path, in this function so that it costs no call more; the rest is
 // pollOther. The fast path moves up to len(ents) completions into ents as
 // the generic loop does: the same checks in the same order, the same stop
-// at the first entry that is not driver-owned or that is refused (left at
-// the head for endBatch to stage), the same end of batch.
+// at the first entry that is not driver-owned or that is refused (staged
+// by take, which reads it again), the same end of batch.
 //
 // The per-entry loop (readPhaseRun) runs over segments of ents that end at
 // the end of the ring, so that it has no wrap test; this loop wraps the
@@ -320,6 +324,15 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 			r.head = 0
 			r.want ^= r.mask
 		}
+		if why == runFailed {
+			// An entry the loop does not take: one it refuses, or one of
+			// an operation spanning several ring positions (slotSpan),
+			// whose skip its segments cannot make. take decides, as the
+			// generic loop would, and the loop goes on after a good one.
+			if why = q.takeRefused(fp, &ents[n]); why == runFull {
+				n++
+			}
+		}
 	}
 	if why == runFull {
 		// Filled: what endBatch does for a batch that neither stopped
@@ -334,7 +347,31 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 		return n, StateOK // nothing is staged and the ring did not overrun (above)
 	}
 	fp.cur.leave(q)
-	return q.endBatch(n, why == runStopped, why == runFailed, fp.tabs)
+	return q.endBatch(n, why == runStopped, fp.tabs)
+}
+
+// takeRefused takes the entry at the head, at which the fast loop stopped
+// without taking it, with take's own read: a good entry goes into e
+// (runFull: the batch goes on), an error completion is staged (runFailed),
+// and runStopped means the head is not handed over. Cold path.
+func (q *RingSource) takeRefused(fp *fastPath, e *cq.Entry) int {
+	// take releases into the tables itself: the cursor's table takes
+	// the cursor's releases first, and the cursor take's after.
+	fp.cur.leave(q)
+	var c Completion
+	ok := q.take(fp.tabs, &c, true)
+	if t := fp.cur.t; t != nil {
+		fp.cur.ftl = t.ftailLocal
+	}
+	switch {
+	case !ok:
+		return runStopped
+	case c.Err != 0:
+		q.stage(&c)
+		return runFailed
+	}
+	q.store(e, &c)
+	return runFull
 }
 
 // rebind takes the tables BindTable or UnbindTable stored. They store a new

@@ -39,8 +39,10 @@ const (
 	// device publishes how many it has written as a free-running index
 	// (Layout.IndexBits wide, at bit Layout.IndexShift of the 32-bit word
 	// RingRegs.Producer), which the reader loads atomically once per run of
-	// entries and before reading any of them. An index more than a ring
-	// ahead of the reader is refused (cq.ProvBadIndex) and stops the ring.
+	// entries and before reading any of them. An index beyond the
+	// entries the device was given (Ring.SetProducerLimit), or, without
+	// that limit, more than a ring ahead of the reader, is refused
+	// (cq.ProvBadIndex) and stops the ring.
 	UsedIndex
 )
 

@@ -64,13 +64,16 @@ type Ring struct {
 	holes bool
 	idx   bool // IDIsIndex
 	// UsedIndex: the producer index as last loaded, its mask and shift,
-	// and whether it was ever more than a ring ahead (the ring is then
-	// stopped for good).
+	// and whether it was ever beyond what the device may have produced
+	// (the ring is then stopped for good). limit is the driver's count of
+	// entries the device may produce (SetProducerLimit), when limited.
 	used     bool
 	prod     uint32
 	imask    uint32
 	ishift   uint
 	badIndex bool
+	limited  bool
+	limit    uint32
 	wrong    uint32 // Layout.WrongPhase
 	meta     bool   // the layout has Meta fields
 	regs     RingRegs
@@ -134,7 +137,7 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 // rewind resets the reader state to lap 0, position 0.
 func (r *Ring) rewind() {
 	r.head, r.count = 0, 0
-	r.prod, r.badIndex = 0, false
+	r.prod, r.badIndex, r.limit = 0, false, 0
 	r.want = 0
 	if r.l.InitPhase == 1 || r.l.Convention == DescriptorDone {
 		r.want = r.mask
@@ -206,15 +209,22 @@ func (r *Ring) usedReady() bool {
 }
 
 // loadProd loads the producer index (acquire) and reports whether entries
-// are ready. Once the device has published an index more entries ahead
-// than the ring holds, the index is nonsense and nothing before it can be
-// trusted either: the ring stops.
+// are ready. Once the device has published an index beyond the entries it
+// may have produced (the producer limit, else a ring ahead of the
+// reader), the index is nonsense and nothing before it can be trusted
+// either: the ring stops. Without the limit, an index less than a ring
+// ahead would hand over last lap's entries as new, and a split ring's ids
+// carry no generation to refuse them by.
 func (r *Ring) loadProd() bool {
 	if r.badIndex {
 		return false
 	}
 	p := r.regs.Producer.Read() >> r.ishift & r.imask
-	if (p-r.count)&r.imask > r.n {
+	room := r.n
+	if r.limited {
+		room = (r.limit - r.count) & r.imask
+	}
+	if (p-r.count)&r.imask > room {
 		r.badIndex = true
 		return false
 	}
@@ -222,8 +232,21 @@ func (r *Ring) loadProd() bool {
 	return (p-r.count)&r.imask != 0
 }
 
+// SetProducerLimit tells a UsedIndex ring how far the device may produce:
+// the number of entries it was given to complete since Reset (virtio's
+// available index, for its used index), modulo 2^IndexBits as the
+// producer index is. From the first call on, a producer index beyond it
+// is refused (cq.ProvBadIndex) and stops the ring; before it, an index
+// more than a ring ahead of the reader is. The driver calls it as it
+// hands over entries, serialised with the reads like them; the limit
+// must never be more than a ring ahead of the consumer count (Count).
+func (r *Ring) SetProducerLimit(limit uint32) {
+	r.limit, r.limited = limit&r.imask, true
+}
+
 // BadIndex reports whether a UsedIndex device published a producer index
-// more than a ring ahead of the reader; the ring is then stopped.
+// beyond the producer limit (or more than a ring ahead of the reader);
+// the ring is then stopped.
 func (r *Ring) BadIndex() bool { return r.badIndex }
 
 // readyAt reports whether position i, on the lap whose expected value is

@@ -129,3 +129,33 @@ func TestSlotGeometry(t *testing.T) {
 	}
 	require.False(t, noSlots.at(3).outstanding(3), "no table refuses every id")
 }
+
+// Each and EachID visit the outstanding operations in slot order, a
+// spanning one included, with the ids Post returned.
+func TestTableEachID(t *testing.T) {
+	tab, err := NewTable(4, 8)
+	require.NoError(t, err)
+	var ids []uint32
+	for i := range 4 {
+		id, err := tab.Post(Op{Context: i, Len: 8, Span: i % 2 * 3})
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	s := tab.lookup(ids[2])
+	require.NotNil(t, s)
+	tab.release(s, ids[2])
+	tab.flush()
+	id, err := tab.Post(Op{Context: 4, Len: 8})
+	require.NoError(t, err)
+	require.Equal(t, uint32(2), id&3, "the freed slot, a generation on")
+	type visit struct {
+		id  uint32
+		ctx any
+	}
+	var got []visit
+	tab.EachID(func(id uint32, ctx any) { got = append(got, visit{id, ctx}) })
+	require.Equal(t, []visit{{ids[0], 0}, {ids[1], 1}, {id, 4}, {ids[3], 3}}, got)
+	var ctxs []any
+	tab.Each(func(ctx any) { ctxs = append(ctxs, ctx) })
+	require.Equal(t, []any{0, 1, 4, 3}, ctxs)
+}

@@ -573,12 +573,12 @@ func (q *RingSource) store(e *cq.Entry, c *Completion) {
 }
 
 // endBatch finishes a batch of n entries read by the fast loop: when it
-// stopped at a refused entry (fail) or at one not handed over (stopped),
-// take decides about the head from its own read (an error is staged, a
-// hole consumed, a good entry left for the next batch); then the overrun
-// check, one doorbell and the release of freed ids.
-func (q *RingSource) endBatch(n int, stopped, fail bool, tabs []*Table) (int, State) {
-	if stopped || fail {
+// stopped at an entry not handed over (stopped), take decides about the
+// head from its own read (an error is staged, a hole consumed, a good
+// entry left for the next batch); then the overrun check, one doorbell
+// and the release of freed ids.
+func (q *RingSource) endBatch(n int, stopped bool, tabs []*Table) (int, State) {
+	if stopped {
 		var c Completion
 		if q.take(tabs, &c, false) && c.Err != 0 {
 			q.stage(&c)
@@ -759,6 +759,9 @@ func (q *RingSource) Remap(mem []byte, entries int) error {
 		return err
 	}
 	r.count = old.count
+	// A UsedIndex reader goes on from the index it loaded, against the
+	// same producer limit.
+	r.prod, r.badIndex, r.limited, r.limit = old.prod, old.badIndex, old.limited, old.limit
 	r.head = r.count & (r.n - 1)
 	if (r.count>>uint(bits.TrailingZeros32(r.n)))&1 == 1 {
 		r.want ^= r.mask // an odd lap

@@ -30,15 +30,20 @@ type Op struct {
 	Span int
 }
 
+// Slot states. An operation that spans several ring positions is posted
+// as slotSpan, which the fast path's loops do not take (they step one
+// position per entry): they stop at its entry and leave it to take,
+// which skips the span.
 const (
 	slotFree   = 0
 	slotPosted = 1
+	slotSpan   = 2
 )
 
 // slot is 64 bytes on 64-bit platforms: a slot's offset is its index
 // shifted, and it sits on one cache line.
 type slot struct {
-	state uint32 // slotPosted is published with a release store by Post
+	state uint32 // slotPosted or slotSpan, published with a release store by Post
 	id    uint32 // full id of the current posting (index | generation)
 	len   uint32
 	multi bool
@@ -160,6 +165,10 @@ func (t *Table) Post(op Op) (uint32, error) {
 	if op.Span < 0 || op.Span > 1<<16-1 {
 		return 0, fmt.Errorf("%w: operation spanning %d ring positions", cq.ErrInvalid, op.Span)
 	}
+	state := uint32(slotPosted)
+	if op.Span > 1 {
+		state = slotSpan
+	}
 	if !t.single {
 		t.mu.Lock()
 	}
@@ -184,13 +193,13 @@ func (t *Table) Post(op Op) (uint32, error) {
 	if t.single {
 		// The completer runs in this goroutine, or after it in an order
 		// the caller made: program order publishes the slot.
-		s.state = slotPosted
+		s.state = state
 		return s.id, nil
 	}
 	// The release store publishes the slot to the completer; the device's
 	// path (doorbell, DMA, ownership word) is invisible to the Go memory
 	// model and to the race detector.
-	storeRelease32(&s.state, slotPosted)
+	storeRelease32(&s.state, state)
 	id := s.id
 	t.mu.Unlock()
 	return id, nil
@@ -222,7 +231,7 @@ func (t *Table) completer() completer {
 
 // lookup returns the outstanding slot for id, or nil.
 func (c completer) lookup(id uint32) *slot {
-	if s := c.at(id); s.outstanding(id) {
+	if s := c.at(id); s.posted(id) {
 		return s
 	}
 	return nil
@@ -235,9 +244,16 @@ func (c completer) at(id uint32) *slot {
 	return (*slot)(unsafe.Add(c.slots, uintptr(id&c.mask)*unsafe.Sizeof(slot{})))
 }
 
-// outstanding reports whether s is posted under id.
+// outstanding reports whether s is posted under id, as an operation of one
+// ring position: the fast path's test, which refuses a slotSpan.
 func (s *slot) outstanding(id uint32) bool {
 	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
+}
+
+// posted reports whether s is posted under id, spanning one ring position
+// or more.
+func (s *slot) posted(id uint32) bool {
+	return atomic.LoadUint32(&s.state) != slotFree && s.id == id
 }
 
 // release frees slot s, which outstanding found posted under id, into the
@@ -281,9 +297,17 @@ func (t *Table) flush() {
 // (fi_cq's FI_ECANCELED, verbs' IBV_WC_WR_FLUSH_ERR). Call it only while
 // nobody posts to the table or reads the ring it is bound to.
 func (t *Table) Each(f func(ctx any)) {
+	t.EachID(func(_ uint32, ctx any) { f(ctx) })
+}
+
+// EachID is Each with the id each operation was posted under (Post's
+// result), for a driver that keeps its own records by id, such as the
+// order operations were posted in, which slot order is not once slots
+// were freed out of order.
+func (t *Table) EachID(f func(id uint32, ctx any)) {
 	for i := range t.slots {
-		if s := &t.slots[i]; atomic.LoadUint32(&s.state) == slotPosted {
-			f(s.ctx)
+		if s := &t.slots[i]; atomic.LoadUint32(&s.state) != slotFree {
+			f(s.id, s.ctx)
 		}
 	}
 }

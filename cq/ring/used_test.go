@@ -118,6 +118,79 @@ func TestUsedIndexWraps(t *testing.T) {
 	}
 }
 
+// With a producer limit (the driver's available index), a used index that
+// runs ahead of it, even by less than a ring, is a bad index: the entries
+// it covers are last lap's, and those naming buffers posted again would
+// pass the id check. Within the limit the ring reads as before, across
+// the 16-bit wrap.
+func TestUsedIndexProducerLimit(t *testing.T) {
+	u := newUsedRing(t, 8)
+	r := u.src.Ring()
+	r.SetProducerLimit(0)
+	var c Completion
+	post := func(n int) []uint32 {
+		ids := make([]uint32, n)
+		for i := range ids {
+			id, err := u.tab.Post(Op{Context: i, Len: 100, Flags: cq.FlagRecv | cq.FlagMsg})
+			require.NoError(t, err)
+			ids[i] = id
+		}
+		return ids
+	}
+	// Lap 1: 8 made available and used.
+	ids := post(8)
+	r.SetProducerLimit(8)
+	for i, id := range ids {
+		u.put(uint16(i), id, 60)
+	}
+	u.publish(8)
+	for range 8 {
+		require.True(t, u.src.Next(&c))
+		require.Zero(t, c.Err)
+	}
+	u.src.Publish()
+	// Lap 2: 2 made available (limit 10), none used, index 16: the six
+	// entries of lap 1 beyond them name ids posted again.
+	post(2)
+	r.SetProducerLimit(10)
+	u.publish(16)
+	require.Equal(t, 1, u.src.Pending(8), "the refusal waits to be read")
+	require.True(t, u.src.Next(&c))
+	require.Equal(t, cq.ProvBadIndex, c.Prov)
+	require.Equal(t, cq.EIO, c.Err)
+	require.False(t, c.Done)
+	require.True(t, r.BadIndex())
+	require.False(t, u.src.Next(&c), "stopped: nothing of the bad index is read")
+	require.Zero(t, u.src.Pending(8))
+	require.Equal(t, 2, u.tab.Outstanding(), "the two still posted stay so")
+
+	// Up to the limit, across the 16-bit wrap of both indexes.
+	u = newUsedRing(t, 8)
+	r = u.src.Ring()
+	idx := uint16(0)
+	for round := range 70000 / 5 {
+		ids := post(5)
+		r.SetProducerLimit(uint32(idx + 5))
+		for i, id := range ids {
+			u.put(idx+uint16(i), id, 64)
+		}
+		// Used one at a time, to the limit exactly.
+		for i := range 5 {
+			u.publish(idx + uint16(i) + 1)
+			require.True(t, u.src.Next(&c))
+			require.Zero(t, c.Err, "round %d", round)
+		}
+		idx += 5
+		require.False(t, u.src.Next(&c))
+		u.src.Publish()
+	}
+	post(1)
+	r.SetProducerLimit(uint32(idx + 1))
+	u.publish(idx + 2)
+	require.True(t, u.src.Next(&c))
+	require.Equal(t, cq.ProvBadIndex, c.Prov, "one beyond the limit, after the wrap")
+}
+
 func TestUsedIndexLayoutChecks(t *testing.T) {
 	l := Layout{Name: "split", EntrySize: 8, Entries: 8, Convention: UsedIndex, IndexShift: 16, IndexBits: 16}
 	require.NoError(t, l.Validate())

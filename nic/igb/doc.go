@@ -47,7 +47,8 @@ package igb
 //     Linux, and Match refuses it); EIAM auto-masking (QEMU does not apply
 //     it); EEPROM auto-read completion (EECD.AUTO_RD), which QEMU does not
 //     model, so bring-up relies on RAH0.AV; copper PHY timing; flow
-//     control; the RXE error path (QEMU never sets it).
+//     control; RXE on a device (QEMU never sets it; the refusal of such
+//     a write-back is tested on the fake device).
 //   - Checked on QEMU's model by the VM tests: VLAN stripping (CTRL.VME,
 //     the tag in the write-back) and transmit checksum offload through
 //     context descriptors (IXSM, TXSM; QEMU computes the L4 checksum

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -116,4 +117,119 @@ func TestMisbehaveNoEOP(t *testing.T) {
 	require.Equal(t, frameOf(7, 77), got[3].Data)
 	require.Equal(t, free+3, rx.bufs.Free(), "every part of the frame recycled")
 	require.Equal(t, 11, rx.Outstanding())
+}
+
+// A write-back shorter than an Ethernet header (nic.MinFrame) is refused
+// with nic.ErrBadLen (cq.ProvBadLen, as virtio refuses it), through Poll
+// and through a bound CQ alike: the context comes back, the buffer goes
+// back to the pool, and the queue keeps working.
+func TestMisbehaveShortFrame(t *testing.T) {
+	for _, viaCQ := range []bool{false, true} {
+		d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8, RxBuffers: 8}})
+		dev := newFakeNIC(t, d, f)
+		rx := d.rx[0]
+		require.Equal(t, 7, fill(t, rx))
+		free := rx.bufs.Free()
+		var c *cq.CQ
+		if viaCQ {
+			c = newCQ(t)
+			require.NoError(t, d.BindCQ(c, 0, nic.Recv))
+		}
+		dev.writeBack(0, rxdStatusDD|rxdStatusEOP, 0)
+		dev.writeBack(1, rxdStatusDD|rxdStatusEOP, 5)
+		dev.rdh = 2
+		dev.receive(frameOf(2, nic.MinFrame)) // the shortest good one
+		want := []struct {
+			ctx any
+			len int
+		}{{0, 0}, {1, 5}}
+		for _, w := range want {
+			if viaCQ {
+				_, err := c.Read(make([]cq.Entry, 4))
+				require.ErrorIs(t, err, cq.ErrAvail)
+				var ee cq.ErrEntry
+				require.NoError(t, c.ReadErr(&ee))
+				require.Equal(t, w.ctx, ee.Context)
+				require.Equal(t, cq.ProvBadLen, ee.ProvErrno)
+				require.Equal(t, cq.EIO, ee.Err)
+				require.Equal(t, w.len, ee.Len)
+				continue
+			}
+			out := make([]nic.Completion, 4)
+			require.Equal(t, 1, rx.Poll(out), "an error completion ends the batch")
+			require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+			require.Equal(t, w.ctx, out[0].Context)
+			require.Equal(t, w.len, out[0].Len)
+			require.Nil(t, out[0].Data)
+			require.Zero(t, out[0].Buf)
+		}
+		var buf uintptr
+		if viaCQ {
+			ents := make([]cq.Entry, 4)
+			n, err := c.Read(ents)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			require.Equal(t, 2, ents[0].Context)
+			require.Equal(t, nic.MinFrame, ents[0].Len)
+			buf = ents[0].Buf
+		} else {
+			out := make([]nic.Completion, 4)
+			require.Equal(t, 1, rx.Poll(out))
+			require.NoError(t, out[0].Err)
+			require.Equal(t, frameOf(2, nic.MinFrame), out[0].Data)
+			buf = out[0].Buf
+		}
+		require.Equal(t, free+2, rx.bufs.Free(), "both refused buffers recycled")
+		require.EqualValues(t, 2, rx.Stats().Errors)
+		require.NoError(t, rx.Repost(buf, nil), "the queue keeps working")
+	}
+}
+
+// A write-back with RXE (a frame received in error) is refused: the driver
+// does not ask the device to store bad frames (RCTL.SBP), so the device
+// misbehaves. The completion carries nic.ErrDeviceStatus and, in a CQ,
+// the status as its provider error number (provRxError, which StrError
+// names); the context comes back and the buffer goes back to the pool.
+func TestMisbehaveRxError(t *testing.T) {
+	for _, viaCQ := range []bool{false, true} {
+		d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 8, RxBuffers: 8}})
+		dev := newFakeNIC(t, d, f)
+		rx := d.rx[0]
+		require.Equal(t, 7, fill(t, rx))
+		free := rx.bufs.Free()
+		var c *cq.CQ
+		if viaCQ {
+			c = newCQ(t)
+			require.NoError(t, d.BindCQ(c, 0, nic.Recv))
+		}
+		dev.receive(frameOf(0, 60))
+		dev.writeBack(0, rxdStatusDD|rxdStatusEOP|rxdStatusIPCS|rxdErrIPE|rxdErrRXE, 60)
+		dev.receive(frameOf(1, 60))
+		if viaCQ {
+			_, err := c.Read(make([]cq.Entry, 4))
+			require.ErrorIs(t, err, cq.ErrAvail)
+			var ee cq.ErrEntry
+			require.NoError(t, c.ReadErr(&ee))
+			require.Equal(t, 0, ee.Context)
+			require.Equal(t, cq.EIO, ee.Err)
+			require.Equal(t, provRxError, ee.ProvErrno)
+			require.Contains(t, c.StrError(ee.ProvErrno, ee.ErrData), "RXE")
+			require.Equal(t, []any{1}, readOK(t, c, 1))
+		} else {
+			out := make([]nic.Completion, 4)
+			require.Equal(t, 1, rx.Poll(out), "an error completion ends the batch")
+			require.ErrorIs(t, out[0].Err, nic.ErrDeviceStatus)
+			require.Equal(t, 0, out[0].Context)
+			require.Nil(t, out[0].Data)
+			require.Zero(t, out[0].Buf)
+			require.Equal(t, 1, rx.Poll(out))
+			require.NoError(t, out[0].Err)
+			require.Equal(t, frameOf(1, 60), out[0].Data)
+			o, err := rx.Offload(out[0].Buf)
+			require.NoError(t, err)
+			require.False(t, o.RxError)
+		}
+		require.Equal(t, free+1, rx.bufs.Free(), "the refused buffer recycled, the good one lent")
+		require.EqualValues(t, 1, rx.Stats().Errors)
+	}
 }

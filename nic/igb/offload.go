@@ -71,8 +71,11 @@ type RxOffload struct {
 	// says the L4 checksum was a UDP one.
 	IPChecksum, L4Checksum Checksum
 	UDP                    bool
-	// RxError is the RXE bit: the frame had a receive error (CRC, symbol,
-	// ...) and was kept only because the device stores bad frames.
+	// RxError is the RXE bit (a CRC, symbol or other receive error). It
+	// is always false: the driver does not ask the device to store bad
+	// frames (RCTL.SBP), so a write-back with RXE completes as an error
+	// (nic.ErrDeviceStatus) and its frame is never lent. Kept so that
+	// code reading it still compiles.
 	RxError bool
 }
 

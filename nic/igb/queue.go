@@ -30,10 +30,11 @@ var (
 	errClosed    = nic.ErrClosed
 
 	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
-	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer", nic.ErrBadLen)
+	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", nic.ErrBadLen)
 	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
 	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
 	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
+	errRxError     = fmt.Errorf("%w: igb: write-back with RXE (a frame received in error, which the driver does not ask the device to store)", nic.ErrDeviceStatus)
 )
 
 // queue is what receive and transmit queues share: the descriptor ring,
@@ -282,10 +283,12 @@ func (q *queue) keepFlushed() {
 // descriptor (DD, the length against the posted buffer, the EOP status,
 // and the offload words into c.Meta, all from one copy), then the queue's
 // bookkeeping. A descriptor without EOP and the rest of its frame complete
-// with cq.ETRUNC (provMultiBuffer); DD where nothing was posted, or a
-// hole, breaks the queue: the ring and the posted descriptors are out of
-// step. The buffer of a refused entry goes back to the pool (c.Buf is then
-// 0). Called locked; the caller ends a batch with finish.
+// with cq.ETRUNC (provMultiBuffer); a frame with RXE (provRxError) or
+// shorter than an Ethernet header (cq.ProvBadLen) with cq.EIO, as virtio
+// refuses a short one; DD where nothing was posted, or a hole, breaks the
+// queue: the ring and the posted descriptors are out of step. The buffer
+// of a refused entry goes back to the pool (c.Buf is then 0), its context
+// kept. Called locked; the caller ends a batch with finish.
 func (q *queue) next(c *cqring.Completion) bool {
 again:
 	if q.closed || q.broken || !q.settle() || !q.r.src.Next(c) {
@@ -311,6 +314,12 @@ again:
 	case c.Err == 0 && q.skip:
 		q.skip = false // the last part of a frame without EOP
 		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+	case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
+		// RCTL.SBP is off: a device that hands over a bad frame anyway
+		// misbehaves, and its frame is not one to deliver.
+		c.Err, c.Prov = cq.EIO, provRxError
+	case c.Err == 0 && c.Len < nic.MinFrame:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 	}
 	if c.Err != 0 {
 		q.bufs.Recycle(b) // a buffer this queue posted at c.Pos
@@ -353,6 +362,8 @@ func errOf(prov int) error {
 		return errBadPhase
 	case provMultiBuffer:
 		return errMultiBuffer
+	case provRxError:
+		return errRxError
 	}
 	return errBadStatus
 }

@@ -20,6 +20,12 @@ const (
 	rxStatusDone    = rxdStatusDD | rxdStatusEOP
 	rxStatusNoEOP   = rxdStatusDD // frame continues in the next buffer
 	provMultiBuffer = rxStatusNoEOP
+	// provRxError is the provider error number of a frame whose
+	// write-back has RXE (bit 31, the top bit of its error byte, here
+	// over DD|EOP). The Status field does not cover the bit, so no entry
+	// reads as this value: the queue refuses such a frame itself
+	// (queue.next), and rxCodes names the value for StrError.
+	provRxError = rxStatusDone | rxdErrRXE>>24
 )
 
 // rxLayout is the advanced receive descriptor in write-back form
@@ -56,6 +62,7 @@ func txLayout(n int) cqring.Layout {
 var rxCodes = cqring.Codes{Statuses: []cqring.Status{
 	{Value: rxStatusDone, Name: "DD|EOP"},
 	{Value: rxStatusNoEOP, Err: cq.ETRUNC, Name: "DD without EOP (frame spans buffers)"},
+	{Value: provRxError, Err: cq.EIO, Name: "RXE (frame received in error)"},
 }}
 
 // ring is a queue's descriptor ring seen by cq: the validating reader over

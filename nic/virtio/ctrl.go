@@ -19,6 +19,8 @@ const (
 	ctrlDataMax = 32
 	ctrlAckOff  = 48
 	ctrlBufLen  = 64
+	// ctrlChain is the descriptors of a command: header, data and ack.
+	ctrlChain = 3
 )
 
 // ctrlQueue is the control virtqueue: one synchronous command at a time,

@@ -421,25 +421,63 @@ func planQueues(name string, size, pairs, maxPairs int, ctrl bool, nq int) ([]qu
 	return specs, nil
 }
 
-// setupQueues sizes the rings, allocates all DMA memory in one region and
-// programs every queue.
-func (d *Device) setupQueues(cfg Config, pairs int) error {
+// sizeQueues lists the virtqueues to set up (planQueues) with the size of
+// each ring, from the device's queue_size registers (ringSize). It only
+// reads and selects registers: a device that offers rings the driver
+// cannot use is refused before any memory is allocated.
+func (d *Device) sizeQueues(cfg Config, pairs int) ([]queueSpec, error) {
 	t := d.t
 	specs, err := planQueues(d.name, cfg.QueueSize, pairs, d.maxPairs, d.features.Has(FeatureCtrlVQ), int(t.r16(regNumQueues)))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i := range specs {
 		s := &specs[i]
 		t.w16(regQueueSelect, s.qidx)
-		maxSize := int(t.r16(regQueueSize))
-		if maxSize == 0 {
-			return fmt.Errorf("%w: %s: virtqueue %d (%s) is not available", nic.ErrNotSupported, d.name, s.qidx, s.name)
+		if s.size, err = ringSize(d.name, *s, int(t.r16(regQueueSize)), d.packed); err != nil {
+			return nil, err
 		}
-		s.size = min(s.size, maxSize, 1<<15)
-		if !d.packed {
-			s.size = 1 << (bits.Len(uint(s.size)) - 1) // split rings are powers of two
-		}
+	}
+	return specs, nil
+}
+
+// minRingSize is the smallest data queue ring the driver sets up: its ring
+// arithmetic and buffer ids are made for at least two descriptors. The
+// control queue needs ctrlChain, a command's chain being outstanding at
+// once.
+const minRingSize = 2
+
+// ringSize returns the ring size of queue s on a device whose queue_size
+// register reads max: the smaller of s.size, max and 32768, rounded down
+// to a power of two for a split ring. A queue the device does not offer
+// (max 0) or offers smaller than the driver can use is refused with
+// nic.ErrNotSupported: the device lacks what the driver needs.
+func ringSize(dev string, s queueSpec, max int, packed bool) (int, error) {
+	if max == 0 {
+		return 0, fmt.Errorf("%w: %s: virtqueue %d (%s) is not available", nic.ErrNotSupported, dev, s.qidx, s.name)
+	}
+	size := min(s.size, max, 1<<15)
+	if !packed {
+		size = 1 << (bits.Len(uint(size)) - 1) // split rings are powers of two
+	}
+	need := minRingSize
+	if s.name == "ctrl" {
+		need = ctrlChain
+	}
+	if size < need {
+		return 0, fmt.Errorf("%w: %s: virtqueue %d (%s) offers %d descriptors (queue_size %d), the driver needs %d",
+			nic.ErrNotSupported, dev, s.qidx, s.name, size, max, need)
+	}
+	return size, nil
+}
+
+// setupQueues sizes the rings, allocates all DMA memory in one region and
+// programs every queue.
+func (d *Device) setupQueues(cfg Config, pairs int) error {
+	t := d.t
+	specs, err := d.sizeQueues(cfg, pairs)
+	if err != nil {
+		return err
 	}
 	txBuf := align(netHdrLen+d.mtu+nic.FrameOverhead, 64)
 	total := 0

@@ -2,6 +2,7 @@ package virtio
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"syscall"
 	"testing"
@@ -138,6 +139,71 @@ func testCloseFlushes(t *testing.T, packed bool, why error) {
 	require.Zero(t, rx.Poll(comps[:]), "nothing for Poll after the CQ closed")
 	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrClosed)
 	require.NoError(t, d.Close(), "Close is idempotent")
+}
+
+// TestCloseFlushesInPostingOrder: operations completed out of order free
+// their buffer ids out of order, and the ids go to later posts; the
+// operations still outstanding at close come out in the order they were
+// posted, not in buffer-id order, into the CQ the queue feeds (flushed)
+// and through Poll after a removal (canceled) alike.
+func TestCloseFlushesInPostingOrder(t *testing.T) {
+	forRings(t, func(t *testing.T, packed bool) {
+		for _, viaCQ := range []bool{true, false} {
+			d, _, tr := pairDevice(t, packed, 8)
+			tx := d.tx[0]
+			var c *cq.CQ
+			if viaCQ {
+				c = newCQ(t)
+				require.NoError(t, d.BindCQ(c, 0, nic.Send))
+			}
+			for i := range 8 {
+				require.NoError(t, tx.Send(frameFor(i, 64), fmt.Sprintf("t%d", i)))
+			}
+			require.NoError(t, tx.Flush())
+			tk := tr.dev.takeN(8)
+			tr.dev.complete(tk[3].id, 0, tk[3].ndesc)
+			tr.dev.complete(tk[1].id, 0, tk[1].ndesc)
+			if viaCQ {
+				require.Equal(t, []any{"t3", "t1"}, readOK(t, c, 2))
+			} else {
+				var comps [4]nic.Completion
+				require.Equal(t, 2, tx.Poll(comps[:]))
+				require.Equal(t, []any{"t3", "t1"}, []any{comps[0].Context, comps[1].Context})
+			}
+			require.NoError(t, tx.Send(frameFor(8, 64), "t8")) // on a freed id, below those of t4..t7
+			require.NoError(t, tx.Send(frameFor(9, 64), "t9"))
+			want := []any{"t0", "t2", "t4", "t5", "t6", "t7", "t8", "t9"}
+			if viaCQ {
+				require.NoError(t, d.Close())
+				readFlushed(t, c, 1, cq.FlagSend|cq.FlagMsg, want)
+				require.NoError(t, c.Close())
+				continue
+			}
+			require.NoError(t, d.close(nic.ErrRemovedClosed))
+			var got []any
+			var comps [4]nic.Completion
+			for tx.Poll(comps[:]) == 1 {
+				require.ErrorIs(t, comps[0].Err, nic.ErrCanceled)
+				got = append(got, comps[0].Context)
+			}
+			require.Equal(t, want, got, "posting order")
+		}
+	})
+}
+
+// readOK reads n successful completions from c and returns their
+// contexts.
+func readOK(t *testing.T, c *cq.CQ, n int) []any {
+	t.Helper()
+	ents := make([]cq.Entry, n)
+	got, err := c.Read(ents)
+	require.NoError(t, err)
+	require.Equal(t, n, got)
+	ctxs := make([]any, n)
+	for i, e := range ents {
+		ctxs[i] = e.Context
+	}
+	return ctxs
 }
 
 // TestCloseFlushWakesSRead: a reader asleep on the CQ (no timeout) wakes

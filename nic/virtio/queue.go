@@ -205,7 +205,7 @@ func (q *queue) usable() error {
 // wrapping it and nic.ErrRemoved). A second close does nothing.
 //
 // Every operation still posted is then kept as an error completion, in
-// table slot (buffer id) order, so that callers learn the fate of each:
+// posting order, so that callers learn the fate of each:
 //
 //   - A queue that feeds a cq.CQ keeps them all, whatever why is, for
 //     the CQ to read as flushed completions (cq.ECANCELED) after what it
@@ -241,7 +241,9 @@ func (q *queue) close(why error) {
 	default:
 		return
 	}
-	q.vq.tab.Each(func(ctx any) { q.canceled.Add(ctx, q.index, err) })
+	for _, ctx := range q.vq.outstanding() {
+		q.canceled.Add(ctx, q.index, err)
+	}
 	if q.src != nil && q.canceled.Len() > 0 && q.src.irq != nil {
 		// As a last interrupt would: a reader asleep on the CQ wakes to
 		// read them (the device's own vectors go quiet now).

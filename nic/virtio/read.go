@@ -85,13 +85,20 @@ func (q *vq) setReader(kind int) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
 	}
-	// ids are table slots (the id bits are the slot bits), below size.
-	tab, err := cqring.NewTable(n, max(1, bits.Len(uint(n-1))))
+	// ids are table slots (the id bits are the slot bits, no generation),
+	// below size: ndesc and the split ring's descriptor table are indexed
+	// by them.
+	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.name, err)
 	}
 	if err := rd.BindTable(0, tab); err != nil {
 		return err
+	}
+	if !q.packed {
+		// The used index may not pass the available index: publish
+		// moves the limit, from the buffers made available so far.
+		rd.Ring().SetProducerLimit(uint32(q.pubIdx))
 	}
 	q.rd, q.tab = rd, tab
 	return nil
@@ -100,8 +107,8 @@ func (q *vq) setReader(kind int) error {
 // next takes the next used buffer into c through the ring reader: false
 // when the device has used no further buffer. A refused entry comes back
 // with c.Err set (the buffer it named, if any, is complete: c.Done). A
-// split ring whose used index runs more than a ring ahead breaks the
-// queue. The caller ends a batch with publish.
+// split ring whose used index runs beyond the buffers made available
+// breaks the queue. The caller ends a batch with publish.
 func (q *vq) next(c *cqring.Completion) bool {
 	if q.broken || !q.rd.Next(c) {
 		return false

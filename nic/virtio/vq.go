@@ -1,7 +1,9 @@
 package virtio
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -96,6 +98,11 @@ type vq struct {
 	ndesc  []uint16 // descriptors of the buffer posted under each id
 	ndescs int      // descriptors outstanding
 	nbufs  int      // buffers outstanding
+	// seq is the post number of the buffer posted under each id, of
+	// posts: ids are reused as buffers complete, in any order, so only
+	// these give the order the outstanding ones were posted in (close).
+	seq   []uint64
+	posts uint64
 
 	armed  bool
 	broken bool
@@ -109,7 +116,7 @@ type vq struct {
 func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMem, notify doorbell.Reg16) (*vq, error) {
 	d, dr, dv, _ := ringSizes(size, packed)
 	switch {
-	case size < 1 || size > 1<<15:
+	case size < minRingSize || size > 1<<15:
 		return nil, fmt.Errorf("%w: %s: ring of %d descriptors", nic.ErrInvalid, name, size)
 	case !packed && size&(size-1) != 0:
 		return nil, fmt.Errorf("%w: %s: split ring of %d descriptors is not a power of two", nic.ErrInvalid, name, size)
@@ -120,7 +127,7 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 		return nil, fmt.Errorf("%w: %s: ring memory misaligned", nic.ErrInvalid, name)
 	}
 	q := &vq{name: name, qidx: qidx, size: uint16(size), packed: packed, eventIdx: eventIdx,
-		notify: notify, desc: unsafe.Pointer(&mem.desc[0]), mem: mem, ndesc: make([]uint16, size)}
+		notify: notify, desc: unsafe.Pointer(&mem.desc[0]), mem: mem, ndesc: make([]uint16, size), seq: make([]uint64, size)}
 	if err := q.setReader(usedPlain); err != nil {
 		return nil, err
 	}
@@ -136,6 +143,23 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 	}
 	q.disarm()
 	return q, nil
+}
+
+// outstanding returns the contexts of the buffers still posted, in the
+// order they were posted. Cold path (close).
+func (q *vq) outstanding() []any {
+	type op struct {
+		seq uint64
+		ctx any
+	}
+	var ops []op
+	q.tab.EachID(func(id uint32, ctx any) { ops = append(ops, op{q.seq[id], ctx}) })
+	slices.SortFunc(ops, func(a, b op) int { return cmp.Compare(a.seq, b.seq) })
+	ctxs := make([]any, len(ops))
+	for i, o := range ops {
+		ctxs[i] = o.ctx
+	}
+	return ctxs
 }
 
 // room returns how many descriptors can still be posted.
@@ -155,6 +179,8 @@ func (q *vq) reserve(op cqring.Op, ndesc int) (uint16, bool) {
 		return 0, false
 	}
 	q.ndesc[id] = uint16(ndesc)
+	q.seq[id] = q.posts
+	q.posts++
 	q.ndescs += ndesc
 	q.nbufs++
 	return uint16(id), true
@@ -248,6 +274,10 @@ func (q *vq) publish() {
 	} else {
 		q.pubIdx = q.availIdx
 		atomic.StoreUint32((*uint32)(q.avail), uint32(q.availFlags)|uint32(q.pubIdx)<<16)
+		// The device may now use up to pubIdx: a used index beyond it
+		// names buffers the device was never given (stale entries of
+		// the last lap, whose ids carry no generation).
+		q.rd.Ring().SetProducerLimit(uint32(q.pubIdx))
 	}
 	q.sinceKick += q.batch
 	q.batch = 0
