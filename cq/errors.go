@@ -232,8 +232,9 @@ const (
 	// ProvBadQueue: the entry names a queue that is not bound to this ring.
 	ProvBadQueue = -6
 	// ProvBadIndex: the device published a producer index further ahead
-	// than the ring holds; nothing it wrote can be trusted and the queue
-	// stops.
+	// than the ring holds, or beyond what the driver handed it (a split
+	// virtqueue's used index past its available index); nothing it wrote
+	// can be trusted and the queue stops.
 	ProvBadIndex = -7
 	// ProvMultiBuffer: a received frame spans several buffers, which the
 	// queue does not join: each part completes with ETRUNC.
@@ -247,6 +248,6 @@ var provText = map[int]string{
 	ProvBadOpcode:   "completion carries an opcode the device does not define",
 	ProvBadPhase:    "entry with a wrong ownership (phase) bit skipped unread",
 	ProvBadQueue:    "completion names a queue not bound to this ring",
-	ProvBadIndex:    "device index further ahead than the ring holds (queue stopped)",
+	ProvBadIndex:    "device index beyond the ring or beyond what it was given (queue stopped)",
 	ProvMultiBuffer: "frame spans several receive buffers (part dropped)",
 }
