@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,12 +106,12 @@ func TestResize(t *testing.T) {
 // queue's does, and it reads its outstanding operations as flushed.
 type closing struct {
 	queue
-	closed  bool
+	closed  atomic.Bool // set by the test, read by the CQ's handler
 	flushed []uint64
 }
 
 func (q *closing) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, bad *ring.Completion) (int, bool) {
-	if !q.closed || len(q.flushed) == 0 {
+	if !q.closed.Load() || len(q.flushed) == 0 {
 		return 0, false
 	}
 	*bad = ring.Completion{Entry: cq.Entry{Context: q.flushed[0], Flags: cq.FlagRecv | cq.FlagMsg}, Err: cq.ECANCELED}
@@ -121,7 +122,7 @@ func (q *closing) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, bad *ring.Com
 func (q *closing) Pending(max int) int { return min(len(q.flushed), max) }
 
 func (q *closing) Arm(bool, int) error {
-	if q.closed {
+	if q.closed.Load() {
 		return fmt.Errorf("queue closed: %w", os.ErrClosed)
 	}
 	return nil
@@ -142,7 +143,7 @@ func TestSolicitedFiresOnFlushAtClose(t *testing.T) {
 	present, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	require.False(t, present)
-	q.closed = true // as the driver does at close, then it signals the CQ
+	q.closed.Store(true) // as the driver does at close, then it signals the CQ
 	require.NoError(t, ring.Interrupt(c.FI()).Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	got, _, err := ch.GetEvent(ctx)
