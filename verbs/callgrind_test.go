@@ -20,9 +20,10 @@ package verbs_test
 // preemption signal.) The loops are BenchmarkFilledRing's own (iterLap,
 // readLap).
 //
-// Per completion: irIter 115.5, irRead32 96.3, irRead256 89.0 instructions
-// (irIter was 115.4 before EndPoll's guard against a call outside a batch:
-// five instructions per batch of 32).
+// Per completion: irIter 115.8, irRead32 96.4, irRead256 89.1 instructions
+// (irIter was 115.4 before EndPoll's guard against a call outside a batch
+// and load's test for completions taken aside by the solicited-only
+// filter: a dozen instructions per batch of 32).
 // The ring read costs the iterator about what it costs Read of 32 (80.1
 // against 78.8), its loop more (34.3 against readLap's 17.5): the status
 // and opcode accessors, the cursor kept in the CQ (a load, an add, a bound
