@@ -100,7 +100,9 @@ type Config struct {
 	// MaxBatch; 0 means DefaultBatch.
 	Batch int
 	// IdleInterval is how long an Adaptive core polls without finding
-	// work before it sleeps; 0 means DefaultIdleInterval.
+	// work before it sleeps; 0 means DefaultIdleInterval. While a
+	// transmit queue has sends outstanding it polls up to 32 intervals,
+	// since their completions are on the way.
 	IdleInterval time.Duration
 	// KeepIRQAffinity leaves the queues' interrupts on the CPUs the
 	// system chose. By default a pinned Adaptive or Interrupt core
@@ -142,6 +144,9 @@ type Stats struct {
 type queueEntry struct {
 	q nic.Queue
 	h Handler
+	// tx: a transmit queue (and not also a receive one), whose
+	// outstanding operations the device owes completions for.
+	tx bool
 	// irqs counts the interrupts the core took from q's eventfd (a
 	// pointer: entries are copied as the slice grows).
 	irqs *atomic.Uint64
@@ -235,7 +240,9 @@ func (c *Core) AddQueue(q nic.Queue, h Handler) error {
 	if err := c.usableLocked(); err != nil {
 		return err
 	}
-	c.queues = append(c.queues, queueEntry{q: q, h: h, irqs: new(atomic.Uint64)})
+	_, isTx := q.(nic.TxQueue)
+	_, isRx := q.(nic.RxQueue)
+	c.queues = append(c.queues, queueEntry{q: q, h: h, irqs: new(atomic.Uint64), tx: isTx && !isRx})
 	return nil
 }
 
@@ -573,7 +580,10 @@ func (c *Core) loop(ctx context.Context, p pinned) (err error) {
 				idleSince = time.Now()
 				continue
 			}
-			if idle&15 != 0 || time.Since(idleSince) < c.cfg.IdleInterval {
+			if idle&15 != 0 {
+				continue
+			}
+			if d := time.Since(idleSince); d < c.cfg.IdleInterval || d < owedWait*c.cfg.IdleInterval && c.sendsOwed() {
 				continue
 			}
 		}
@@ -583,6 +593,24 @@ func (c *Core) loop(ctx context.Context, p pinned) (err error) {
 		idle = 0
 	}
 	return nil
+}
+
+// owedWait is how many idle intervals an adaptive core keeps polling while
+// a transmit queue has sends outstanding: the device owes their
+// completions, so the core is waiting for it, not idle, and a sleep would
+// add a wake-up (over a millisecond in a QEMU guest) to the time the ring
+// stays full. A device that stalls longer than this still lets it sleep.
+const owedWait = 32
+
+// sendsOwed reports whether a transmit queue has sends the device has not
+// completed.
+func (c *Core) sendsOwed() bool {
+	for i := range c.queues {
+		if e := &c.queues[i]; e.tx && e.q.Outstanding() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // round polls every queue once, gives what it read to the handlers, calls

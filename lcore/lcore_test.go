@@ -756,3 +756,40 @@ func TestSteersInterruptsToItsCPU(t *testing.T) {
 		require.LessOrEqual(t, len(good.cpus), 1, name)
 	}
 }
+
+// sendOnly is a transmit queue whose sends stay outstanding until done is
+// set: the device owes their completions.
+type sendOnly struct {
+	nic.TxQueue
+	done atomic.Bool
+}
+
+func (q *sendOnly) Outstanding() int {
+	if q.done.Load() {
+		return 0
+	}
+	return 1
+}
+
+// An adaptive core whose transmit queue has sends outstanding keeps
+// polling past its idle interval (their completions are on the way), up
+// to 32 intervals; with none outstanding it sleeps after one.
+func TestAdaptiveWaitsForOwedSends(t *testing.T) {
+	const iv = 2 * time.Millisecond
+	c, err := New(Config{CPU: AnyCPU, Mode: Adaptive, IdleInterval: iv})
+	require.NoError(t, err)
+	q := &sendOnly{TxQueue: newQueue(t, 0)}
+	require.NoError(t, c.AddQueue(q, nil))
+	start := time.Now()
+	require.NoError(t, c.Start(context.Background()))
+	defer func() { require.NoError(t, c.Close()) }()
+	time.Sleep(5 * iv)
+	if st := c.Stats(); time.Since(start) < owedWait*iv {
+		require.Zero(t, st.Sleeps, "sends are owed")
+	}
+	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }), "a device that stalls longer still lets it sleep")
+	q.done.Store(true)
+	require.NoError(t, c.Wake())
+	n := c.Stats().Sleeps
+	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > n }), "nothing owed: it sleeps again")
+}
