@@ -346,13 +346,7 @@ func (c *CQ) load() error {
 	if c.sh < len(c.stash) {
 		return c.loadStash()
 	}
-	var k int
-	var err error
-	if c.withSrc {
-		k, err = c.c.ReadFrom(c.ents[:], c.addrs[:])
-	} else {
-		k, err = c.c.Read(c.ents[:])
-	}
+	k, err := c.readRing(c.ents[:], c.addrs[:])
 	if k > 0 {
 		c.n = k
 		c.co, c.valid, c.lim = 0, true, uintptr(k)*entSize
@@ -363,17 +357,35 @@ func (c *CQ) load() error {
 	case cq.ErrAgain:
 		return ErrEmpty
 	case cq.ErrAvail:
-		c.errEnt.ErrData = c.errBuf[:0]
-		if err := c.c.ReadErr(&c.errEnt); err != nil {
-			return c.mapErr(err)
+		status, vendor, err := c.readErr()
+		if err != nil {
+			return err
 		}
 		c.ents[errSlot] = c.errEnt.Entry
 		c.co, c.valid, c.curErr = errSlot*entSize, true, true
-		c.status = StatusOf(&c.errEnt)
-		c.vendor = c.prov.VendorErr(&c.errEnt)
+		c.status, c.vendor = status, vendor
 		return nil
 	}
 	return c.mapErr(err)
+}
+
+// readRing reads a batch of successes from the ring into ents, and their
+// source addresses into addrs when the source QP was asked for.
+func (c *CQ) readRing(ents []cq.Entry, addrs []cq.Addr) (int, error) {
+	if c.withSrc {
+		return c.c.ReadFrom(ents, addrs)
+	}
+	return c.c.Read(ents)
+}
+
+// readErr takes the error completion at the ring's head into errEnt and
+// returns its status and vendor error. Cold path.
+func (c *CQ) readErr() (WCStatus, uint32, error) {
+	c.errEnt.ErrData = c.errBuf[:0]
+	if err := c.c.ReadErr(&c.errEnt); err != nil {
+		return 0, 0, c.mapErr(err)
+	}
+	return StatusOf(&c.errEnt), c.prov.VendorErr(&c.errEnt), nil
 }
 
 func (c *CQ) mapErr(err error) error {

@@ -86,11 +86,7 @@ func (c *CQ) drain() (solicited bool, err error) {
 	}
 	for {
 		var k int
-		if c.withSrc {
-			k, err = c.c.ReadFrom(c.dbuf[:], c.daddr[:])
-		} else {
-			k, err = c.c.Read(c.dbuf[:])
-		}
+		k, err = c.readRing(c.dbuf[:], c.daddr[:])
 		for i := range k {
 			c.stash = append(c.stash, stashed{e: c.dbuf[i], addr: c.daddr[i], status: WCSuccess})
 		}
@@ -102,12 +98,11 @@ func (c *CQ) drain() (solicited bool, err error) {
 		case cq.ErrAgain:
 			return solicited, nil
 		case cq.ErrAvail:
-			c.errEnt.ErrData = c.errBuf[:0]
-			if err := c.c.ReadErr(&c.errEnt); err != nil {
-				return solicited, c.mapErr(err)
+			status, vendor, err := c.readErr()
+			if err != nil {
+				return solicited, err
 			}
-			c.stash = append(c.stash, stashed{e: c.errEnt.Entry, addr: cq.AddrNotAvail,
-				status: StatusOf(&c.errEnt), vendor: c.prov.VendorErr(&c.errEnt)})
+			c.stash = append(c.stash, stashed{e: c.errEnt.Entry, addr: cq.AddrNotAvail, status: status, vendor: vendor})
 			c.errEnt.Context = nil
 			solicited = true
 			continue
