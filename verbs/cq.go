@@ -346,7 +346,16 @@ func (c *CQ) load() error {
 	if c.sh < len(c.stash) {
 		return c.loadStash()
 	}
-	k, err := c.readRing(c.ents[:], c.addrs[:])
+	// readRing's body, written out: as a call (its two reads inlined in
+	// it make it too big to inline) it cost 0.5 instructions per
+	// completion (callgrind_test.go).
+	var k int
+	var err error
+	if c.withSrc {
+		k, err = c.c.ReadFrom(c.ents[:], c.addrs[:])
+	} else {
+		k, err = c.c.Read(c.ents[:])
+	}
 	if k > 0 {
 		c.n = k
 		c.co, c.valid, c.lim = 0, true, uintptr(k)*entSize
@@ -370,7 +379,8 @@ func (c *CQ) load() error {
 }
 
 // readRing reads a batch of successes from the ring into ents, and their
-// source addresses into addrs when the source QP was asked for.
+// source addresses into addrs when the source QP was asked for (load
+// does the same in line).
 func (c *CQ) readRing(ents []cq.Entry, addrs []cq.Addr) (int, error) {
 	if c.withSrc {
 		return c.c.ReadFrom(ents, addrs)
