@@ -116,6 +116,17 @@ func TestSRead(t *testing.T) {
 		_, err = SRead(nil, q, out, 1, 0) //nolint:staticcheck // a nil context is what is tested
 		require.ErrorIs(t, err, ErrInvalid)
 	})
+	t.Run("nil-queue", func(t *testing.T) {
+		// A nil queue is refused like a nil context, also with nothing to
+		// read into: a caller's bug is reported, not hidden by a panic or
+		// by an empty out.
+		for _, o := range [][]Completion{out, nil} {
+			n, err := SRead(ctx, nil, o, 1, time.Millisecond)
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, "nil queue")
+			require.Zero(t, n)
+		}
+	})
 	t.Run("threshold-accumulates", func(t *testing.T) {
 		q := &fakeQueue{ready: comps(1), arrivals: []arrival{{time.Millisecond, comps(2)}, {time.Millisecond, comps(3)}}}
 		n, err := SRead(ctx, q, out, 5, time.Second)

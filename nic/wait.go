@@ -23,9 +23,13 @@ type Waitable interface {
 // timeout, ctx or Close. The timeout counts down across spurious wake-ups.
 // Completions already read are always returned (with a nil error), even
 // when ctx ends or the queue closes meanwhile; the next call reports that.
+// A nil ctx or q is refused with ErrInvalid.
 func SRead(ctx context.Context, q Waitable, out []Completion, threshold int, timeout time.Duration) (int, error) {
 	if ctx == nil {
 		return 0, fmt.Errorf("%w: nil context", ErrInvalid)
+	}
+	if q == nil {
+		return 0, fmt.Errorf("%w: nil queue", ErrInvalid)
 	}
 	if len(out) == 0 {
 		return 0, nil
