@@ -45,7 +45,7 @@ func TestCoreFlagErrors(t *testing.T) {
 			{[]string{"-cpu", "x"}, `invalid value "x" for flag -cpu`},
 			{[]string{"-mode", "fast"}, `invalid value "fast" for flag -mode: want busy, adaptive or interrupt`},
 			{[]string{"-mode", ""}, `invalid value "" for flag -mode`},
-			{[]string{"-idle", "-1ms"}, "-idle -1ms: not a duration from 0 up"},
+			{[]string{"-idle", "-1ms"}, "-idle -1ms is negative"},
 			{[]string{"-idle", "soon"}, `invalid value "soon" for flag -idle`},
 			{[]string{"-batch", "-3"}, "-batch -3: not a count from 0 to 32768"},
 			{[]string{"-batch", "1000000000"}, "-batch 1000000000: not a count from 0 to 32768"},

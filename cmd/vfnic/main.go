@@ -41,6 +41,7 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"time"
 )
 
 // Exit statuses.
@@ -192,7 +193,9 @@ func newFlags(name, args string) *flag.FlagSet {
 
 // parse parses flags wherever they sit among the positional arguments,
 // as GNU tools do ("vfnic echo ADDR -ip X"); "--" ends the flags. The
-// positional arguments end up in fs.Args().
+// positional arguments end up in fs.Args(). No command takes a negative
+// duration: parse refuses one for every duration flag, so that each
+// command need not remember to.
 func parse(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard) // errors come back to run; help goes to stdout
 	var pos []string
@@ -216,6 +219,17 @@ func parse(fs *flag.FlagSet, args []string) error {
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
+	}
+	var bad error
+	fs.Visit(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok && bad == nil {
+			if d, ok := g.Get().(time.Duration); ok && d < 0 {
+				bad = fmt.Errorf("%w: -%s %v is negative", errUsage, f.Name, d)
+			}
+		}
+	})
+	if bad != nil {
+		return bad
 	}
 	// Leave the positional arguments where the commands read them.
 	return fs.Parse(append([]string{"--"}, pos...))

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -349,4 +351,48 @@ func TestPktgenSays(t *testing.T) {
 	require.Equal(t, "until 5 frames are sent", stopNote(5, 0))
 	require.Equal(t, "for 10s", stopNote(0, 10*time.Second))
 	require.Equal(t, "until 5 frames are sent or 1s passes, whichever comes first", stopNote(5, time.Second))
+}
+
+// TestNegativeDurations: every duration flag of every command, found in
+// the command's own help, refuses a negative value as a usage error that
+// names the flag, before any device or socket is touched.
+func TestNegativeDurations(t *testing.T) {
+	// The arguments each command needs besides the flag under test.
+	needs := map[string][]string{
+		"echo":    {"-ip", "10.0.0.1", "0000:7f:1f.7"},
+		"pktgen":  {"0000:7f:1f.7"},
+		"sink":    {"0000:7f:1f.7"},
+		"capture": {"-w", "/dev/null", "0000:7f:1f.7"},
+		"probe":   {"0000:7f:1f.7"},
+		"doctor":  {"0000:7f:1f.7"},
+		"bind":    {"0000:7f:1f.7"},
+		"unbind":  {"0000:7f:1f.7"},
+		"udpping": {"192.0.2.1:7"},
+	}
+	durFlag := regexp.MustCompile(`(?m)^\s+-(\S+) duration\b`)
+	found := map[string]bool{}
+	for name := range commands {
+		if name == "help" || name == "version" {
+			continue
+		}
+		code, help, errw := runCLI("help", name)
+		require.Equal(t, exitOK, code, "%s: %s", name, errw)
+		for _, m := range durFlag.FindAllStringSubmatch(help, -1) {
+			flagName := m[1]
+			found[name+" -"+flagName] = true
+			for _, v := range []string{"-1s", "-1ns", "-2h30m0s"} {
+				args := append([]string{name, "-" + flagName, v}, needs[name]...)
+				code, out, errw := runCLI(args...)
+				require.Equal(t, exitUsage, code, "%v: %s", args, errw)
+				require.Contains(t, errw, fmt.Sprintf("-%s %s is negative", flagName, v), "%v", args)
+				require.NotContains(t, errw, "not found", "%v: refused before the device is looked up", args)
+				require.Empty(t, out, "%v", args)
+			}
+		}
+	}
+	// The test must not pass by finding nothing.
+	for _, want := range []string{"udpping -interval", "udpping -timeout", "echo -duration", "echo -progress", "echo -idle",
+		"pktgen -duration", "sink -idle", "capture -progress"} {
+		require.True(t, found[want], "help lists no duration flag %q (found %v)", want, found)
+	}
 }

@@ -40,7 +40,7 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if *size < minFrame || *size > 65535 {
 		return fmt.Errorf("%w: -size %d outside [%d, 65535]", errUsage, *size, minFrame)
 	}
-	// The device flags first: a negative -duration is its own mistake.
+	// The device flags first (parse has refused a negative -duration).
 	if err := df.check(); err != nil {
 		return err
 	}

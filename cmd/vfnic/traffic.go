@@ -67,17 +67,14 @@ func (f modeFlag) Set(s string) error {
 	return nil
 }
 
-// check refuses the device flags no device could take, as usage errors.
+// check refuses the device flags no device could take, as usage errors
+// (parse has refused negative durations already).
 func (d *deviceFlags) check() error {
 	switch {
 	case d.queueSize < 0:
 		return fmt.Errorf("%w: -queue-size %d is negative", errUsage, d.queueSize)
 	case d.bufferSize < 0:
 		return fmt.Errorf("%w: -buffer-size %d is negative", errUsage, d.bufferSize)
-	case d.duration < 0:
-		return fmt.Errorf("%w: -duration %v is negative", errUsage, d.duration)
-	case d.interval < 0:
-		return fmt.Errorf("%w: -progress %v is negative", errUsage, d.interval)
 	}
 	return nil
 }
@@ -92,8 +89,6 @@ func (d *deviceFlags) newCore() (*lcore.Core, error) {
 	switch {
 	case d.cpu < lcore.AnyCPU:
 		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
-	case d.idle < 0:
-		return nil, fmt.Errorf("%w: -idle %v: not a duration from 0 up", errUsage, d.idle)
 	case d.batch < 0 || d.batch > lcore.MaxBatch:
 		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 to %d", errUsage, d.batch, lcore.MaxBatch)
 	}
