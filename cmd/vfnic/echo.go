@@ -15,11 +15,31 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
+// notHostAddr says why the IPv4 address ip cannot be a host's own, as the
+// source of the answers echo sends, or "" when it can. A directed
+// broadcast cannot be told without the prefix length, which -ip does not
+// take; link-local addresses (169.254/16) are ordinary unicast ones.
+func notHostAddr(ip netip.Addr) string {
+	switch {
+	case ip == netip.IPv4Unspecified() || ip.As4()[0] == 0:
+		return "an unspecified address (0.0.0.0/8, this host on this network)"
+	case ip.IsLoopback():
+		return "a loopback address (127.0.0.0/8)"
+	case ip.IsMulticast():
+		return "a multicast address (224.0.0.0/4)"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the limited broadcast address"
+	case ip.As4()[0] >= 240:
+		return "a reserved address (240.0.0.0/4)"
+	}
+	return ""
+}
+
 func runEcho(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("echo", "-ip ADDR [flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	ipFlag := fs.String("ip", "", "IPv4 address vfnic answers for (ARP, ICMP echo, UDP echo)")
+	ipFlag := fs.String("ip", "", "IPv4 unicast address vfnic answers for (ARP, ICMP echo, UDP echo)")
 	portsFlag := fs.String("udp-ports", "7", "comma-separated UDP ports whose datagrams are echoed")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -27,6 +47,9 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	ip, err := netip.ParseAddr(*ipFlag)
 	if err != nil || !ip.Is4() {
 		return fmt.Errorf("%w: -ip needs an IPv4 address, got %q", errUsage, *ipFlag)
+	}
+	if why := notHostAddr(ip); why != "" {
+		return fmt.Errorf("%w: -ip %v is %s: a host may not answer from it (RFC 1122 3.2.1.3)", errUsage, ip, why)
 	}
 	ports, err := parsePorts(*portsFlag)
 	if err != nil {

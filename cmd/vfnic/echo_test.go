@@ -106,3 +106,36 @@ func TestEchoPortsFlag(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[uint16]bool{7: true, 9000: true}, p)
 }
+
+// TestEchoIPNotHost: echo refuses, as a usage error before the device is
+// looked up, an -ip it may not answer from (RFC 1122 3.2.1.3), and takes
+// ordinary unicast addresses, link-local ones included, as far as opening
+// the (missing) device.
+func TestEchoIPNotHost(t *testing.T) {
+	for ip, want := range map[string]string{
+		"0.0.0.0":         "-ip 0.0.0.0 is an unspecified address",
+		"0.1.2.3":         "-ip 0.1.2.3 is an unspecified address",
+		"127.0.0.1":       "-ip 127.0.0.1 is a loopback address",
+		"127.255.0.9":     "-ip 127.255.0.9 is a loopback address",
+		"224.0.0.1":       "-ip 224.0.0.1 is a multicast address",
+		"239.255.255.250": "-ip 239.255.255.250 is a multicast address",
+		"255.255.255.255": "-ip 255.255.255.255 is the limited broadcast address",
+		"240.0.0.1":       "-ip 240.0.0.1 is a reserved address",
+		"::1":             `-ip needs an IPv4 address, got "::1"`,
+		"::ffff:10.0.0.1": `-ip needs an IPv4 address, got "::ffff:10.0.0.1"`,
+		"ff02::1":         `-ip needs an IPv4 address, got "ff02::1"`,
+	} {
+		args := []string{"echo", "-ip", ip, "0000:7f:1f.7"}
+		code, out, errw := runCLI(args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errw)
+		require.Contains(t, errw, want, "%v", args)
+		require.NotContains(t, errw, "not found", "%v: refused before the device is looked up", args)
+		require.Empty(t, out)
+	}
+	for _, ip := range []string{"10.0.0.1", "169.254.7.1", "192.0.2.255", "223.255.255.254", "1.0.0.0"} {
+		args := []string{"echo", "-ip", ip, "0000:7f:1f.7"}
+		code, _, errw := runCLI(args...)
+		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
+		require.Contains(t, errw, "not found", "%v", args)
+	}
+}
