@@ -32,54 +32,54 @@ func ParseAddress(s string) (Address, error) {
 	case 2:
 		bus, devfn = parts[0], parts[1]
 	case 3:
-		d, err := parseHex(parts[0], 4, 16)
+		d, err := hexField("domain", parts[0], 4, 0xffff, "1 to 4 hex digits")
 		if err != nil {
-			return bad("domain " + err.Error())
+			return bad(err.Error())
 		}
 		a.Domain = uint16(d)
 		bus, devfn = parts[1], parts[2]
 	default:
 		return bad(`want "dddd:bb:dd.f" or "bb:dd.f"`)
 	}
-	b, err := parseHex(bus, 2, 8)
+	b, err := hexField("bus", bus, 2, 0xff, "1 or 2 hex digits")
 	if err != nil {
-		return bad("bus " + err.Error())
+		return bad(err.Error())
 	}
 	dev, fn, ok := strings.Cut(devfn, ".")
 	if !ok {
 		return bad(`missing ".function"`)
 	}
-	d, err := parseHex(dev, 2, 8)
+	d, err := hexField("device", dev, 2, 0x1f, "1 or 2 hex digits from 00 to 1f")
 	if err != nil {
-		return bad("device " + err.Error())
+		return bad(err.Error())
 	}
-	if d > 31 {
-		return bad("device number above 0x1f")
-	}
-	f, err := parseHex(fn, 1, 8)
+	f, err := hexField("function", fn, 1, 7, "one hex digit 0-7")
 	if err != nil {
-		return bad("function " + err.Error())
-	}
-	if f > 7 {
-		return bad("function number above 7")
+		return bad(err.Error())
 	}
 	a.Bus, a.Device, a.Function = uint8(b), uint8(d), uint8(f)
 	return a, nil
 }
 
-// parseHex parses 1..maxDigits hex digits (no prefix, no sign) into a value
-// of at most bits bits.
-func parseHex(s string, maxDigits, bits int) (uint64, error) {
-	if s == "" || len(s) > maxDigits {
-		return 0, fmt.Errorf("%q: want 1 to %d hex digits", s, maxDigits)
+// hexField parses the address field name from s: 1 to digits hex digits
+// (no prefix, no sign) of a value up to max. The error says what the field
+// must be (want) and what it got.
+func hexField(name, s string, digits int, max uint64, want string) (uint64, error) {
+	fail := fmt.Errorf("%s must be %s, got %q", name, want, s)
+	if s == "" || len(s) > digits {
+		return 0, fail
 	}
-	// Check the digits here so that the error names the field, not strconv.
+	// Check the digits here: strconv would take a sign or an underscore.
 	for _, c := range s {
 		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
-			return 0, fmt.Errorf("%q: not hex", s)
+			return 0, fail
 		}
 	}
-	return strconv.ParseUint(s, 16, bits)
+	v, err := strconv.ParseUint(s, 16, 64)
+	if err != nil || v > max {
+		return 0, fail
+	}
+	return v, nil
 }
 
 // String returns the canonical sysfs form, "0000:00:04.0".

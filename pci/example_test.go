@@ -21,6 +21,6 @@ func ExampleParseAddress() {
 	// Output:
 	// 0000:00:04.0 0 4 0
 	// 0000:3b:00.1 59 0 1
-	// pci: bad address "0000:00:20.0": device number above 0x1f true
+	// pci: bad address "0000:00:20.0": device must be 1 or 2 hex digits from 00 to 1f, got "20" true
 	// pci: bad address "00:04": missing ".function" true
 }

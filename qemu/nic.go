@@ -360,7 +360,8 @@ var modelAliases = map[string]NICModel{
 // ip=A.B.C.D/N (implies bind=linux), net=none|hub:ID|dgram:QEMUPORT:HOSTPORT.
 // Any other key=value is a QEMU device property of the model (NIC.Props),
 // as on QEMU's own -device line: "virtio,event_idx=off,host_mtu=9000".
-// FormatNICs writes the same syntax.
+// FormatNICs writes the same syntax. A list ParseNICs accepts, ResolveNICs
+// accepts too.
 func ParseNICs(spec string) ([]NIC, error) {
 	var out []NIC
 	for _, item := range strings.FieldsFunc(spec, func(r rune) bool { return r == ';' || r == ' ' || r == '\t' || r == '\n' }) {
@@ -370,12 +371,21 @@ func ParseNICs(spec string) ([]NIC, error) {
 		}
 		out = append(out, n)
 	}
+	// What ParseNICs accepts, ResolveNICs (and so a boot) accepts, and
+	// FormatNICs writes back unchanged: a packed=on on a model that has no
+	// packed ring would be dropped by FormatNICs, for one.
+	if _, err := ResolveNICs(out); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
 func parseNIC(item string) (NIC, error) {
 	parts := strings.Split(item, ",")
 	var n NIC
+	if parts[0] == "" || strings.Contains(parts[0], "=") {
+		return n, errors.New("no model: a NIC starts with one (virtio, e1000e, igb, vmxnet3 or a QEMU NIC device name)")
+	}
 	n.Model = NICModel(parts[0])
 	if m, ok := modelAliases[parts[0]]; ok {
 		n.Model = m

@@ -91,6 +91,27 @@ func TestParseFormatNICs(t *testing.T) {
 		_, err := ParseNICs(s)
 		require.ErrorIs(t, err, ErrBadConfig, s)
 	}
+	// A NIC without a model is refused (FormatNICs wrote it as nothing,
+	// and the round trip lost it), and so is what ResolveNICs refuses:
+	// FormatNICs dropped a packed=on of a model with no packed ring.
+	for s, msg := range map[string]string{
+		",net=":                         "no model",
+		",":                             "no model",
+		"net=hub:0":                     "no model",
+		"virtio ,mac=02:00:00:00:00:01": "no model",
+		"e1000e,packed=on":              "packed rings are a virtio-net option",
+		"igb,slot=4 e1000e,slot=4":      "both on slot 0x4",
+		"igb,slot=0x20":                 "slot 0x20 outside",
+		"igb,mac=xx":                    `MAC "xx"`,
+		"igb,net=hub:-1":                "hub id -1",
+		"igb,net=dgram:5:5":             "both 5",
+		"igb,bind=vfio,ip=10.0.0.1/24":  "IPv4",
+		"igb,bind=kernel":               `binding "kernel"`,
+	} {
+		_, err := ParseNICs(s)
+		require.ErrorIs(t, err, ErrBadConfig, s)
+		require.ErrorContains(t, err, msg, s)
+	}
 	empty, err := ParseNICs("  ")
 	require.NoError(t, err)
 	require.Empty(t, empty)

@@ -16,8 +16,11 @@ var ErrFull = errors.New("cq/ring: no free slot for a posted operation")
 // the order they were added. It fails with cq.ErrClosed on a closed CQ and
 // cq.ErrInvalid for a nil source or one already attached.
 func AddSource(c *cq.CQ, s Source) error {
-	if c == nil || s == nil {
-		return fmt.Errorf("%w: AddSource(%v, %v)", cq.ErrInvalid, c, s)
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: AddSource: nil CQ", cq.ErrInvalid)
+	case s == nil:
+		return fmt.Errorf("%w: AddSource: nil source", cq.ErrInvalid)
 	}
 	return provider.CQ.AddSource(c, s)
 }

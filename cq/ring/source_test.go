@@ -422,7 +422,13 @@ func TestAddSourceNil(t *testing.T) {
 	c, err := cq.New(cq.Attr{}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.ErrorIs(t, AddSource(c, nil), cq.ErrInvalid)
+	err = AddSource(c, nil)
+	require.ErrorIs(t, err, cq.ErrInvalid)
+	// The message names what is missing, not the CQ's fields.
+	require.Equal(t, cq.ErrInvalid.Error()+": AddSource: nil source", err.Error())
 	_, err = c.Read(make([]cq.Entry, 1))
 	require.ErrorIs(t, err, cq.ErrAgain, "the CQ is unchanged")
+	err = AddSource(nil, &RingSource{})
+	require.ErrorIs(t, err, cq.ErrInvalid)
+	require.Equal(t, cq.ErrInvalid.Error()+": AddSource: nil CQ", err.Error())
 }
