@@ -239,6 +239,11 @@ const (
 	// ProvMultiBuffer: a received frame spans several buffers, which the
 	// queue does not join: each part completes with ETRUNC.
 	ProvMultiBuffer = -8
+	// ProvBadOp: the entry's opcode is one the device defines, but for
+	// another kind of operation than the one posted under its id (a
+	// receive reported for a posted send, a send for a posted receive).
+	// The operation completes with this error.
+	ProvBadOp = -9
 )
 
 var provText = map[int]string{
@@ -250,4 +255,5 @@ var provText = map[int]string{
 	ProvBadQueue:    "completion names a queue not bound to this ring",
 	ProvBadIndex:    "device index beyond the ring or beyond what it was given (queue stopped)",
 	ProvMultiBuffer: "frame spans several receive buffers (part dropped)",
+	ProvBadOp:       "completion's opcode is for another kind of operation than the one posted",
 }

@@ -57,6 +57,9 @@ var (
 	// ErrBadLen means the device reported a length larger than the posted
 	// buffer, or too short to hold the headers.
 	ErrBadLen = errors.New("nic: completion length does not fit the posted buffer")
+	// ErrBadOp means the device reported another kind of operation than
+	// the one posted under the completion's id (a receive for a send).
+	ErrBadOp = errors.New("nic: completion reports another operation than the one posted")
 	// ErrBadPhase means a descriptor's ownership bits are in a state the
 	// device may never write (for example a virtio packed descriptor whose
 	// USED bit matches the wrap counter while AVAIL does not).
@@ -120,6 +123,8 @@ func CompletionError(prov int, errno cq.Errno) error {
 		return ErrBadID
 	case cq.ProvBadLen:
 		return ErrBadLen
+	case cq.ProvBadOp:
+		return ErrBadOp
 	case cq.ProvBadPhase:
 		return ErrBadPhase
 	case cq.ProvBadIndex:

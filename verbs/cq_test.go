@@ -280,6 +280,54 @@ func TestErrorCompletions(t *testing.T) {
 	}
 }
 
+// A device entry that reports a receive for a posted send (or a send for
+// a posted receive) is a general error of the operation posted, never a
+// successful IBV_WC_RECV: the opcode is checked against the posting as
+// ids and lengths are. The vendor error is cq.ProvBadOp.
+func TestWrongOpcode(t *testing.T) {
+	e := newEnv(t)
+	c := e.cq(verbs.CQInitAttr{CQE: 64})
+	a := e.qp(c, false)
+	b := e.qp(c, false)
+	defer func() { _ = a.Close(); _ = b.Close(); _ = c.Close() }()
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultWrongOpcode}))
+	e.send(a, nowhere(a), 1, 10, sim.SendOpts{}) // reported as a RECV
+	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	e.recv(b, 3)
+	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultWrongOpcode}))
+	e.send(a, b, 4, 10, sim.SendOpts{}) // b's receive reported as a SEND
+	e.recv(b, 5)
+	e.send(a, b, 6, 10, sim.SendOpts{})
+	wcs := drain(t, c)
+	byID := map[uint64]verbs.WC{}
+	for _, w := range wcs {
+		_, dup := byID[w.WRID]
+		require.False(t, dup, "wrid %d completed twice", w.WRID)
+		byID[w.WRID] = w
+	}
+	badOp := int32(cq.ProvBadOp)
+	for _, w := range []struct {
+		wrid   uint64
+		st     verbs.WCStatus
+		op     verbs.WCOpcode
+		vendor uint32
+	}{
+		{1, verbs.WCGeneralErr, verbs.WCSend, uint32(badOp)},
+		{2, verbs.WCSuccess, verbs.WCSend, 0},
+		{4, verbs.WCSuccess, verbs.WCSend, 0},
+		{3, verbs.WCGeneralErr, verbs.WCRecv, uint32(badOp)},
+		{6, verbs.WCSuccess, verbs.WCSend, 0},
+		{5, verbs.WCSuccess, verbs.WCRecv, 0},
+	} {
+		got, ok := byID[w.wrid]
+		require.True(t, ok, "wrid %d completed (got %+v)", w.wrid, wcs)
+		require.Equal(t, w.st, got.Status, "wrid %d", w.wrid)
+		require.Equal(t, w.op, got.Opcode, "wrid %d: the posted operation's opcode", w.wrid)
+		require.Equal(t, w.vendor, got.VendorErr, "wrid %d", w.wrid)
+	}
+	require.Len(t, wcs, 6)
+}
+
 // Closing a QP that flushes completes its posted receives with "Work
 // Request Flushed Error", in order.
 func TestFlushOnClose(t *testing.T) {

@@ -197,7 +197,9 @@ type fastPath struct {
 
 // refuse marks an unknown opcode or a failed status in fastPath's tables.
 // No libfabric completion flag uses bit 63; a source whose codes do keeps
-// the generic loop.
+// the generic loop. A slot's refuse (Post) has it set with the operation
+// kinds the slot's opcode may not report, so that the loop's one test of
+// the codes against it refuses all three.
 const refuse cq.Flags = 1 << 63
 
 // newFastPath returns the fast path of source q over ring r, or nil when

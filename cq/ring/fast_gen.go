@@ -70,7 +70,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -185,7 +185,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -300,7 +300,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -418,7 +418,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -536,7 +536,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -654,7 +654,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -769,7 +769,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -884,7 +884,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -999,7 +999,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1117,7 +1117,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1235,7 +1235,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1353,7 +1353,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1468,7 +1468,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1583,7 +1583,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1698,7 +1698,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1816,7 +1816,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -1934,7 +1934,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2052,7 +2052,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2167,7 +2167,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2282,7 +2282,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2397,7 +2397,7 @@ run:
 				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
 				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2515,7 +2515,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2633,7 +2633,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}
@@ -2751,7 +2751,7 @@ run:
 				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
 				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}

@@ -104,11 +104,23 @@ type diffOp struct {
 	len   uint32
 	multi bool
 	recv  bool
+	write bool   // an RMA write: the opcode is WRITE
 	used  uint32 // bytes of a multi-receive buffer completed so far
 	span  int    // Op.Span
 }
 
+// layoutCodes returns codes as a driver of layout l would have them: no
+// opcodes when its entries have no opcode field, as every entry would
+// then report opcode 0's kind of operation whatever was posted.
+func layoutCodes(l Layout, codes Codes) Codes {
+	if l.Fields.Opcode.Bits == 0 {
+		codes.Opcodes = nil
+	}
+	return codes
+}
+
 func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool) *diffSide {
+	codes = layoutCodes(l, codes)
 	mem := mmap(t, 4096+l.Entries*l.EntrySize)
 	w := doorbell.NewWindow(mem[:4096])
 	cons, err := w.Reg32(0)
@@ -135,7 +147,7 @@ func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool
 }
 
 func newDiffRun(t *testing.T, seed uint64, l Layout, codes Codes, attr cq.Attr) *diffRun {
-	d := &diffRun{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), l: l, codes: codes}
+	d := &diffRun{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), l: l, codes: layoutCodes(l, codes)}
 	d.sides[0] = newDiffSide(t, l, codes, attr, false)
 	d.sides[1] = newDiffSide(t, l, codes, attr, true)
 	require.NotNil(t, d.sides[0].src.fast, "layout %s should take the fast path", l.Name)
@@ -200,7 +212,7 @@ func (d *diffRun) post() {
 	}
 	require.Equal(d.t, ids[0], ids[1], "both tables give the same id")
 	d.pending = append(d.pending, diffOp{queue: qn, id: ids[0], len: uint32(op.Len),
-		multi: op.Flags&cq.FlagMultiRecv != 0, recv: op.Flags&cq.FlagRecv != 0, span: op.Span})
+		multi: op.Flags&cq.FlagMultiRecv != 0, recv: op.Flags&cq.FlagRecv != 0, write: op.Flags&cq.FlagWrite != 0, span: op.Span})
 }
 
 // fits returns a random value that fits f.
@@ -248,14 +260,14 @@ func (d *diffRun) entry() (rawEntry, bool) {
 		}
 		d.lastWrong = wrong
 		e.queue, e.ln = qn, uint32(d.fits(f.Len))&0xff
-		e.opcode, e.status = d.goodCodes(false)
+		e.opcode, e.status = d.goodCodes(diffOp{})
 		return e, wrong
 	}
 	d.lastWrong = false
 	k := d.rng.IntN(len(d.pending))
 	o := &d.pending[k]
 	e.queue, e.id = o.queue, o.id
-	e.opcode, e.status = d.goodCodes(o.recv)
+	e.opcode, e.status = d.goodCodes(*o)
 	room := o.len - o.used
 	e.ln = uint32(d.rng.Uint64N(uint64(room) + 1))
 	if f.BufOff.Bits > 0 {
@@ -306,18 +318,19 @@ func bool2int(b bool) int {
 	return 0
 }
 
-// goodCodes returns an opcode and a status the codes define as success.
-func (d *diffRun) goodCodes(recv bool) (opcode, status uint32) {
+// goodCodes returns an opcode for the kind of operation o is and a status
+// the codes define as success.
+func (d *diffRun) goodCodes(o diffOp) (opcode, status uint32) {
 	if d.codes.Opcodes != nil {
-		opcode = 0 // SEND
-		if recv {
-			opcode = 1 // RECV
-		}
-		if d.rng.IntN(4) == 0 {
+		switch {
+		case o.recv && d.rng.IntN(4) == 0:
 			opcode = 4 // RECV_RDMA_WITH_IMM: remote CQ data
-		}
-		if d.l.Fields.Opcode.Bits == 0 {
-			opcode = 0
+		case o.recv:
+			opcode = 1 // RECV
+		case o.write:
+			opcode = 2 // WRITE
+		default:
+			opcode = 0 // SEND
 		}
 	}
 	return opcode, 0

@@ -237,7 +237,7 @@ run:
 				codes = fp.status[code(ow, {{$st}})] | fp.op[code(ow, {{$op}})]
 				off = {{w32 $bo .Natural}}
 			}
-			if ln = {{w32 "pln" .Natural}}; codes&refuse != 0 || !fits(ln, off, s.len) {
+			if ln = {{w32 "pln" .Natural}}; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
 			}

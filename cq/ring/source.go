@@ -437,6 +437,12 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	}
 	status, bufOff := r.f[fStatus].get(e), uint32(r.f[fBufOff].get(e))
 	sc, oc := q.codes(status, r.f[fOpcode].get(e))
+	// An opcode for another kind of operation than the one posted adds
+	// none of its flags: the error completion reports the posted one.
+	badOp := oc.flags&s.refuse&opKinds != 0
+	if badOp {
+		oc.flags = 0
+	}
 	fl := entryFlags(s.flags | oc.flags | q.bits[r.f[fFlags].get(e)&0xff])
 	ln := uint32(r.f[fLen].get(e))
 	hasLen := r.f[fLen].mask != 0
@@ -468,6 +474,8 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		ln = min(ln, s.len)
 	case !oc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadOpcode
+	case badOp:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadOp
 	case hasLen && !fits(ln, bufOff, s.len):
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 		ln = min(ln, s.len)

@@ -3,7 +3,9 @@ package ring
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/vfnic/vfnic/cq"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -431,4 +433,62 @@ func TestAddSourceNil(t *testing.T) {
 	err = AddSource(nil, &RingSource{})
 	require.ErrorIs(t, err, cq.ErrInvalid)
 	require.Equal(t, cq.ErrInvalid.Error()+": AddSource: nil CQ", err.Error())
+}
+
+// TestOpcodeMatchesPosted: an entry whose opcode reports another kind of
+// operation than the one posted under its id (a receive for a posted
+// send) is an error completion, ProvBadOp, carrying the operation's
+// context and releasing its slot, on the fast path and on the generic
+// loop alike; the entries after it are read as usual. An operation posted
+// with no kind (a driver that tells them apart by queue) takes any
+// defined opcode.
+func TestOpcodeMatchesPosted(t *testing.T) {
+	const send, recv, write, read, recvImm = 0, 1, 2, 3, 4 // simCodes
+	for _, tc := range []struct {
+		posted cq.Flags
+		ok     []uint32 // the opcodes accepted; the others are refused
+	}{
+		{cq.FlagSend | cq.FlagMsg, []uint32{send}},
+		{cq.FlagSend | cq.FlagTagged, []uint32{send}},
+		{cq.FlagRecv | cq.FlagMsg, []uint32{recv, recvImm}},
+		{cq.FlagRecv | cq.FlagTagged, []uint32{recv, recvImm}},
+		{cq.FlagRMA | cq.FlagWrite, []uint32{write}},
+		{cq.FlagRMA | cq.FlagRead, []uint32{read}},
+		{0, []uint32{send, recv, write, read, recvImm}},
+	} {
+		for _, generic := range []bool{false, true} {
+			for _, opcode := range []uint32{send, recv, write, read, recvImm} {
+				name := fmt.Sprintf("%v/opcode=%d/generic=%v", tc.posted, opcode, generic)
+				h := newHarness(t, cq.Attr{Format: cq.FormatTagged}, 16, 16)
+				require.NotNil(t, h.src.fast)
+				if generic {
+					h.src.fast = nil
+				}
+				h.complete(rawEntry{id: h.post("victim", 64, tc.posted), opcode: opcode, ln: 10})
+				h.complete(rawEntry{id: h.post("next", 64, cq.FlagRecv|cq.FlagMsg), opcode: recv, ln: 20})
+				ents := make([]cq.Entry, 4)
+				n, err := h.c.Read(ents)
+				if slices.Contains(tc.ok, opcode) {
+					require.NoError(t, err, name)
+					require.Equal(t, 2, n, name)
+					require.Equal(t, "victim", ents[0].Context, name)
+					require.Equal(t, "next", ents[1].Context, name)
+				} else {
+					require.ErrorIs(t, err, cq.ErrAvail, name)
+					var ee cq.ErrEntry
+					require.NoError(t, h.c.ReadErr(&ee), name)
+					require.Equal(t, cq.ProvBadOp, ee.ProvErrno, name)
+					require.Equal(t, cq.EIO, ee.Err, name)
+					require.Equal(t, "victim", ee.Context, name)
+					require.Equal(t, tc.posted, ee.Flags, "%s: the posted operation's flags, none of the opcode's", name)
+					require.Contains(t, h.c.StrError(ee.ProvErrno, ee.ErrData), "another kind of operation", name)
+					n, err = h.c.Read(ents)
+					require.NoError(t, err, name)
+					require.Equal(t, 1, n, name)
+					require.Equal(t, "next", ents[0].Context, name)
+				}
+				require.Zero(t, h.tab.Outstanding(), "%s: every slot released", name)
+			}
+		}
+	}
 }

@@ -54,12 +54,17 @@ type slot struct {
 	// buf for a receive, else 0 (recvBuf), computed once at Post.
 	rbuf uintptr
 	ctx  any
-	_    [8]byte
+	// refuse is what refuses a completion of this posting among the
+	// flags of its codes: the fast path's refuse bit, and the kinds of
+	// operation (opKinds) its opcode may not report (opRefuse),
+	// computed once at Post so that checking an entry costs one test.
+	refuse cq.Flags
 }
 
 // Table records the operations posted to one device queue, so that a
 // completion is accepted only for an id that is outstanding, with a length
-// that fits, and completes it exactly once. Ids are slot indexes with a
+// that fits and an opcode for the kind of operation posted (Op.Flags), and
+// completes it exactly once. Ids are slot indexes with a
 // generation in the high bits, so a stale or repeated id is refused.
 //
 // Post may be called from any goroutine (posters are serialised by a
@@ -190,6 +195,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.buf = op.Buf
 	s.rbuf = recvBuf(s.flags, op.Buf)
 	s.ctx = op.Context
+	s.refuse = refuse | opRefuse(s.flags)
 	if t.single {
 		// The completer runs in this goroutine, or after it in an order
 		// the caller made: program order publishes the slot.
@@ -203,6 +209,27 @@ func (t *Table) Post(op Op) (uint32, error) {
 	id := s.id
 	t.mu.Unlock()
 	return id, nil
+}
+
+// opKinds are the flags that say which kind of operation a completion
+// is for: the posted operation's, and those a device's opcode adds
+// (Codes.Opcodes).
+const opKinds = cq.FlagSend | cq.FlagRecv | cq.FlagRead | cq.FlagWrite | cq.FlagRemoteRead | cq.FlagRemoteWrite
+
+// opRefuse returns the operation kinds that an opcode may not report for
+// an operation posted with flags fl: every kind but fl's own, and for a
+// receive the remote reads and writes, which consume a receive (verbs'
+// IBV_WC_RECV_RDMA_WITH_IMM). An operation posted with no kind (a driver
+// whose device tells the kinds apart by queue) refuses none.
+func opRefuse(fl cq.Flags) cq.Flags {
+	own := fl & opKinds
+	switch {
+	case own == 0:
+		return 0
+	case own&cq.FlagRecv != 0:
+		own |= cq.FlagRemoteRead | cq.FlagRemoteWrite
+	}
+	return opKinds &^ own
 }
 
 // completer is the completing side of a Table as a value: what looking up

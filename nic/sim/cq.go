@@ -503,6 +503,12 @@ func (d *Device) complete(dc *devCQ, e cqe) {
 			e.Status = 0xee
 		case FaultBadOpcode:
 			e.Opcode = 0xee
+		case FaultWrongOpcode:
+			if e.Opcode == OpRecv || e.Opcode == OpRecvRDMAWithImm {
+				e.Opcode = OpSend
+			} else {
+				e.Opcode = OpRecv
+			}
 		case FaultBadID:
 			bad := e
 			bad.ID ^= 0x80000000 // same slot, another generation: never outstanding
@@ -690,12 +696,16 @@ const (
 	// completes, or its completion is refused (ProvBadID) and it stays
 	// outstanding: lost by the device, never completed twice.
 	FaultRewriteID
+	// FaultWrongOpcode: the next completion reports the other kind of
+	// operation than the one it completes (RECV for a send, SEND for a
+	// receive), an opcode the device defines.
+	FaultWrongOpcode
 )
 
 // String names the fault.
 func (k FaultKind) String() string {
 	names := [...]string{"", "error-status", "bad-id", "duplicate-id", "bad-len", "bad-status",
-		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq", "garbage", "rewrite-id"}
+		"bad-opcode", "wrong-phase", "overrun", "lost-irq", "spurious-irq", "garbage", "rewrite-id", "wrong-opcode"}
 	if k > 0 && int(k) < len(names) {
 		return names[k]
 	}
@@ -719,7 +729,7 @@ func (d *Device) Inject(c *cq.CQ, f Fault) error {
 	}
 	switch f.Kind {
 	case FaultErrorStatus, FaultBadID, FaultDuplicateID, FaultBadLen, FaultBadStatus, FaultBadOpcode, FaultWrongPhase,
-		FaultGarbage, FaultRewriteID:
+		FaultGarbage, FaultRewriteID, FaultWrongOpcode:
 		dc.faults = append(dc.faults, f)
 	case FaultOverrun:
 		d.overrun(dc)

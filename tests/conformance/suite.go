@@ -1204,6 +1204,7 @@ func (s *suite) testFaults(t *testing.T) {
 		{sim.FaultBadLen, true, cq.ProvBadLen},
 		{sim.FaultBadStatus, true, cq.ProvBadStatus},
 		{sim.FaultBadOpcode, true, cq.ProvBadOpcode},
+		{sim.FaultWrongOpcode, true, cq.ProvBadOp},
 		{sim.FaultWrongPhase, false, cq.ProvBadPhase},
 	}
 	for _, tc := range entryFaults {

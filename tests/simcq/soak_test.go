@@ -19,7 +19,7 @@ import (
 var soakFaults = []sim.FaultKind{
 	sim.FaultErrorStatus, sim.FaultBadID, sim.FaultDuplicateID, sim.FaultBadLen,
 	sim.FaultBadStatus, sim.FaultBadOpcode, sim.FaultWrongPhase, sim.FaultGarbage,
-	sim.FaultRewriteID, sim.FaultLostIRQ, sim.FaultSpuriousIRQ,
+	sim.FaultRewriteID, sim.FaultLostIRQ, sim.FaultSpuriousIRQ, sim.FaultWrongOpcode,
 }
 
 // TestSoak runs sends through the software device while it injects random
