@@ -54,6 +54,9 @@ func (a *Archive) add(name string, e *entry) error {
 		return err
 	}
 	e.explicit = true
+	if n == "." && e.kind != kindDir {
+		return fmt.Errorf("%w: \"/\" is a directory", ErrConflict)
+	}
 	if old, ok := a.entries[n]; ok {
 		// An implied directory may be made explicit; anything else
 		// replacing an entry of another kind is a caller mistake.
@@ -65,15 +68,18 @@ func (a *Archive) add(name string, e *entry) error {
 			return fmt.Errorf("%w: %q added twice with different kinds", ErrConflict, "/"+n)
 		}
 	}
+	// The parents are checked before anything is added: a refused call
+	// leaves the archive as it was.
+	for dir := path.Dir(n); dir != "." && dir != "/"; dir = path.Dir(dir) {
+		if old, ok := a.entries[dir]; ok && old.kind != kindDir {
+			return fmt.Errorf("%w: parent %q of %q is not a directory", ErrConflict, "/"+dir, "/"+n)
+		}
+	}
 	a.entries[n] = e
 	for dir := path.Dir(n); dir != "." && dir != "/"; dir = path.Dir(dir) {
-		if old, ok := a.entries[dir]; ok {
-			if old.kind != kindDir {
-				return fmt.Errorf("%w: parent %q of %q is not a directory", ErrConflict, "/"+dir, "/"+n)
-			}
-			continue
+		if _, ok := a.entries[dir]; !ok {
+			a.entries[dir] = &entry{kind: kindDir, perm: 0o755}
 		}
-		a.entries[dir] = &entry{kind: kindDir, perm: 0o755}
 	}
 	return nil
 }

@@ -72,8 +72,12 @@ func cleanName(name string) (string, error) {
 		return "", fmt.Errorf("%w: %q", ErrBadName, name)
 	}
 	n := strings.Trim(name, "/")
-	if n == "" {
-		return ".", nil
+	if n == "" || n == "." {
+		return ".", nil // the root, as "/" or as cleanName gave it
+	}
+	if n == trailerName {
+		// The kernel stops unpacking at the entry of this name.
+		return "", fmt.Errorf("%w: %q ends a cpio archive", ErrBadName, name)
 	}
 	for _, part := range strings.Split(n, "/") {
 		if part == "" || part == "." || part == ".." {
