@@ -15,6 +15,18 @@ import (
 	"github.com/vfnic/vfnic/nic"
 )
 
+// parseEchoIP parses -ip: an IPv4 address echo may answer from.
+func parseEchoIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || !ip.Is4() {
+		return netip.Addr{}, fmt.Errorf("%w: -ip needs an IPv4 address, got %q", errUsage, s)
+	}
+	if why := notHostAddr(ip); why != "" {
+		return netip.Addr{}, fmt.Errorf("%w: -ip %v is %s: a host may not answer from it (RFC 1122 3.2.1.3)", errUsage, ip, why)
+	}
+	return ip, nil
+}
+
 // notHostAddr says why the IPv4 address ip cannot be a host's own, as the
 // source of the answers echo sends, or "" when it can. A directed
 // broadcast cannot be told without the prefix length, which -ip does not
@@ -44,12 +56,9 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	ip, err := netip.ParseAddr(*ipFlag)
-	if err != nil || !ip.Is4() {
-		return fmt.Errorf("%w: -ip needs an IPv4 address, got %q", errUsage, *ipFlag)
-	}
-	if why := notHostAddr(ip); why != "" {
-		return fmt.Errorf("%w: -ip %v is %s: a host may not answer from it (RFC 1122 3.2.1.3)", errUsage, ip, why)
+	ip, err := parseEchoIP(*ipFlag)
+	if err != nil {
+		return err
 	}
 	ports, err := parsePorts(*portsFlag)
 	if err != nil {

@@ -18,7 +18,7 @@ var (
 	mcastMAC = net.HardwareAddr{0x01, 0x00, 0x5e, 0, 0, 1}
 )
 
-func echoUDPFrame(t *testing.T, srcMAC net.HardwareAddr, srcIP net.IP, sport, dport uint16) []byte {
+func echoUDPFrame(t testing.TB, srcMAC net.HardwareAddr, srcIP net.IP, sport, dport uint16) []byte {
 	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: echoMAC, EthernetType: layers.EthernetTypeIPv4}
 	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: srcIP, DstIP: echoIP}
 	udp := &layers.UDP{SrcPort: layers.UDPPort(sport), DstPort: layers.UDPPort(dport)}
@@ -29,7 +29,7 @@ func echoUDPFrame(t *testing.T, srcMAC net.HardwareAddr, srcIP net.IP, sport, dp
 	return buf.Bytes()
 }
 
-func pingFrame(t *testing.T, srcMAC net.HardwareAddr) []byte {
+func pingFrame(t testing.TB, srcMAC net.HardwareAddr) []byte {
 	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: echoMAC, EthernetType: layers.EthernetTypeIPv4}
 	ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: peerIP, DstIP: echoIP}
 	icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0), Id: 1, Seq: 1}
@@ -39,7 +39,7 @@ func pingFrame(t *testing.T, srcMAC net.HardwareAddr) []byte {
 	return buf.Bytes()
 }
 
-func arpFrame(t *testing.T, srcMAC net.HardwareAddr) []byte {
+func arpFrame(t testing.TB, srcMAC net.HardwareAddr) []byte {
 	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: layers.EthernetBroadcast, EthernetType: layers.EthernetTypeARP}
 	arp := &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
 		Operation: layers.ARPRequest, SourceHwAddress: srcMAC, SourceProtAddress: peerIP,
