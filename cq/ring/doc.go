@@ -9,9 +9,11 @@
 //     reader that decides ownership by the phase, owner, wrap, generation
 //     or DD bit, loading the ownership word atomically before the rest of
 //     the entry, and publishes the consumer index once per batch.
-//   - Table: the operations a driver posted, so that every id, length and
-//     status a device writes is checked before use; a bad entry becomes an
-//     error completion (cq.ProvBadID, cq.ProvBadLen, ...), never a panic.
+//   - Table: the operations a driver posted, so that every id, length,
+//     status and opcode a device writes is checked before use (an opcode
+//     must report the kind of operation posted); a bad entry becomes an
+//     error completion (cq.ProvBadID, cq.ProvBadLen, cq.ProvBadOp, ...),
+//     never a panic.
 //   - RingSource: a Ring plus its Tables and the device's status and
 //     opcode codes, converting entries to the CQ's format in one pass with
 //     no call per entry. A layout whose fields are byte-aligned is read by

@@ -99,7 +99,11 @@ type Codes struct {
 	// else is defined.
 	Statuses []Status
 	// Opcodes lists the opcode values; nil means the opcode is not checked
-	// and flags come from the posted operation alone.
+	// and flags come from the posted operation alone. The kind of
+	// operation an opcode's Flags name (FlagSend, FlagRecv, FlagRead,
+	// FlagWrite, FlagRemoteRead, FlagRemoteWrite) must be the one posted
+	// under the entry's id (Op.Flags; a receive also takes a remote read
+	// or write), or the entry is refused with cq.ProvBadOp.
 	Opcodes []Opcode
 	// FlagBits maps bit i of the device flags field to completion flags:
 	// FlagRemoteCQData makes Data valid, FlagTagged makes Tag valid (and
