@@ -41,7 +41,7 @@ func parseAddrs(msgs []syscall.NetlinkMessage) []IfAddr {
 		if !ok {
 			raw, ok = attrs[unix.IFA_ADDRESS]
 		}
-		ip, ipok := netip.AddrFromSlice(raw)
+		ip, ipok := familyAddr(m.Data[0], raw)
 		if !ok || !ipok {
 			continue
 		}
@@ -89,7 +89,7 @@ func parseRoutes(msgs []syscall.NetlinkMessage) []Route {
 			dst = netip.IPv6Unspecified()
 		}
 		if raw, ok := attrs[unix.RTA_DST]; ok {
-			ip, ok := netip.AddrFromSlice(raw)
+			ip, ok := familyAddr(family, raw)
 			if !ok {
 				continue
 			}
@@ -100,17 +100,17 @@ func parseRoutes(msgs []syscall.NetlinkMessage) []Route {
 			continue
 		}
 		if oif, ok := attrs[unix.RTA_OIF]; ok && len(oif) == 4 {
-			gw, _ := netip.AddrFromSlice(attrs[unix.RTA_GATEWAY])
+			gw, _ := familyAddr(family, attrs[unix.RTA_GATEWAY])
 			out = append(out, Route{Index: int(binary.NativeEndian.Uint32(oif)), Dst: pfx, Gateway: gw})
 		}
-		out = append(out, nexthops(attrs[unix.RTA_MULTIPATH], pfx)...)
+		out = append(out, nexthops(family, attrs[unix.RTA_MULTIPATH], pfx)...)
 	}
 	return out
 }
 
 // nexthops splits an RTA_MULTIPATH payload (struct rtnexthop entries, each
 // followed by its own attributes) into routes.
-func nexthops(b []byte, dst netip.Prefix) []Route {
+func nexthops(family byte, b []byte, dst netip.Prefix) []Route {
 	var out []Route
 	for len(b) >= unix.SizeofRtNexthop {
 		n := int(binary.NativeEndian.Uint16(b[0:2]))
@@ -118,7 +118,7 @@ func nexthops(b []byte, dst netip.Prefix) []Route {
 			break
 		}
 		idx := int(int32(binary.NativeEndian.Uint32(b[4:8])))
-		gw, _ := netip.AddrFromSlice(parseAttrs(b[unix.SizeofRtNexthop:n])[unix.RTA_GATEWAY])
+		gw, _ := familyAddr(family, parseAttrs(b[unix.SizeofRtNexthop:n])[unix.RTA_GATEWAY])
 		out = append(out, Route{Index: idx, Dst: dst, Gateway: gw})
 		b = b[min(align4(n), len(b)):]
 	}
@@ -138,6 +138,19 @@ func dump(typ int) ([]syscall.NetlinkMessage, error) {
 		return nil, fmt.Errorf("pci: parse netlink dump %d: %w", typ, err)
 	}
 	return msgs, nil
+}
+
+// familyAddr decodes an address attribute of a message of address family
+// fam: 4 bytes for AF_INET, 16 for AF_INET6. Anything else, an IPv4
+// address in an AF_INET6 message for one, is refused (false).
+func familyAddr(fam byte, raw []byte) (netip.Addr, bool) {
+	switch {
+	case fam == unix.AF_INET && len(raw) == 4:
+		return netip.AddrFrom4([4]byte(raw)), true
+	case fam == unix.AF_INET6 && len(raw) == 16:
+		return netip.AddrFrom16([16]byte(raw)), true
+	}
+	return netip.Addr{}, false
 }
 
 // parseAttrs splits rtnetlink attributes (struct rtattr, 4-byte aligned)

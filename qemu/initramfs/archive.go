@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 // ErrConflict is returned when an archive path is added twice with different kinds.
@@ -148,8 +149,9 @@ func (a *Archive) AddHostTree(name, hostDir string) error {
 
 // AddSymlink adds a symbolic link name -> target.
 func (a *Archive) AddSymlink(name, target string) error {
-	if target == "" {
-		return fmt.Errorf("%w: empty symlink target for %q", ErrBadName, name)
+	if target == "" || strings.ContainsRune(target, 0) {
+		// As the Writer would refuse it when the archive is written.
+		return fmt.Errorf("%w: symlink target %q of %q", ErrBadName, target, name)
 	}
 	return a.add(name, &entry{kind: kindSymlink, perm: 0o777, target: target})
 }
