@@ -317,8 +317,11 @@ func (e *echoer) answer(frame []byte) []byte {
 
 // refuse reports a request that must never be answered whatever it asks:
 // a reply to a broadcast or multicast source MAC or IPv4 source would go
-// to everyone (ff:ff:ff:ff:ff:ff), and a UDP source port in the
-// reflection set would start a loop or an amplification.
+// to everyone (ff:ff:ff:ff:ff:ff), one to a source no host may have
+// (unspecified, loopback, reserved: notHostAddr) comes from a forged or
+// broken packet (RFC 1122 3.2.1.3 has a host discard it), and a UDP
+// source port in the reflection set would start a loop or an
+// amplification.
 func refuse(e *echoer) bool {
 	if len(e.eth.SrcMAC) == 6 && e.eth.SrcMAC[0]&1 != 0 {
 		return true
@@ -326,7 +329,8 @@ func refuse(e *echoer) bool {
 	for _, d := range e.decoded {
 		switch d {
 		case layers.LayerTypeIPv4:
-			if src := e.ip4.SrcIP.To4(); src == nil || src.IsMulticast() || src.Equal(net.IPv4bcast) || src.IsUnspecified() {
+			src, ok := netip.AddrFromSlice(e.ip4.SrcIP.To4())
+			if !ok || notHostAddr(src) != "" {
 				return true
 			}
 		case layers.LayerTypeUDP:

@@ -111,8 +111,9 @@ func FuzzEchoIP(f *testing.F) {
 // echo's responder. Nothing panics, and a reply, when there is one, is an
 // Ethernet frame from echo's MAC to the requester's unicast MAC; over IP
 // it comes from echo's address and goes to a source address a host may
-// answer (RFC 1122 3.2.1.3: never a broadcast, multicast, unspecified or
-// loopback one), and over UDP never to a port of the reflection set.
+// answer (RFC 1122 3.2.1.3: never a broadcast, multicast, unspecified,
+// loopback or reserved one), and over UDP never to a port of the
+// reflection set.
 func FuzzEchoAnswer(f *testing.F) {
 	f.Add(echoUDPFrame(f, peerMAC, peerIP, 40000, 7))
 	f.Add(echoUDPFrame(f, mcastMAC, peerIP, 40000, 7))
@@ -138,8 +139,8 @@ func FuzzEchoAnswer(f *testing.F) {
 			require.True(t, ip4.SrcIP.Equal(echoIP), "reply from %v", ip4.SrcIP)
 			dst := ip4.DstIP.To4()
 			require.NotNil(t, dst)
-			require.False(t, dst.IsMulticast() || dst.Equal(net.IPv4bcast) || dst.IsUnspecified() || dst.IsLoopback(),
-				"reply to %v (request %x)", dst, frame)
+			require.False(t, dst.IsMulticast() || dst.Equal(net.IPv4bcast) || dst.IsUnspecified() || dst.IsLoopback() ||
+				dst[0] == 0 || dst[0] >= 240, "reply to %v (request %x)", dst, frame)
 		}
 		if udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
 			require.False(t, reflectionPorts[uint16(udp.DstPort)], "reply to reflection port %d", udp.DstPort)
