@@ -64,6 +64,9 @@ func TestParseAddrs(t *testing.T) {
 		addrMsg(unix.AF_INET, 99, 4, attr(unix.IFA_LOCAL, v4)),                 // bad prefix length
 		addrMsg(unix.AF_INET, 8, 5, attr(unix.IFA_LOCAL, []byte{1})),           // bad address
 		addrMsg(unix.AF_INET, 8, 6),                                            // no address
+		addrMsg(unix.AF_INET6, 64, 7, attr(unix.IFA_ADDRESS, v4)),              // not the family's length
+		addrMsg(unix.AF_INET, 24, 8, attr(unix.IFA_LOCAL, v6)),                 // not the family's length
+		addrMsg(unix.AF_BRIDGE, 24, 9, attr(unix.IFA_LOCAL, v4)),               // not IP
 		{Header: syscall.NlMsghdr{Type: unix.RTM_NEWADDR}, Data: []byte{1, 2}}, // truncated
 		{Header: syscall.NlMsghdr{Type: unix.RTM_NEWLINK}, Data: make([]byte, 16)},
 	}
@@ -98,6 +101,11 @@ func TestParseRoutes(t *testing.T) {
 		// Malformed destination or prefix length: skipped.
 		routeMsg(unix.AF_INET, 16, unix.RT_TABLE_MAIN, unix.RTN_UNICAST, attr(unix.RTA_DST, []byte{1, 2, 3}), attr(unix.RTA_OIF, u32b(2))),
 		routeMsg(unix.AF_INET, 40, unix.RT_TABLE_MAIN, unix.RTN_UNICAST, attr(unix.RTA_DST, dst), attr(unix.RTA_OIF, u32b(2))),
+		// An IPv6 destination in an IPv4 route: skipped; an IPv6 gateway
+		// of an IPv4 route: none.
+		routeMsg(unix.AF_INET, 16, unix.RT_TABLE_MAIN, unix.RTN_UNICAST, attr(unix.RTA_DST, netip.MustParseAddr("2001:db8::").AsSlice()), attr(unix.RTA_OIF, u32b(2))),
+		routeMsg(unix.AF_INET, 16, unix.RT_TABLE_MAIN, unix.RTN_UNICAST, attr(unix.RTA_DST, dst),
+			attr(unix.RTA_GATEWAY, netip.MustParseAddr("2001:db8::1").AsSlice()), attr(unix.RTA_OIF, u32b(11))),
 		{Header: syscall.NlMsghdr{Type: unix.RTM_NEWROUTE}, Data: []byte{2, 0}},
 	}
 	got := parseRoutes(msgs)
@@ -107,6 +115,7 @@ func TestParseRoutes(t *testing.T) {
 		{Index: 7, Dst: pfx("10.1.0.0/16")},
 		{Index: 4, Dst: pfx("10.1.0.0/16"), Gateway: netip.MustParseAddr("10.0.0.1")},
 		{Index: 5, Dst: pfx("10.1.0.0/16"), Gateway: netip.MustParseAddr("10.0.0.9")},
+		{Index: 11, Dst: pfx("10.1.0.0/16")},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parseRoutes =\n %v\nwant\n %v", got, want)
