@@ -448,7 +448,12 @@ func (d *Device) setupInterrupts(pairs int, moderation time.Duration) error {
 			queueMask |= 1 << v
 		}
 	}
-	r.write(regEIAC, queueMask)
+	// Vector 0 auto-clears its EICR bit too (as Linux igb's EIAC holds
+	// eims_other): the device raises an MSI-X message only for a cause
+	// bit that newly rises in EICR&EIMS (QEMU's igb_raise_interrupts), so
+	// a bit left set after the first link change would silence every
+	// later one. It stays out of EIAM: nothing would unmask it again.
+	r.write(regEIAC, queueMask|1)
 	r.write(regEIAM, queueMask)
 	r.write(regEIMS, 1) // vector 0: link changes
 	r.write(regIMS, icrLSC)
@@ -708,22 +713,59 @@ func (d *Device) Link() (nic.Link, error) {
 }
 
 // takeLinkInterrupts moves pending vector-0 interrupts to the counter and
-// clears their cause (ICR is read-to-clear).
+// clears the causes (ICR is read-to-clear with GPIE.NSICR), whoever took
+// the interrupt: the device raises LSC again only once it has been
+// cleared, so a cause left set would silence the next link change.
+// Called locked.
 func (d *Device) takeLinkInterrupts() {
 	if len(d.efds) > 0 {
 		if n, _ := d.efds[0].Take(); n > 0 {
 			d.linkIntr.Add(n)
-			_ = d.regs.read(regICR)
 		}
+		_ = d.regs.read(regICR)
 	}
 }
 
-// LinkInterrupt is the eventfd that link changes signal (vector 0).
+// LinkInterrupt is the eventfd that link changes signal (vector 0): one
+// interrupt per change of the link. A program that sleeps on it calls Link
+// (or Stats, or WaitLink) after each wake-up: reading the link clears the
+// device's cause register (ICR), without which it signals no further
+// change, as an interrupt handler would. Interrupts the program takes from
+// the eventfd itself are not in Stats().ConfigInterrupts.
 func (d *Device) LinkInterrupt() *eventfd.FD {
 	if len(d.efds) == 0 {
 		return nil
 	}
 	return d.efds[0]
+}
+
+// InterruptRegisters is a snapshot of the registers that route, mask and
+// auto-clear the device's interrupts (datasheet 7.3), for diagnostics.
+type InterruptRegisters struct {
+	GPIE     uint32    // general purpose interrupt enable (MSI-X mode, NSICR, EIAME)
+	IVAR     [8]uint32 // queue causes to vectors
+	IVARMisc uint32    // other causes (link) to a vector, in bits 8-15
+	EIMS     uint32    // vectors unmasked
+	EIAC     uint32    // vectors whose EICR bit clears when their MSI-X message goes out
+	EIAM     uint32    // vectors masked when their message goes out
+	IMS      uint32    // other causes enabled (ICR.LSC)
+}
+
+// InterruptRegisters reads the interrupt routing registers. It reads none
+// of the read-to-clear cause registers (ICR, EICR), so it changes nothing.
+func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return InterruptRegisters{}, nic.ErrClosed
+	}
+	r := d.regs
+	ir := InterruptRegisters{GPIE: r.read(regGPIE), IVARMisc: r.read(regIVARMISC), EIMS: r.read(regEIMS),
+		EIAC: r.read(regEIAC), EIAM: r.read(regEIAM), IMS: r.read(regIMS)}
+	for i := range ir.IVAR {
+		ir.IVAR[i] = r.read(regIVAR0 + 4*uint32(i))
+	}
+	return ir, nil
 }
 
 // Stats implements nic.Device.

@@ -28,7 +28,8 @@ func TestBringUpRegisters(t *testing.T) {
 	require.Equal(t, uint32(0x8281), f.get(regIVAR0), "queue 0: rx vector 1, tx vector 2")
 	require.Equal(t, uint32(0x8483), f.get(regIVAR0+4), "queue 1: rx vector 3, tx vector 4")
 	require.Equal(t, uint32(0x8000), f.get(regIVARMISC), "other causes on vector 0")
-	require.Equal(t, uint32(0x1e), f.get(regEIAC), "queue vectors 1-4 auto-clear")
+	require.Equal(t, uint32(0x1f), f.get(regEIAC), "queue vectors 1-4 and the other-causes vector 0 auto-clear")
+	require.Equal(t, uint32(0x1e), f.get(regEIAM), "queue vectors auto-mask, vector 0 not")
 	require.Equal(t, uint32(1), f.get(regEIMS), "only vector 0 unmasked until a reader arms")
 	require.Equal(t, uint32(icrLSC), f.get(regIMS))
 	require.Equal(t, uint32(200|eitrCntIgnr), f.get(regEITR0+4), "50us")
@@ -51,6 +52,27 @@ func TestBringUpRegisters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, nic.Link{Up: true, Reported: true, SpeedMbps: 1000, FullDuplex: true}, l)
 	require.Equal(t, "igb", d.Info().Driver)
+}
+
+// TestLinkReadsICR: Link clears the interrupt causes (ICR) whether or not
+// the driver took the link interrupt itself: a program that sleeps on
+// LinkInterrupt takes it, and the device signals no further change until
+// ICR is read.
+func TestLinkReadsICR(t *testing.T) {
+	d, f := newFakeDevice(t, Config{})
+	efd := d.LinkInterrupt()
+	require.NoError(t, efd.Add(1)) // an interrupt...
+	n, err := efd.Take()           // ...taken by the program
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	before := f.reads[regICR]
+	_, err = d.Link()
+	require.NoError(t, err)
+	require.Equal(t, before+1, f.reads[regICR], "Link read ICR")
+	require.NoError(t, efd.Add(1))
+	st := d.Stats()
+	require.Equal(t, before+2, f.reads[regICR], "so did Stats")
+	require.EqualValues(t, 1, st.ConfigInterrupts, "the interrupt the driver took")
 }
 
 func TestIVARLayouts(t *testing.T) {

@@ -41,7 +41,10 @@ package igb
 //     PHY auto-negotiation, link from STATUS, SRRCTL one-buffer advanced
 //     descriptors, RXDCTL/TXDCTL, GPIE, IVAR (82576 layout), IVAR_MISC,
 //     EIMS/EIMC/EICR/EIAC, EITR, MRQC/RETA/RSSRK with RXCSUM.PCSD, RCTL,
-//     TCTL, LPE/RLPML.
+//     TCTL, LPE/RLPML. QEMU raises an MSI-X message only for an EICR&EIMS
+//     bit that newly rises, and an ICR cause only once it was cleared: the
+//     other-causes vector is in EIAC and Link reads ICR (hw/net/igb_core.c,
+//     igb_raise_interrupts; Linux igb_msix_other reads ICR too).
 //   - Untested here: real 82576 and i350 silicon (the i350 row of the MAC
 //     table, its IVAR layout and SYSTIM width are from the datasheet and
 //     Linux, and Match refuses it); EIAM auto-masking (QEMU does not apply
