@@ -20,6 +20,16 @@ import (
 	"github.com/vfnic/vfnic/vfio"
 )
 
+// Frame limits at the 1500-byte MTU the driver programs: transmit
+// queues take MTU + nic.FrameOverhead bytes (a full-size frame with two
+// VLAN tags), and the device receives as much, plus the FCS it counts in
+// RLPML.
+const (
+	mtu        = 1500
+	txMaxFrame = mtu + nic.FrameOverhead
+	rxMaxFrame = txMaxFrame + 4
+)
+
 // Defaults for the zero Config.
 const (
 	DefaultQueueSize  = 256
@@ -33,10 +43,12 @@ type Config struct {
 	// Moderation is the minimum interval between two interrupts of a
 	// queue's vector (EITR); 0 interrupts for every write-back.
 	Moderation time.Duration
-	// LongFrames accepts frames longer than a receive buffer (RCTL.LPE,
-	// RLPML up to 16383 bytes). This driver does not reassemble them:
-	// each buffer of such a frame completes with ErrMultiBuffer
-	// (cq.ETRUNC). Off, the device drops frames beyond 1522 bytes.
+	// LongFrames accepts frames longer than a receive buffer (RLPML up
+	// to 16383 bytes). This driver does not reassemble them: each buffer
+	// of such a frame completes with ErrMultiBuffer (cq.ETRUNC). Off, the
+	// device takes frames of up to MTU + nic.FrameOverhead bytes (1522: a
+	// full-size frame with two VLAN tags, as Linux igb) and drops longer
+	// ones.
 	LongFrames bool
 	// VLANStrip has the device remove 802.1Q tags from received frames
 	// (CTRL.VME); the tag is then in RxQueue.Offload.
@@ -600,10 +612,11 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 }
 
 // setupReceive programs the receive filters and offloads, then RCTL:
-// broadcast accept, CRC strip, promiscuous when asked; long packets stay
-// off (buffers hold standard frames). With several queue pairs, RSS
-// spreads flows (MRQC, RETA, key; RXCSUM.PCSD so the descriptor carries
-// the hash rather than the fragment checksum).
+// broadcast accept, CRC strip, promiscuous when asked, and the length
+// limit (RCTL.LPE with RLPML: tagged full-size frames, or LongFrames).
+// With several queue pairs, RSS spreads flows (MRQC, RETA, key;
+// RXCSUM.PCSD so the descriptor carries the hash rather than the
+// fragment checksum).
 func (d *Device) setupReceive(cfg nic.Config, pairs int, long bool) {
 	r := d.regs
 	csum := uint32(rxcsumIPOFL | rxcsumTUOFL)
@@ -629,10 +642,15 @@ func (d *Device) setupReceive(cfg nic.Config, pairs int, long bool) {
 	if cfg.Promiscuous {
 		rctl |= rctlUPE
 	}
+	// Without LPE the device takes 1514 bytes plus one 802.1Q tag and
+	// drops a double-tagged full-size frame; with it, RLPML is the limit
+	// (FCS included), which Linux igb sets to MTU + 14 + 4 + 2*4.
+	rlpml := uint32(rxMaxFrame)
 	if long {
-		r.write(regRLPML, 16383)
-		rctl |= rctlLPE
+		rlpml = 16383
 	}
+	r.write(regRLPML, rlpml)
+	rctl |= rctlLPE
 	r.write(regRCTL, rctl)
 }
 
@@ -642,7 +660,7 @@ func (d *Device) fillInfo(cfg nic.Config, pairs int) {
 		feats = append(feats, "rss")
 	}
 	d.info = nic.Info{
-		Driver: "igb", Address: d.name, Model: "Intel " + d.mac.name, MAC: d.addr, MTU: 1500,
+		Driver: "igb", Address: d.name, Model: "Intel " + d.mac.name, MAC: d.addr, MTU: mtu,
 		QueuePairs: pairs, MaxQueuePairs: min(d.mac.queues, (d.nVectors-1)/2),
 		QueueSize: cfg.QueueSize, RxBuffers: cfg.RxBuffers, BufferSize: cfg.BufferSize,
 		Vectors: len(d.efds), Features: feats,

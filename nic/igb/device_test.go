@@ -42,7 +42,8 @@ func TestBringUpRegisters(t *testing.T) {
 		rq := d.rx[i]
 		require.Equal(t, uint32(uintptr(rq.ringAddr())), f.get(rxReg(regRDBAL0, i)))
 	}
-	require.Equal(t, uint32(rctlEN|rctlBAM|rctlSECRC|rctlMPE), f.get(regRCTL))
+	require.Equal(t, uint32(rctlEN|rctlBAM|rctlSECRC|rctlMPE|rctlLPE), f.get(regRCTL))
+	require.Equal(t, uint32(1500+14+4+2*4), f.get(regRLPML), "a double-tagged full-size frame and its FCS, as Linux igb")
 	require.Equal(t, uint32(tctlEN|tctlPSP|tctlRTLC|15<<4|63<<12), f.get(regTCTL))
 	require.Equal(t, uint32(mrqcRSS|mrqcIPv4|mrqcIPv4TCP|mrqcIPv4UDP|mrqcIPv6|mrqcIPv6TCP|mrqcIPv6UDP), f.get(regMRQC))
 	require.Equal(t, uint32(0x01000100), f.get(regRETA0), "RETA alternates queues 0 and 1")
