@@ -500,7 +500,7 @@ func (d *Device) setIVAR(q int, tx bool, v int) {
 // programs every queue (datasheet 4.6.7 and 4.6.8).
 func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 	n := cfg.QueueSize
-	txBuf := align(nic.MaxFrame, 64)
+	txBuf := align(txMaxFrame, 64)
 	ringBytes := align(n*descSize, ringAlign)
 	total := pairs * (2*(ringBytes+ringAlign) + cfg.RxBuffers*cfg.BufferSize + 64 + n*txBuf + 64)
 	region, err := d.space.Alloc(total, cfg.Memory)
@@ -535,7 +535,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return err
 		}
 
-		tq := &TxQueue{maxFrame: nic.MaxFrame}
+		tq := &TxQueue{maxFrame: txMaxFrame}
 		txIOVA, err := d.newQueue(&tq.queue, region, i, n, true)
 		if err != nil {
 			return err

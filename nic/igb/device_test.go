@@ -76,6 +76,28 @@ func TestLinkReadsICR(t *testing.T) {
 	require.EqualValues(t, 1, st.ConfigInterrupts, "the interrupt the driver took")
 }
 
+// TestTxFrameSizes: a transmit queue takes MTU + nic.FrameOverhead bytes
+// (1518- and 1522-byte tagged full-size frames) and refuses one more.
+func TestTxFrameSizes(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 16}})
+	dev := newFakeNIC(t, d, f)
+	tx := d.tx[0]
+	require.Equal(t, d.Info().MTU+nic.FrameOverhead, tx.MaxFrame())
+	for _, size := range []int{1514, 1518, 1522} {
+		require.NoError(t, tx.Send(frameOf(size, size), size), "%d bytes", size)
+	}
+	require.ErrorIs(t, tx.Send(frameOf(0, 1523), nil), nic.ErrFrameSize)
+	require.NoError(t, tx.Flush())
+	sent := dev.transmit()
+	require.Len(t, sent, 3)
+	for i, size := range []int{1514, 1518, 1522} {
+		require.Equal(t, frameOf(size, size), sent[i], "%d bytes intact", size)
+	}
+	out := make([]nic.Completion, 4)
+	require.Equal(t, 3, tx.Poll(out))
+	require.Equal(t, 1522, out[2].Len)
+}
+
 func TestIVARLayouts(t *testing.T) {
 	for _, c := range []struct {
 		l     ivarLayout
@@ -179,7 +201,7 @@ func TestRxTxManyLaps(t *testing.T) {
 		}
 	}
 	require.ErrorIs(t, tx.Send(make([]byte, 13), nil), nic.ErrFrameSize)
-	require.ErrorIs(t, tx.Send(make([]byte, 1515), nil), nic.ErrFrameSize)
+	require.ErrorIs(t, tx.Send(make([]byte, 1523), nil), nic.ErrFrameSize)
 }
 
 // TestTxFull: a full ring refuses with ErrFull until completions are read.

@@ -110,7 +110,8 @@ func qinq(dst, src net.HardwareAddr, outer uint16, session, id uint32, size int)
 // socket (MTU 1508, so AF_PACKET takes 1522 bytes whatever the tags) to a vfnic igb, which
 // must receive them with the default Config, with VLAN stripping (the
 // outer 802.1Q tag then in the offload, 1518 bytes left), and through
-// `vfnic capture`.
+// `vfnic capture`; then has the vfnic igb send 1518- and 1522-byte frames
+// (MTU + nic.FrameOverhead), which the Linux NIC must receive intact.
 func TestGuestFullSizeFrames(t *testing.T) {
 	guestOnly(t)
 	lx := openLinuxNIC(t, 1508)
@@ -236,5 +237,43 @@ func TestGuestFullSizeFrames(t *testing.T) {
 		}
 		t.Logf("capture: the 1522-byte double-tagged frames in the pcap, by id: %v (each sent 5 times)", got)
 		require.Len(t, got, len(want), "capture wrote both frames")
+	})
+
+	t.Run("send", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		dev, err := igb.Open(ctx, addr, igb.Config{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, dev.Close()) }()
+		tx, err := dev.TxQueue(0)
+		require.NoError(t, err)
+		require.Equal(t, dev.Info().MTU+nic.FrameOverhead, tx.MaxFrame(), "transmit takes MTU + FrameOverhead, as nic.Info says")
+		comps := make([]nic.Completion, 8)
+		for _, size := range []int{1518, 1522} {
+			f := build(lx.mac, dev.MAC(), msgData, session, uint32(size), size)
+			got := false
+			for try := 0; try < 10 && !got; try++ {
+				require.NoError(t, tx.Send(f, size), "Send of %d bytes", size)
+				require.NoError(t, tx.Flush())
+				deadline := time.Now().Add(time.Second)
+				for !got {
+					b := lx.recv(t, deadline, 14)
+					if b == nil {
+						break
+					}
+					got = bytes.Equal(b, f)
+				}
+				for tx.Outstanding() > 0 {
+					n, err := tx.SRead(context.Background(), comps, 1, 5*time.Second)
+					require.NoError(t, err)
+					for _, c := range comps[:n] {
+						require.NoError(t, c.Err)
+						require.Equal(t, size, c.Len)
+					}
+				}
+			}
+			t.Logf("send: a %d-byte frame from vfnic arrived intact at the Linux NIC: %v", size, got)
+			require.True(t, got, "the %d-byte frame arrived intact", size)
+		}
 	})
 }
