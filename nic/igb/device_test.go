@@ -131,8 +131,11 @@ func TestBringUpFailures(t *testing.T) {
 	_, err = startFake(f, Config{})
 	require.ErrorIs(t, err, nic.ErrDeviceFailed)
 
-	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 5}})
-	require.ErrorIs(t, err, nic.ErrNotSupported, "10 vectors hold 4 pairs")
+	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 10}})
+	require.ErrorIs(t, err, nic.ErrNotSupported, "10 vectors hold 9 pairs with interrupts")
+	require.ErrorContains(t, err, "NoQueueInterrupts")
+	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 17}, NoQueueInterrupts: true})
+	require.ErrorIs(t, err, nic.ErrInvalid, "the 82576 has 16 queue pairs")
 	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{BufferSize: 1024}})
 	require.ErrorIs(t, err, nic.ErrInvalid)
 }
