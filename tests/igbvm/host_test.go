@@ -91,7 +91,7 @@ func TestVM(t *testing.T) {
 		},
 		QEMUArgs: qemuArgs,
 		Files:    []qemu.File{{Host: bin, Guest: vfnicBin, Mode: 0o755}},
-		Timeout:  4 * time.Minute,
+		Timeout:  5 * time.Minute,
 		// With a thread per vCPU this guest froze in about one run of
 		// four, in the conformance suite (see qemu.Config.OneTCGThread).
 		OneTCGThread: true,
@@ -102,8 +102,11 @@ func TestVM(t *testing.T) {
 		run = r
 		cfg.Output = os.Stderr
 	}
-	// A hung guest test panics with every goroutine's stack before QEMU's timeout.
-	args := []string{"-test.timeout=200s"}
+	// A hung guest test panics with every goroutine's stack before QEMU's
+	// timeout. The guest tests take about 3 minutes on a loaded 2-core
+	// host (the link flaps, full-size frames and 8/16-pair RSS about 20 s
+	// of it).
+	args := []string{"-test.timeout=260s"}
 	var env []string
 	if r := os.Getenv("VFNIC_VERBS_ROUNDS"); r != "" {
 		env = append(env, "VFNIC_VERBS_ROUNDS="+r) // the verbs event-loop rounds (TestGuestVerbs)
