@@ -116,6 +116,9 @@ type Config struct {
 	// reports "timer wakeup didn't happen", QEMU idle) and in none of ten
 	// runs with one thread, at about the same speed.
 	OneTCGThread bool
+	// Monitor, when set, is served by QEMU (Monitor.Args) so the caller
+	// can send it commands while the guest runs.
+	Monitor *Monitor
 }
 
 // File copies a host file, or a directory tree, into the guest.
@@ -345,6 +348,9 @@ func (p *plan) qemuArgs(initrd string) []string {
 		args = append(args, n.qemuArgs(i)...)
 	}
 	args = append(args, c.QEMUArgs...)
+	if c.Monitor != nil {
+		args = append(args, c.Monitor.Args()...)
+	}
 	if p.collect != "" {
 		// Last, so QEMU gives it a slot none of the above asked for.
 		args = append(args, collectArgs(p.collect)...)

@@ -20,6 +20,16 @@ import (
 	"github.com/vfnic/vfnic/vfio"
 )
 
+// Frame limits at the 1500-byte MTU the driver programs: transmit
+// queues take MTU + nic.FrameOverhead bytes (a full-size frame with two
+// VLAN tags), and the device receives as much, plus the FCS it counts in
+// RLPML.
+const (
+	mtu        = 1500
+	txMaxFrame = mtu + nic.FrameOverhead
+	rxMaxFrame = txMaxFrame + 4
+)
+
 // Defaults for the zero Config.
 const (
 	DefaultQueueSize  = 256
@@ -33,14 +43,25 @@ type Config struct {
 	// Moderation is the minimum interval between two interrupts of a
 	// queue's vector (EITR); 0 interrupts for every write-back.
 	Moderation time.Duration
-	// LongFrames accepts frames longer than a receive buffer (RCTL.LPE,
-	// RLPML up to 16383 bytes). This driver does not reassemble them:
-	// each buffer of such a frame completes with ErrMultiBuffer
-	// (cq.ETRUNC). Off, the device drops frames beyond 1522 bytes.
+	// LongFrames accepts frames longer than a receive buffer (RLPML up
+	// to 16383 bytes). This driver does not reassemble them: each buffer
+	// of such a frame completes with ErrMultiBuffer (cq.ETRUNC). Off, the
+	// device takes frames of up to MTU + nic.FrameOverhead bytes (1522: a
+	// full-size frame with two VLAN tags, as Linux igb) and drops longer
+	// ones.
 	LongFrames bool
 	// VLANStrip has the device remove 802.1Q tags from received frames
 	// (CTRL.VME); the tag is then in RxQueue.Offload.
 	VLANStrip bool
+	// NoQueueInterrupts gives the queues no MSI-X vector, for programs
+	// that read them by polling only (Poll, a cq.CQ read without
+	// waiting, lcore cores in Busy mode): their Arm, WaitInterrupt and
+	// SRead, and the SRead of a CQ they feed, return ErrNotSupported, and
+	// Interrupt is nil. Vector 0 still signals link changes. It lifts the
+	// limit the device's MSI-X vectors put on QueuePairs: every queue
+	// pair of the MAC (16 on the 82576) instead of one less than the
+	// vectors (9 on QEMU's model, which has 10).
+	NoQueueInterrupts bool
 	// LinkWait is how long Open waits for the link to come up after
 	// reset (auto-negotiation takes about 0.5 s on QEMU's model, seconds
 	// on copper); 0 means DefaultLinkWait, negative does not wait. Open
@@ -84,6 +105,7 @@ type Device struct {
 	// tests); nVectors is how many the device has.
 	enableMSIX func(fds []int) error
 	nVectors   int
+	vmode      vectorMode
 	efds       []*eventfd.FD
 	vectorFDs  []int
 	bound      []*cq.CQ
@@ -290,9 +312,53 @@ func normalize(cfg *Config) error {
 	return nil
 }
 
-// Vector numbers: 0 for link and other causes, then one per queue.
-func rxVector(i int) int { return 1 + 2*i }
-func txVector(i int) int { return 2 + 2*i }
+// vectorMode is how queues get MSI-X vectors; vector 0 always takes link
+// and other causes.
+type vectorMode uint8
+
+const (
+	// perQueue: a vector per queue (1+2i receive, 2+2i transmit) while
+	// the device has enough.
+	perQueue vectorMode = iota
+	// perPair: the receive and transmit queue of pair i share vector
+	// 1+i, as Linux igb pairs them, when there are too few for one per
+	// queue (QEMU's model has 10 vectors: 4 pairs one way, 9 this way).
+	perPair
+	// noQueueVectors: polling only (Config.NoQueueInterrupts).
+	noQueueVectors
+)
+
+// chooseVectors picks the vector mode for pairs queue pairs and returns
+// how many vectors it uses.
+func (d *Device) chooseVectors(pairs int, polling bool) (vectorMode, int, error) {
+	switch {
+	case d.nVectors < 1:
+		return 0, 0, fmt.Errorf("%w: %s has no MSI-X vector", nic.ErrNotSupported, d.name)
+	case polling:
+		return noQueueVectors, 1, nil
+	case 1+2*pairs <= d.nVectors:
+		return perQueue, 1 + 2*pairs, nil
+	case 1+pairs <= d.nVectors:
+		return perPair, 1 + pairs, nil
+	}
+	return 0, 0, fmt.Errorf("%w: %s has %d MSI-X vectors: %d queue pairs with interrupts need %d (one per pair and one for link changes), so at most %d; Config.NoQueueInterrupts (polling) takes up to %d",
+		nic.ErrNotSupported, d.name, d.nVectors, pairs, 1+pairs, d.nVectors-1, d.mac.queues)
+}
+
+// queueVector is the vector of pair i's receive or transmit queue, -1 for
+// none.
+func (d *Device) queueVector(i int, tx bool) int {
+	switch d.vmode {
+	case perQueue:
+		if tx {
+			return 2 + 2*i
+		}
+		return 1 + 2*i
+	case perPair:
+		return 1 + i
+	}
+	return -1
+}
 
 // start brings the device up from whatever state it is in.
 func (d *Device) start(ctx context.Context, cfg Config) error {
@@ -300,9 +366,11 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if pairs > d.mac.queues {
 		return fmt.Errorf("%w: %s: %d queue pairs asked, the %s has %d", nic.ErrNotSupported, d.name, pairs, d.mac.name, d.mac.queues)
 	}
-	if need := 1 + 2*pairs; need > d.nVectors {
-		return fmt.Errorf("%w: %s has %d MSI-X vectors, %d queue pairs need %d", nic.ErrNotSupported, d.name, d.nVectors, pairs, need)
+	mode, need, err := d.chooseVectors(pairs, cfg.NoQueueInterrupts)
+	if err != nil {
+		return err
 	}
+	d.vmode = mode
 	if err := d.reset(ctx); err != nil {
 		return err
 	}
@@ -321,7 +389,7 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if err := d.phyWrite(phyCtrl, bmcr|phyAutoNegEn|phyRestartAutoN); err != nil {
 		return err
 	}
-	if err := d.setupInterrupts(pairs, cfg.Moderation); err != nil {
+	if err := d.setupInterrupts(pairs, need, cfg.Moderation); err != nil {
 		return err
 	}
 	if err := d.setupQueues(cfg.Config, pairs); err != nil {
@@ -411,13 +479,13 @@ func (d *Device) readMAC() error {
 	return nil
 }
 
-// setupInterrupts wires the vectors (vfio) and programs the device's
-// MSI-X mode: GPIE, an IVAR entry per queue, IVAR_MISC for link and other
-// causes on vector 0, EITR, EIAC (queue causes auto-clear), EIAM (and
-// auto-mask, where the device applies it), EIMS for vector 0 and IMS.LSC.
-// Queue vectors stay masked until a reader arms them.
-func (d *Device) setupInterrupts(pairs int, moderation time.Duration) error {
-	need := 1 + 2*pairs
+// setupInterrupts wires need vectors (vfio) and programs the device's
+// MSI-X mode: GPIE, an IVAR entry per queue that has a vector, IVAR_MISC
+// for link and other causes on vector 0, EITR, EIAC (causes auto-clear),
+// EIAM (queue vectors auto-mask, where the device applies it), EIMS for
+// vector 0 and IMS.LSC. Queue vectors stay masked until a reader arms
+// them.
+func (d *Device) setupInterrupts(pairs, need int, moderation time.Duration) error {
 	fds := make([]int, need)
 	for i := range fds {
 		e, err := eventfd.New()
@@ -435,9 +503,9 @@ func (d *Device) setupInterrupts(pairs int, moderation time.Duration) error {
 	}
 	r := d.regs
 	r.write(regGPIE, gpieNSICR|gpieMSIXMode|gpieEIAME|gpiePBA)
-	for i := 0; i < pairs; i++ {
-		d.setIVAR(i, false, rxVector(i))
-		d.setIVAR(i, true, txVector(i))
+	for i := 0; i < pairs && d.vmode != noQueueVectors; i++ {
+		d.setIVAR(i, false, d.queueVector(i, false))
+		d.setIVAR(i, true, d.queueVector(i, true))
 	}
 	r.write(regIVARMISC, (0|ivarValid)<<8)
 	itr := eitrValue(moderation)
@@ -448,7 +516,12 @@ func (d *Device) setupInterrupts(pairs int, moderation time.Duration) error {
 			queueMask |= 1 << v
 		}
 	}
-	r.write(regEIAC, queueMask)
+	// Vector 0 auto-clears its EICR bit too (as Linux igb's EIAC holds
+	// eims_other): the device raises an MSI-X message only for a cause
+	// bit that newly rises in EICR&EIMS (QEMU's igb_raise_interrupts), so
+	// a bit left set after the first link change would silence every
+	// later one. It stays out of EIAM: nothing would unmask it again.
+	r.write(regEIAC, queueMask|1)
 	r.write(regEIAM, queueMask)
 	r.write(regEIMS, 1) // vector 0: link changes
 	r.write(regIMS, icrLSC)
@@ -483,7 +556,7 @@ func (d *Device) setIVAR(q int, tx bool, v int) {
 // programs every queue (datasheet 4.6.7 and 4.6.8).
 func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 	n := cfg.QueueSize
-	txBuf := align(nic.MaxFrame, 64)
+	txBuf := align(txMaxFrame, 64)
 	ringBytes := align(n*descSize, ringAlign)
 	total := pairs * (2*(ringBytes+ringAlign) + cfg.RxBuffers*cfg.BufferSize + 64 + n*txBuf + 64)
 	region, err := d.space.Alloc(total, cfg.Memory)
@@ -518,7 +591,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return err
 		}
 
-		tq := &TxQueue{maxFrame: nic.MaxFrame}
+		tq := &TxQueue{maxFrame: txMaxFrame}
 		txIOVA, err := d.newQueue(&tq.queue, region, i, n, true)
 		if err != nil {
 			return err
@@ -568,13 +641,19 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if err != nil {
 		return 0, err
 	}
-	kind, tailReg, vec, qnum := "rx", rxReg(regRDT0, i), rxVector(i), uint32(2*i)
+	kind, tailReg, vec, qnum := "rx", rxReg(regRDT0, i), d.queueVector(i, false), uint32(2*i)
 	if tx {
-		kind, tailReg, vec, qnum = "tx", txReg(regTDT0, i), txVector(i), uint32(2*i+1)
+		kind, tailReg, vec, qnum = "tx", txReg(regTDT0, i), d.queueVector(i, true), uint32(2*i+1)
 	}
 	tail, err := d.win.Reg32(uintptr(tailReg))
 	if err != nil {
 		return 0, err
+	}
+	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
+	q.vector, q.vdev = vec, d.vdev
+	if vec < 0 {
+		return mem.IOVA, nil // polling only: no vector, no eventfd
 	}
 	if q.eims, err = d.win.Reg32(regEIMS); err != nil {
 		return 0, err
@@ -585,9 +664,17 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if q.eicr, err = d.win.Reg32(regEICR); err != nil {
 		return 0, err
 	}
-	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
-	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
-	q.vbit, q.vector, q.efd, q.vdev = 1<<vec, vec, d.efds[vec], d.vdev
+	q.vbit, q.efd = 1<<vec, d.efds[vec]
+	if d.vmode == perPair {
+		// The pair's receive queue is made first and makes the vector
+		// both share.
+		q.slot = slotRx
+		if tx {
+			q.slot, q.shared = slotTx, d.rx[i].shared
+		} else {
+			q.shared = &sharedVec{bit: q.vbit, efd: q.efd, eims: q.eims, eimc: q.eimc, eicr: q.eicr}
+		}
+	}
 	if tx {
 		q.silent = make([]bool, n)
 	}
@@ -595,10 +682,11 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 }
 
 // setupReceive programs the receive filters and offloads, then RCTL:
-// broadcast accept, CRC strip, promiscuous when asked; long packets stay
-// off (buffers hold standard frames). With several queue pairs, RSS
-// spreads flows (MRQC, RETA, key; RXCSUM.PCSD so the descriptor carries
-// the hash rather than the fragment checksum).
+// broadcast accept, CRC strip, promiscuous when asked, and the length
+// limit (RCTL.LPE with RLPML: tagged full-size frames, or LongFrames).
+// With several queue pairs, RSS spreads flows (MRQC, RETA, key;
+// RXCSUM.PCSD so the descriptor carries the hash rather than the
+// fragment checksum).
 func (d *Device) setupReceive(cfg nic.Config, pairs int, long bool) {
 	r := d.regs
 	csum := uint32(rxcsumIPOFL | rxcsumTUOFL)
@@ -624,10 +712,15 @@ func (d *Device) setupReceive(cfg nic.Config, pairs int, long bool) {
 	if cfg.Promiscuous {
 		rctl |= rctlUPE
 	}
+	// Without LPE the device takes 1514 bytes plus one 802.1Q tag and
+	// drops a double-tagged full-size frame; with it, RLPML is the limit
+	// (FCS included), which Linux igb sets to MTU + 14 + 4 + 2*4.
+	rlpml := uint32(rxMaxFrame)
 	if long {
-		r.write(regRLPML, 16383)
-		rctl |= rctlLPE
+		rlpml = 16383
 	}
+	r.write(regRLPML, rlpml)
+	rctl |= rctlLPE
 	r.write(regRCTL, rctl)
 }
 
@@ -636,12 +729,28 @@ func (d *Device) fillInfo(cfg nic.Config, pairs int) {
 	if pairs > 1 {
 		feats = append(feats, "rss")
 	}
+	switch d.vmode {
+	case perPair:
+		feats = append(feats, "vector-per-pair")
+	case noQueueVectors:
+		feats = append(feats, "no-queue-interrupts")
+	}
 	d.info = nic.Info{
-		Driver: "igb", Address: d.name, Model: "Intel " + d.mac.name, MAC: d.addr, MTU: 1500,
-		QueuePairs: pairs, MaxQueuePairs: min(d.mac.queues, (d.nVectors-1)/2),
+		Driver: "igb", Address: d.name, Model: "Intel " + d.mac.name, MAC: d.addr, MTU: mtu,
+		QueuePairs: pairs, MaxQueuePairs: d.maxPairs(),
 		QueueSize: cfg.QueueSize, RxBuffers: cfg.RxBuffers, BufferSize: cfg.BufferSize,
 		Vectors: len(d.efds), Features: feats,
 	}
+}
+
+// maxPairs is how many queue pairs the device takes in the mode it runs
+// in: the MAC's queues when polling, else what its vectors allow with one
+// per pair.
+func (d *Device) maxPairs() int {
+	if d.vmode == noQueueVectors {
+		return d.mac.queues
+	}
+	return min(d.mac.queues, d.nVectors-1)
 }
 
 // Info implements nic.Device.
@@ -708,22 +817,59 @@ func (d *Device) Link() (nic.Link, error) {
 }
 
 // takeLinkInterrupts moves pending vector-0 interrupts to the counter and
-// clears their cause (ICR is read-to-clear).
+// clears the causes (ICR is read-to-clear with GPIE.NSICR), whoever took
+// the interrupt: the device raises LSC again only once it has been
+// cleared, so a cause left set would silence the next link change.
+// Called locked.
 func (d *Device) takeLinkInterrupts() {
 	if len(d.efds) > 0 {
 		if n, _ := d.efds[0].Take(); n > 0 {
 			d.linkIntr.Add(n)
-			_ = d.regs.read(regICR)
 		}
+		_ = d.regs.read(regICR)
 	}
 }
 
-// LinkInterrupt is the eventfd that link changes signal (vector 0).
+// LinkInterrupt is the eventfd that link changes signal (vector 0): one
+// interrupt per change of the link. A program that sleeps on it calls Link
+// (or Stats, or WaitLink) after each wake-up: reading the link clears the
+// device's cause register (ICR), without which it signals no further
+// change, as an interrupt handler would. Interrupts the program takes from
+// the eventfd itself are not in Stats().ConfigInterrupts.
 func (d *Device) LinkInterrupt() *eventfd.FD {
 	if len(d.efds) == 0 {
 		return nil
 	}
 	return d.efds[0]
+}
+
+// InterruptRegisters is a snapshot of the registers that route, mask and
+// auto-clear the device's interrupts (datasheet 7.3), for diagnostics.
+type InterruptRegisters struct {
+	GPIE     uint32    // general purpose interrupt enable (MSI-X mode, NSICR, EIAME)
+	IVAR     [8]uint32 // queue causes to vectors
+	IVARMisc uint32    // other causes (link) to a vector, in bits 8-15
+	EIMS     uint32    // vectors unmasked
+	EIAC     uint32    // vectors whose EICR bit clears when their MSI-X message goes out
+	EIAM     uint32    // vectors masked when their message goes out
+	IMS      uint32    // other causes enabled (ICR.LSC)
+}
+
+// InterruptRegisters reads the interrupt routing registers. It reads none
+// of the read-to-clear cause registers (ICR, EICR), so it changes nothing.
+func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return InterruptRegisters{}, nic.ErrClosed
+	}
+	r := d.regs
+	ir := InterruptRegisters{GPIE: r.read(regGPIE), IVARMisc: r.read(regIVARMISC), EIMS: r.read(regEIMS),
+		EIAC: r.read(regEIAC), EIAM: r.read(regEIAM), IMS: r.read(regIMS)}
+	for i := range ir.IVAR {
+		ir.IVAR[i] = r.read(regIVAR0 + 4*uint32(i))
+	}
+	return ir, nil
 }
 
 // Stats implements nic.Device.
@@ -748,7 +894,10 @@ func (d *Device) Stats() nic.Stats {
 }
 
 // BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue
-// of pair i and 2i+1 for its transmit queue.
+// of pair i and 2i+1 for its transmit queue. When the queues of a pair
+// share an MSI-X vector (Info.Features "vector-per-pair"), the vector can
+// wake one CQ only: both queues are bound to the same CQ (dir
+// nic.Recv|nic.Send), or neither.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -769,6 +918,10 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		if bound {
 			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.name)
 		}
+	}
+	if d.vmode == perPair && len(qs) == 1 {
+		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
+			nic.ErrNotSupported, d.name, i, i, qs[0].vector)
 	}
 	for _, q := range qs {
 		s := &cqSource{q: q, dev: d}
@@ -809,6 +962,20 @@ func (d *Device) unbind(s *cqSource) error {
 	q.mu.Unlock()
 	if d.closed || q.vector < 0 || q.efd == nil {
 		return nil
+	}
+	if q.shared != nil {
+		// The vector goes back to the pair's eventfd once neither
+		// queue feeds the CQ any more.
+		other := &d.tx[q.index].queue
+		if !q.rx {
+			other = &d.rx[q.index].queue
+		}
+		other.mu.Lock()
+		stillBound := other.src != nil
+		other.mu.Unlock()
+		if stillBound {
+			return nil
+		}
 	}
 	return d.wire(q.vector, q.efd.Fd())
 }

@@ -28,7 +28,8 @@ func TestBringUpRegisters(t *testing.T) {
 	require.Equal(t, uint32(0x8281), f.get(regIVAR0), "queue 0: rx vector 1, tx vector 2")
 	require.Equal(t, uint32(0x8483), f.get(regIVAR0+4), "queue 1: rx vector 3, tx vector 4")
 	require.Equal(t, uint32(0x8000), f.get(regIVARMISC), "other causes on vector 0")
-	require.Equal(t, uint32(0x1e), f.get(regEIAC), "queue vectors 1-4 auto-clear")
+	require.Equal(t, uint32(0x1f), f.get(regEIAC), "queue vectors 1-4 and the other-causes vector 0 auto-clear")
+	require.Equal(t, uint32(0x1e), f.get(regEIAM), "queue vectors auto-mask, vector 0 not")
 	require.Equal(t, uint32(1), f.get(regEIMS), "only vector 0 unmasked until a reader arms")
 	require.Equal(t, uint32(icrLSC), f.get(regIMS))
 	require.Equal(t, uint32(200|eitrCntIgnr), f.get(regEITR0+4), "50us")
@@ -41,7 +42,8 @@ func TestBringUpRegisters(t *testing.T) {
 		rq := d.rx[i]
 		require.Equal(t, uint32(uintptr(rq.ringAddr())), f.get(rxReg(regRDBAL0, i)))
 	}
-	require.Equal(t, uint32(rctlEN|rctlBAM|rctlSECRC|rctlMPE), f.get(regRCTL))
+	require.Equal(t, uint32(rctlEN|rctlBAM|rctlSECRC|rctlMPE|rctlLPE), f.get(regRCTL))
+	require.Equal(t, uint32(1500+14+4+2*4), f.get(regRLPML), "a double-tagged full-size frame and its FCS, as Linux igb")
 	require.Equal(t, uint32(tctlEN|tctlPSP|tctlRTLC|15<<4|63<<12), f.get(regTCTL))
 	require.Equal(t, uint32(mrqcRSS|mrqcIPv4|mrqcIPv4TCP|mrqcIPv4UDP|mrqcIPv6|mrqcIPv6TCP|mrqcIPv6UDP), f.get(regMRQC))
 	require.Equal(t, uint32(0x01000100), f.get(regRETA0), "RETA alternates queues 0 and 1")
@@ -51,6 +53,49 @@ func TestBringUpRegisters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, nic.Link{Up: true, Reported: true, SpeedMbps: 1000, FullDuplex: true}, l)
 	require.Equal(t, "igb", d.Info().Driver)
+}
+
+// TestLinkReadsICR: Link clears the interrupt causes (ICR) whether or not
+// the driver took the link interrupt itself: a program that sleeps on
+// LinkInterrupt takes it, and the device signals no further change until
+// ICR is read.
+func TestLinkReadsICR(t *testing.T) {
+	d, f := newFakeDevice(t, Config{})
+	efd := d.LinkInterrupt()
+	require.NoError(t, efd.Add(1)) // an interrupt...
+	n, err := efd.Take()           // ...taken by the program
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	before := f.reads[regICR]
+	_, err = d.Link()
+	require.NoError(t, err)
+	require.Equal(t, before+1, f.reads[regICR], "Link read ICR")
+	require.NoError(t, efd.Add(1))
+	st := d.Stats()
+	require.Equal(t, before+2, f.reads[regICR], "so did Stats")
+	require.EqualValues(t, 1, st.ConfigInterrupts, "the interrupt the driver took")
+}
+
+// TestTxFrameSizes: a transmit queue takes MTU + nic.FrameOverhead bytes
+// (1518- and 1522-byte tagged full-size frames) and refuses one more.
+func TestTxFrameSizes(t *testing.T) {
+	d, f := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 16}})
+	dev := newFakeNIC(t, d, f)
+	tx := d.tx[0]
+	require.Equal(t, d.Info().MTU+nic.FrameOverhead, tx.MaxFrame())
+	for _, size := range []int{1514, 1518, 1522} {
+		require.NoError(t, tx.Send(frameOf(size, size), size), "%d bytes", size)
+	}
+	require.ErrorIs(t, tx.Send(frameOf(0, 1523), nil), nic.ErrFrameSize)
+	require.NoError(t, tx.Flush())
+	sent := dev.transmit()
+	require.Len(t, sent, 3)
+	for i, size := range []int{1514, 1518, 1522} {
+		require.Equal(t, frameOf(size, size), sent[i], "%d bytes intact", size)
+	}
+	out := make([]nic.Completion, 4)
+	require.Equal(t, 3, tx.Poll(out))
+	require.Equal(t, 1522, out[2].Len)
 }
 
 func TestIVARLayouts(t *testing.T) {
@@ -86,8 +131,11 @@ func TestBringUpFailures(t *testing.T) {
 	_, err = startFake(f, Config{})
 	require.ErrorIs(t, err, nic.ErrDeviceFailed)
 
-	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 5}})
-	require.ErrorIs(t, err, nic.ErrNotSupported, "10 vectors hold 4 pairs")
+	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 10}})
+	require.ErrorIs(t, err, nic.ErrNotSupported, "10 vectors hold 9 pairs with interrupts")
+	require.ErrorContains(t, err, "NoQueueInterrupts")
+	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{QueuePairs: 17}, NoQueueInterrupts: true})
+	require.ErrorIs(t, err, nic.ErrInvalid, "the 82576 has 16 queue pairs")
 	_, err = startFake(newFakeRegs(t), Config{Config: nic.Config{BufferSize: 1024}})
 	require.ErrorIs(t, err, nic.ErrInvalid)
 }
@@ -156,7 +204,7 @@ func TestRxTxManyLaps(t *testing.T) {
 		}
 	}
 	require.ErrorIs(t, tx.Send(make([]byte, 13), nil), nic.ErrFrameSize)
-	require.ErrorIs(t, tx.Send(make([]byte, 1515), nil), nic.ErrFrameSize)
+	require.ErrorIs(t, tx.Send(make([]byte, 1523), nil), nic.ErrFrameSize)
 }
 
 // TestTxFull: a full ring refuses with ErrFull until completions are read.

@@ -23,11 +23,19 @@
 // checksum offload), for which the device writes nothing back, is
 // completed by the queue itself once the frame's descriptor after it is.
 //
-// Each receive and transmit queue has its own MSI-X vector (vector 0 takes
-// link and other causes). A blocking read arms by unmasking its vector
-// (EIMS), polls once more and sleeps on the vector's eventfd; a read that
-// returns completions masks it again (EIMC). Wake-ups are hints: QEMU's
-// moderation timer has been known to interrupt with no cause.
+// Vector 0 takes link and other causes (one interrupt per link change;
+// see Device.LinkInterrupt). Each receive and transmit queue has its own
+// MSI-X vector while the device has enough (4 pairs on QEMU's model, which
+// has 10); beyond that the receive and transmit queue of a pair share one,
+// as Linux igb pairs them (up to 9 pairs there), and Config.NoQueueInterrupts
+// gives the queues none, for polling, up to the MAC's 16 pairs. A blocking
+// read arms by unmasking its vector (EIMS), polls once more and sleeps on
+// the vector's eventfd; a read that returns completions masks it again
+// (EIMC), a shared vector once neither queue of the pair is armed, and an
+// interrupt one queue of such a pair takes is passed on to the other as a
+// wake-up. Wake-ups are hints: QEMU's moderation timer has been known to
+// interrupt with no cause, and a woken reader that finds nothing sleeps
+// again.
 package igb
 
 // What the register values were checked against, and what is not tested
@@ -41,7 +49,10 @@ package igb
 //     PHY auto-negotiation, link from STATUS, SRRCTL one-buffer advanced
 //     descriptors, RXDCTL/TXDCTL, GPIE, IVAR (82576 layout), IVAR_MISC,
 //     EIMS/EIMC/EICR/EIAC, EITR, MRQC/RETA/RSSRK with RXCSUM.PCSD, RCTL,
-//     TCTL, LPE/RLPML.
+//     TCTL, LPE/RLPML. QEMU raises an MSI-X message only for an EICR&EIMS
+//     bit that newly rises, and an ICR cause only once it was cleared: the
+//     other-causes vector is in EIAC and Link reads ICR (hw/net/igb_core.c,
+//     igb_raise_interrupts; Linux igb_msix_other reads ICR too).
 //   - Untested here: real 82576 and i350 silicon (the i350 row of the MAC
 //     table, its IVAR layout and SYSTIM width are from the datasheet and
 //     Linux, and Match refuses it); EIAM auto-masking (QEMU does not apply

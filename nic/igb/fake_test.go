@@ -22,6 +22,7 @@ import (
 type fakeRegs struct {
 	w        doorbell.Window
 	writes   map[uint32]int // how often each register was written
+	reads    map[uint32]int // how often each was read through the control path
 	rstStuck bool
 	phy      [32]uint16
 }
@@ -33,7 +34,7 @@ func newFakeRegs(t testing.TB) *fakeRegs {
 	mem, err := unix.Mmap(-1, 0, bar0Size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(mem) })
-	f := &fakeRegs{w: doorbell.NewWindow(mem), writes: map[uint32]int{}}
+	f := &fakeRegs{w: doorbell.NewWindow(mem), writes: map[uint32]int{}, reads: map[uint32]int{}}
 	f.set(regRAL0, binary.LittleEndian.Uint32(testMAC[:4]))
 	f.set(regRAH0, uint32(binary.LittleEndian.Uint16(testMAC[4:]))|rahAV)
 	f.set(regSTATUS, statusLU|statusFD|statusSpeed1000)
@@ -46,7 +47,10 @@ func (f *fakeRegs) get(off uint32) uint32 {
 	return v
 }
 
-func (f *fakeRegs) read(off uint32) uint32 { return f.get(off) }
+func (f *fakeRegs) read(off uint32) uint32 {
+	f.reads[off]++
+	return f.get(off)
+}
 
 func (f *fakeRegs) write(off, v uint32) {
 	f.writes[off]++

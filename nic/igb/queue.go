@@ -61,6 +61,11 @@ type queue struct {
 	vdev       *vfio.Device   // the device's, to steer the vector; nil without vfio
 	armed      bool
 	efd        *eventfd.FD
+	// shared is the vector the queue shares with the other queue of its
+	// pair (nil when it has one of its own or none); slot is its bit in
+	// shared.armed.
+	shared *sharedVec
+	slot   uint8
 
 	// receive
 	bufs   rxbuf.Pool
@@ -154,7 +159,11 @@ func (q *queue) Ready(max int) int {
 // caller polls once more afterwards, which covers entries written before.
 // Called locked.
 func (q *queue) arm() {
-	if q.eims.Valid() {
+	switch {
+	case q.shared != nil:
+		q.shared.arm(q.slot)
+		q.armed = true
+	case q.eims.Valid():
 		if q.eicr.Valid() {
 			q.eicr.Write(q.vbit)
 		}
@@ -163,11 +172,104 @@ func (q *queue) arm() {
 	}
 }
 
-// disarm masks it again. Called locked.
+// disarm masks it again (a shared vector once neither queue is armed).
+// Called locked.
 func (q *queue) disarm() {
 	if q.armed {
-		q.eimc.Write(q.vbit)
+		if q.shared != nil {
+			q.shared.disarm(q.slot)
+		} else {
+			q.eimc.Write(q.vbit)
+		}
 		q.armed = false
+	}
+}
+
+// Slots of the queues of a pair in sharedVec.armed.
+const (
+	slotRx uint8 = 1
+	slotTx uint8 = 2
+)
+
+// sharedVec is the MSI-X vector of a queue pair whose receive and
+// transmit queues share it (Device's perPair mode). Both sleep on its one
+// eventfd, so it keeps which of them are armed: one queue's read masks
+// the vector (EIMC) only when the other is not asleep on it too, and an
+// interrupt taken by one is passed on to the other (it may be for the
+// other's completions) as a wake-up on the same eventfd, counted in
+// kicks so that it is not passed on again. A wake-up is a hint either way:
+// a woken reader polls its queue, and one that finds nothing sleeps again.
+type sharedVec struct {
+	bit              uint32
+	efd              *eventfd.FD
+	eims, eimc, eicr doorbell.Reg32
+
+	mu    sync.Mutex
+	armed uint8 // slotRx | slotTx
+
+	kicks [slotTx + 1]atomic.Uint64 // wake-ups passed to each slot, not yet taken
+}
+
+// arm unmasks the vector for the queue in slot, clearing a stale cause
+// first unless the other queue is armed (its cause went out as an
+// interrupt already, or will when the EITR interval ends).
+func (v *sharedVec) arm(slot uint8) {
+	v.mu.Lock()
+	if v.armed == 0 {
+		v.eicr.Write(v.bit)
+	}
+	v.armed |= slot
+	v.eims.Write(v.bit)
+	v.mu.Unlock()
+}
+
+// disarm masks the vector once no queue is armed on it.
+func (v *sharedVec) disarm(slot uint8) {
+	v.mu.Lock()
+	v.armed &^= slot
+	if v.armed == 0 {
+		v.eimc.Write(v.bit)
+	}
+	v.mu.Unlock()
+}
+
+// took accounts for n counts the queue in slot took from the eventfd:
+// wake-ups passed to it are its own; so are those passed to the other
+// queue, which was then not asleep (eventfd wakes sleepers in turn, the
+// first one first) and polls again before it sleeps. The rest are
+// interrupts, and go on to the other queue when it is armed.
+func (v *sharedVec) took(slot uint8, n uint64) {
+	n -= takeUpTo(&v.kicks[slot], n)
+	n -= takeUpTo(&v.kicks[slot^(slotRx|slotTx)], n)
+	if n == 0 {
+		return
+	}
+	v.mu.Lock()
+	other := v.armed&^slot != 0
+	v.mu.Unlock()
+	if other {
+		v.kicks[slot^(slotRx|slotTx)].Add(1)
+		_ = v.efd.Add(1)
+	}
+}
+
+// takeUpTo takes up to n from c and returns how much it took.
+func takeUpTo(c *atomic.Uint64, n uint64) uint64 {
+	for {
+		k := c.Load()
+		t := min(k, n)
+		if t == 0 || c.CompareAndSwap(k, k-t) {
+			return t
+		}
+	}
+}
+
+// tookIRQs counts n interrupts taken from the queue's eventfd, and passes
+// them on when the vector is shared.
+func (q *queue) tookIRQs(n uint64) {
+	q.interrupts.Add(n)
+	if q.shared != nil && n > 0 {
+		q.shared.took(q.slot, n)
 	}
 }
 
@@ -176,7 +278,10 @@ func (q *queue) disarm() {
 // threshold is left to SRead's re-poll.
 func (q *queue) Arm(threshold int) error {
 	if q.efd != nil {
-		irq.TakeLeft(q.efd, &q.interrupts) // outside the lock: it may make a system call
+		// Outside the lock: it may make a system call.
+		var left atomic.Uint64
+		irq.TakeLeft(q.efd, &left)
+		q.tookIRQs(left.Load())
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -184,19 +289,30 @@ func (q *queue) Arm(threshold int) error {
 		return err
 	}
 	if q.efd == nil || !q.eims.Valid() {
-		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.name)
+		return q.noInterrupt()
 	}
 	q.arm()
 	return nil
 }
 
-// Interrupt implements nic.Queue.
+// noInterrupt is the error of a wait on a queue without a vector.
+func (q *queue) noInterrupt() error {
+	return fmt.Errorf("%w: queue %s has no interrupt (NoQueueInterrupts: read it by polling)", nic.ErrNotSupported, q.name)
+}
+
+// Interrupt implements nic.Queue: nil without a vector
+// (NoQueueInterrupts), and the same eventfd for both queues of a pair
+// that share one. A program that waits on it itself rather than through
+// WaitInterrupt reads both queues of such a pair after a wake-up (the
+// interrupt may be for either), from one thread: an lcore.Core that
+// serves both does, while two cores that each serve one could take each
+// other's interrupt.
 func (q *queue) Interrupt() *eventfd.FD { return q.efd }
 
 // WaitInterrupt implements nic.Queue.
 func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.efd == nil {
-		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.name)
+		return q.noInterrupt()
 	}
 	q.mu.Lock()
 	bound := q.src != nil
@@ -204,7 +320,9 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if bound {
 		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
 	}
-	err := irq.Wait(ctx, q.efd, deadline, &q.interrupts)
+	var took atomic.Uint64
+	err := irq.Wait(ctx, q.efd, deadline, &took)
+	q.tookIRQs(took.Load())
 	if err == nic.ErrClosed {
 		q.mu.Lock()
 		defer q.mu.Unlock()

@@ -202,6 +202,9 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	if err := q.usable(); err != nil {
 		return err
 	}
+	if !q.eims.Valid() {
+		return q.noInterrupt()
+	}
 	q.arm()
 	return nil
 }

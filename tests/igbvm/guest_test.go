@@ -313,13 +313,65 @@ func TestGuestTx(t *testing.T) {
 }
 
 // TestGuestRSS opens four queue pairs with RSS and has the host send 64
-// UDP flows (distinct source ports) of 8 frames each: the flows must land
-// on at least 4 queues, each flow always on the same queue, every frame
-// once.
+// UDP flows (distinct source ports) of 8 frames each: each flow lands on
+// the queue its Toeplitz hash names, always the same, every frame once,
+// over at least 4 queues.
 func TestGuestRSS(t *testing.T) {
 	guestOnly(t)
-	const pairs, flows, perFlow = 4, 64, 8
-	p := openPeer(t, igb.Config{Config: nic.Config{QueuePairs: pairs}})
+	perQueue := rssRun(t, igb.Config{Config: nic.Config{QueuePairs: 4}}, 64, 8, false)
+	used := 0
+	for _, n := range perQueue {
+		if n > 0 {
+			used++
+		}
+	}
+	require.GreaterOrEqual(t, used, 4, "flows spread over at least 4 queues")
+}
+
+// TestGuestRSSPairs spreads 256 UDP flows over 8 queue pairs that share a
+// vector per pair (QEMU's 82576 has 10 vectors), each receive queue read
+// by its own goroutine sleeping in SRead on its interrupt, and over all
+// 16 pairs without queue interrupts (NoQueueInterrupts, polled): every
+// frame arrives once, on the queue of its flow's hash, and every queue
+// gets its flows.
+func TestGuestRSSPairs(t *testing.T) {
+	guestOnly(t)
+	const flows, perFlow = 256, 2
+	for _, c := range []struct {
+		pairs int
+		poll  bool
+	}{{8, false}, {16, true}} {
+		cfg := igb.Config{Config: nic.Config{QueuePairs: c.pairs, QueueSize: 128}, NoQueueInterrupts: c.poll}
+		perQueue := rssRun(t, cfg, flows, perFlow, !c.poll)
+		want := make([]int, c.pairs)
+		for flow := 0; flow < flows; flow++ {
+			want[int(flowHash(flow)&0x7f)%c.pairs] += perFlow
+		}
+		require.Equal(t, want, perQueue, "%d pairs: frames per queue as the hashes spread them", c.pairs)
+		for qi, n := range perQueue {
+			require.NotZero(t, n, "%d pairs: queue %d got flows", c.pairs, qi)
+		}
+	}
+}
+
+// rssFrame is a frame an RSS reader took from queue q.
+type rssFrame struct {
+	q    int
+	c    nic.Completion
+	o    igb.RxOffload
+	oErr error
+}
+
+// rssRun opens cfg's queue pairs with RSS and has the host send flows UDP
+// flows of perFlow frames each, read by polling every queue from this
+// goroutine or, with interrupts, by a goroutine per receive queue asleep
+// in SRead. Each frame must be on the queue its Toeplitz hash names (RETA
+// entry i holds queue i%pairs, indexed by the hash's low 7 bits), carry
+// that hash, and arrive once. It returns the frames per queue.
+func rssRun(t *testing.T, cfg igb.Config, flows, perFlow int, interrupts bool) []int {
+	t.Helper()
+	p := openPeer(t, cfg)
+	pairs := p.dev.QueuePairs()
 	rxs := make([]*igb.RxQueue, pairs)
 	for i := range rxs {
 		q, err := p.dev.RxQueue(i)
@@ -331,58 +383,128 @@ func TestGuestRSS(t *testing.T) {
 			require.NoError(t, q.Flush())
 		}
 	}
-	p.send(p.ctl(msgRSSReq, flows<<16|perFlow))
-	queueOf := map[int]int{}
-	loggedOffload := false
-	noL4 := 0
-	seen := map[uint32]bool{}
-	perQueue := make([]int, pairs)
-	got := 0
-	deadline := time.Now().Add(60 * time.Second)
-	for got < flows*perFlow {
-		require.True(t, time.Now().Before(deadline), "only %d of %d frames in 60s", got, flows*perFlow)
-		idle := true
+	in := p.dev.Info()
+	t.Logf("%d queue pairs, %d MSI-X vectors, features %v", pairs, in.Vectors, in.Features)
+	total := flows * perFlow
+	frames := make(chan rssFrame, 256)
+	release := make([]chan uintptr, pairs) // buffers back to their queue's reader
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	readErrs := make(chan error, pairs)
+	if interrupts {
 		for qi, q := range rxs {
-			n := q.Poll(p.comps)
-			for _, c := range p.comps[:n] {
-				require.NoError(t, c.Err)
-				require.Equal(t, qi, c.Queue)
-				flow, m, ok := parseUDP(c.Data)
-				if ok && m.session == p.session {
-					if prev, ok := queueOf[flow]; ok {
-						require.Equal(t, prev, qi, "flow %d changed queue", flow)
+			release[qi] = make(chan uintptr, q.Size()*2)
+			go func() {
+				comps := make([]nic.Completion, 32)
+				for {
+					for done := false; !done; {
+						select {
+						case b := <-release[qi]:
+							if err := q.Repost(b, nil); err != nil {
+								readErrs <- err
+								return
+							}
+						default:
+							done = true
+						}
 					}
-					queueOf[flow] = qi
-					// RETA entry i holds queue i%pairs; the device indexes
-					// it with the hash's low 7 bits.
-					require.Equal(t, int(flowHash(flow)&0x7f)%pairs, qi, "flow %d: queue from the Toeplitz hash", flow)
-					o, err := q.Offload(c.Buf)
-					require.NoError(t, err)
-					require.Equal(t, flowHash(flow), o.RSSHash, "flow %d: the completion's RSS hash", flow)
-					require.NotZero(t, o.RSSType)
-					require.Equal(t, uint16(igb.PktIPv4|igb.PktUDP), o.PacketType&(igb.PktIPv4|igb.PktUDP|igb.PktTCP))
-					require.Equal(t, igb.ChecksumGood, o.IPChecksum, "IPv4 header checksum")
-					// One run in about ten saw a frame whose write-back
-					// carried no L4 checksum status (L4CS clear): count
-					// those, never accept a bad verdict.
-					require.NotEqual(t, igb.ChecksumBad, o.L4Checksum, "UDP checksum")
-					if o.L4Checksum == igb.ChecksumNone {
-						noL4++
-					} else {
-						require.True(t, o.UDP)
+					if err := q.Flush(); err != nil {
+						readErrs <- err
+						return
 					}
-					if !loggedOffload {
-						t.Logf("offload of flow %d: %+v", flow, o)
-						loggedOffload = true
+					n, err := q.SRead(ctx, comps, 1, 20*time.Millisecond)
+					switch {
+					case errors.Is(err, nic.ErrTimeout):
+						continue
+					case ctx.Err() != nil:
+						return
+					case err != nil:
+						readErrs <- fmt.Errorf("queue %d: %w", qi, err)
+						return
 					}
-					require.False(t, seen[m.arg], "frame %#x received twice", m.arg)
-					seen[m.arg] = true
-					perQueue[qi]++
-					got++
-					if got%ackEach == 0 || got == flows*perFlow {
-						p.send(p.ctl(msgAck, uint32(got)))
+					for _, c := range comps[:n] {
+						o, oerr := q.Offload(c.Buf)
+						select {
+						case frames <- rssFrame{q: qi, c: c, o: o, oErr: oerr}:
+						case <-ctx.Done():
+							return
+						}
 					}
 				}
+			}()
+		}
+	}
+	intr0 := make([]uint64, pairs)
+	for i, q := range rxs {
+		intr0[i] = q.Stats().Interrupts
+	}
+	p.send(p.ctl(msgRSSReq, uint32(flows<<16|perFlow)))
+	queueOf := map[int]int{}
+	seen := map[uint32]bool{}
+	perQueue := make([]int, pairs)
+	noL4, got := 0, 0
+	loggedOffload := false
+	check := func(f rssFrame) {
+		c, qi := f.c, f.q
+		require.NoError(t, c.Err)
+		require.Equal(t, qi, c.Queue)
+		flow, m, ok := parseUDP(c.Data)
+		if !ok || m.session != p.session {
+			return
+		}
+		if prev, ok := queueOf[flow]; ok {
+			require.Equal(t, prev, qi, "flow %d changed queue", flow)
+		}
+		queueOf[flow] = qi
+		require.Equal(t, int(flowHash(flow)&0x7f)%pairs, qi, "flow %d: queue from the Toeplitz hash", flow)
+		require.NoError(t, f.oErr)
+		o := f.o
+		require.Equal(t, flowHash(flow), o.RSSHash, "flow %d: the completion's RSS hash", flow)
+		require.NotZero(t, o.RSSType)
+		require.Equal(t, uint16(igb.PktIPv4|igb.PktUDP), o.PacketType&(igb.PktIPv4|igb.PktUDP|igb.PktTCP))
+		require.Equal(t, igb.ChecksumGood, o.IPChecksum, "IPv4 header checksum")
+		// One run in about ten saw a frame whose write-back carried no L4
+		// checksum status (L4CS clear): count those, never accept a bad
+		// verdict.
+		require.NotEqual(t, igb.ChecksumBad, o.L4Checksum, "UDP checksum")
+		if o.L4Checksum == igb.ChecksumNone {
+			noL4++
+		} else {
+			require.True(t, o.UDP)
+		}
+		if !loggedOffload {
+			t.Logf("offload of flow %d: %+v", flow, o)
+			loggedOffload = true
+		}
+		require.False(t, seen[m.arg], "frame %#x received twice", m.arg)
+		seen[m.arg] = true
+		perQueue[qi]++
+		got++
+		if got%ackEach == 0 || got == total {
+			p.send(p.ctl(msgAck, uint32(got)))
+		}
+	}
+	comps := make([]nic.Completion, 64)
+	deadline := time.Now().Add(90 * time.Second)
+	for got < total {
+		require.True(t, time.Now().Before(deadline), "only %d of %d frames in 90s", got, total)
+		if interrupts {
+			select {
+			case f := <-frames:
+				check(f)
+				release[f.q] <- f.c.Buf
+			case err := <-readErrs:
+				t.Fatal(err)
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		idle := true
+		for qi, q := range rxs {
+			n := q.Poll(comps)
+			for _, c := range comps[:n] {
+				o, oerr := q.Offload(c.Buf)
+				check(rssFrame{q: qi, c: c, o: o, oErr: oerr})
 				require.NoError(t, q.Repost(c.Buf, nil))
 			}
 			if n > 0 {
@@ -394,16 +516,22 @@ func TestGuestRSS(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	used := 0
-	for _, n := range perQueue {
-		if n > 0 {
-			used++
+	cancel()
+	intr := make([]uint64, pairs)
+	for i, q := range rxs {
+		intr[i] = q.Stats().Interrupts - intr0[i]
+	}
+	t.Logf("rss: %d flows x %d frames over %d queue pairs (interrupts %v): %v frames per queue, receive interrupts taken per queue %v; %d without UDP checksum status",
+		flows, perFlow, pairs, interrupts, perQueue, intr, noL4)
+	require.LessOrEqual(t, noL4, total/10, "the device reported the UDP checksum good for most frames")
+	require.Len(t, queueOf, flows)
+	if interrupts {
+		for i, n := range intr {
+			require.NotZero(t, n, "queue %d's reader was woken by its interrupt", i)
 		}
 	}
-	t.Logf("rss: %d flows x %d frames over %d queues: %v frames per queue; %d without UDP checksum status", flows, perFlow, used, perQueue, noL4)
-	require.LessOrEqual(t, noL4, flows*perFlow/10, "the device reported the UDP checksum good for most frames")
-	require.Len(t, queueOf, flows)
-	require.GreaterOrEqual(t, used, 4, "flows spread over at least 4 queues")
+	require.NoError(t, p.dev.Close())
+	return perQueue
 }
 
 // wakeCounter counts the sleeps a blocking read ends (its wake-ups).

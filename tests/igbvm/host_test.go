@@ -53,6 +53,12 @@ func TestVM(t *testing.T) {
 	s, err := newServer(nd)
 	require.NoError(t, err)
 	defer s.close()
+	// The link test has its NIC's link taken down and up from QEMU's
+	// monitor, by this server.
+	mon, err := qemu.NewMonitor()
+	require.NoError(t, err)
+	defer mon.Close()
+	s.mon = mon
 	go s.serve(ctx)
 	// Conformance hub 2 has a port to the host too, with its own server.
 	nd2, err := qemu.NewDgram()
@@ -85,18 +91,22 @@ func TestVM(t *testing.T) {
 		},
 		QEMUArgs: qemuArgs,
 		Files:    []qemu.File{{Host: bin, Guest: vfnicBin, Mode: 0o755}},
-		Timeout:  4 * time.Minute,
+		Timeout:  5 * time.Minute,
 		// With a thread per vCPU this guest froze in about one run of
 		// four, in the conformance suite (see qemu.Config.OneTCGThread).
 		OneTCGThread: true,
+		Monitor:      mon,
 	}
 	run := "^TestGuest"
 	if r := os.Getenv("VFNIC_GUEST_RUN"); r != "" {
 		run = r
 		cfg.Output = os.Stderr
 	}
-	// A hung guest test panics with every goroutine's stack before QEMU's timeout.
-	args := []string{"-test.timeout=200s"}
+	// A hung guest test panics with every goroutine's stack before QEMU's
+	// timeout. The guest tests take about 3 minutes on a loaded 2-core
+	// host (the link flaps, full-size frames and 8/16-pair RSS about 20 s
+	// of it).
+	args := []string{"-test.timeout=260s"}
 	var env []string
 	if r := os.Getenv("VFNIC_VERBS_ROUNDS"); r != "" {
 		env = append(env, "VFNIC_VERBS_ROUNDS="+r) // the verbs event-loop rounds (TestGuestVerbs)
@@ -120,6 +130,7 @@ func TestVM(t *testing.T) {
 
 // server is the host end of the netdev.
 type server struct {
+	mon    *qemu.Monitor // QEMU's, for msgLinkFlap; nil on a server without one
 	conn   *net.UDPConn
 	remote *net.UDPAddr
 	mu     sync.Mutex
@@ -249,6 +260,8 @@ func (s *server) serve(ctx context.Context) {
 			s.send(dataFrame(s.guest, hostMAC, m.session, 1))
 		case msgRSSReq:
 			go s.sendRSS(ctx, m, int(m.arg>>16), int(m.arg&0xffff), s.guest)
+		case msgLinkFlap:
+			go s.linkFlap(ctx, time.Duration(m.arg)*time.Millisecond)
 		case msgAck:
 			select {
 			case s.acks <- m.arg:
@@ -283,6 +296,28 @@ func (s *server) serve(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// linkFlap takes the link of the host tests' NIC (Config.NICs[0], device
+// id nic0) down, and up again after down.
+func (s *server) linkFlap(ctx context.Context, down time.Duration) {
+	if s.mon == nil {
+		s.errorf("link flap asked of a server without a monitor")
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, down+20*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	if err := s.mon.SetLink(ctx, "nic0", false); err != nil {
+		s.errorf("set_link nic0 off: %v", err)
+		return
+	}
+	time.Sleep(down)
+	if err := s.mon.SetLink(ctx, "nic0", true); err != nil {
+		s.errorf("set_link nic0 on: %v", err)
+		return
+	}
+	s.logf("link flap: set_link nic0 off, on after %v", time.Since(t0).Round(time.Millisecond))
 }
 
 // sendRun sends n data frames to the guest, keeping at most window

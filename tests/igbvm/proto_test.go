@@ -48,6 +48,10 @@ const (
 	// msgCsumDone with arg good | bad<<16.
 	msgCsumReq  = 14
 	msgCsumDone = 15
+	// msgLinkFlap (guest): take the link of the NIC that sent this down
+	// from QEMU's monitor (set_link nic0 off), and up again after arg
+	// milliseconds. Nothing is answered (the link is down).
+	msgLinkFlap = 16
 )
 
 // csumFrames are the frames of the checksum-offload test, with correct
