@@ -188,6 +188,8 @@ func FuzzModulesDep(f *testing.F) {
 	f.Add("# comment\n\na.ko:\na.ko: b.ko\nb.ko: c.ko\n")
 	f.Add("no colon here\n")
 	f.Add(": x\n")
+	f.Add("kernel/a.ko.ko: b.ko\nb.ko:\n")
+	f.Add("a.ko: /.ko\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		m, err := ParseModulesDep(strings.NewReader(text))
 		if err != nil {

@@ -58,6 +58,19 @@ func CanonicalName(name string) string {
 	return strings.ReplaceAll(n, "-", "_")
 }
 
+// moduleName returns the canonical name of module file p, and false when
+// p names no module that Lookup or Resolve could find again: an empty
+// name ("/.ko"), a directory ("." or "/"), or one that changes when
+// canonicalized again ("a.ko.ko").
+func moduleName(p string) (string, bool) {
+	n := CanonicalName(p)
+	switch n {
+	case "", ".", "..", "/":
+		return "", false
+	}
+	return n, CanonicalName(n) == n
+}
+
 func stripCompression(p string) string {
 	for _, s := range []string{".xz", ".gz", ".zst"} {
 		if strings.HasSuffix(p, ".ko"+s) {
@@ -109,11 +122,18 @@ func ParseModulesDep(r io.Reader) (*Modules, error) {
 			return nil, fmt.Errorf("line %d: no \"path:\" in %q", lineNo, line)
 		}
 		file = strings.TrimSpace(file)
-		name := CanonicalName(file)
+		name, ok := moduleName(file)
+		if !ok {
+			return nil, fmt.Errorf("line %d: %q is not a module file", lineNo, file)
+		}
 		m.byName[name] = Module{Name: name, Path: file}
 		var deps []string
 		for _, d := range strings.Fields(rest) {
-			deps = append(deps, CanonicalName(d))
+			dn, ok := moduleName(d)
+			if !ok {
+				return nil, fmt.Errorf("line %d: %q is not a module file", lineNo, d)
+			}
+			deps = append(deps, dn)
 		}
 		m.deps[name] = deps
 	}

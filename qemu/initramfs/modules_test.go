@@ -63,6 +63,12 @@ func TestResolveCycleAndBadInput(t *testing.T) {
 	require.ErrorIs(t, err, ErrModuleCycle)
 	_, err = ParseModulesDep(strings.NewReader("no colon here\n"))
 	require.Error(t, err)
+	// Files that name no module Lookup could find again (found by
+	// FuzzModulesDep: ".ko" became a module named "").
+	for _, dep := range []string{".:\n.ko:\n", "kernel/.ko.xz:\n", "a.ko: .ko\n", "a.ko.ko:\n", "/:\n"} {
+		_, err = ParseModulesDep(strings.NewReader(dep))
+		require.ErrorContains(t, err, "is not a module file", "%q", dep)
+	}
 	_, err = LoadModules(t.TempDir())
 	require.ErrorIs(t, err, ErrNoModulesDep)
 	require.Equal(t, "vfio_pci", CanonicalName("kernel/drivers/vfio/pci/vfio-pci.ko.zst"))
