@@ -16,6 +16,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/pcapfilter"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/lcore/lcoretest"
 )
@@ -183,7 +184,7 @@ func TestCaptureOnCore(t *testing.T) {
 			bw := bufio.NewWriter(&pcap)
 			w := pcapgo.NewWriterNanos(bw)
 			require.NoError(t, w.WriteFileHeader(100, layers.LinkTypeEthernet))
-			cw := &capturer{rx: rx, w: w, bw: bw, count: 50, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
+			cw := &capturer{rx: rx, w: pcapWriter{w}, bw: bw, count: 50, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
 			rx.Inject(30)
 			go func() {
@@ -228,7 +229,7 @@ func TestProgressWhileAsleep(t *testing.T) {
 	var human bytes.Buffer
 	var pcap bytes.Buffer
 	bw := bufio.NewWriter(&pcap)
-	cw := &capturer{rx: rx, w: pcapgo.NewWriterNanos(bw), bw: bw, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
+	cw := &capturer{rx: rx, w: pcapWriter{pcapgo.NewWriterNanos(bw)}, bw: bw, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
 	p := newProgress(&human, &fakeDevice{}, 30*time.Millisecond, cw.c.line)
 	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
 	defer cancel()
@@ -261,4 +262,51 @@ func TestEchoOnCore(t *testing.T) {
 	require.EqualValues(t, 40, rx.Counters().Posts, "every buffer posted again")
 	require.EqualValues(t, 40, e.ignored)
 	require.Zero(t, e.errs)
+}
+
+// TestCaptureFilterOnCore: frames the filter refuses are counted and their
+// buffers posted again, never written; -count counts the frames that
+// pass; without -w each passing frame is one text line.
+func TestCaptureFilterOnCore(t *testing.T) {
+	rx := newTestQueue(t)
+	core := newTestCore(t, lcore.Interrupt)
+	var out bytes.Buffer
+	bw := bufio.NewWriter(&out)
+	// The test queue's frames are 64 zero bytes: ethertype 0, MACs zero.
+	refuse, err := pcapfilter.New("not ether dst 00:00:00:00:00:00 or ip")
+	require.NoError(t, err)
+	cw := &capturer{rx: rx, w: &textWriter{w: bw}, bw: bw, filter: refuse, snaplen: 100, pipe: true,
+		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: true}}
+	p := newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
+	rx.Inject(40)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		for rx.Counters().Posts < 40 && t.Context().Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	require.NoError(t, cw.run(ctx, core, p))
+	require.EqualValues(t, 40, cw.c.rejected)
+	require.Zero(t, cw.c.written)
+	require.Empty(t, out.String())
+	require.Contains(t, cw.c.line(), "written 0, filtered out 40")
+	require.EqualValues(t, 40, cw.c.details()["filtered_out"])
+
+	rx = newTestQueue(t)
+	core = newTestCore(t, lcore.Busy)
+	take, err := pcapfilter.New("ether src 00:00:00:00:00:00 and less 64 and not vlan")
+	require.NoError(t, err)
+	cw = &capturer{rx: rx, w: &textWriter{w: bw}, bw: bw, filter: take, count: 25, snaplen: 100, pipe: true,
+		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: true}}
+	p = newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
+	rx.Inject(60)
+	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, cw.run(ctx, core, p))
+	require.NoError(t, ctx.Err(), "stopped by the count")
+	require.EqualValues(t, 25, cw.c.written)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Len(t, lines, 25, "one line per frame, flushed")
+	require.Regexp(t, `^\d\d:\d\d:\d\d\.\d{6} 00:00:00:00:00:00 > 00:00:00:00:00:00, ethertype 0x0000, length 64$`, lines[0])
 }

@@ -7,7 +7,8 @@
 //	vfnic probe [-json] [ADDR...]   open vfio-bound NICs and exercise them
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
 //	vfnic pktgen [flags] ADDR       send frames at a rate or as fast as the NIC takes them
-//	vfnic capture -w FILE ADDR      write received frames to a pcap file ("-" for stdout)
+//	vfnic capture [-w FILE] ADDR [FILTER]  received frames matching a tcpdump filter, to a pcap file
+//	                                ("-" for stdout) or as text lines
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
 //	vfnic help [COMMAND]            this list, or a command's flags
 //	vfnic version                   the module version and build settings
@@ -40,8 +41,11 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/suggest"
 )
 
 // Exit statuses.
@@ -84,7 +88,7 @@ func init() {
 		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
 		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
 		"sink":    {"receive and drop frames, counting them (testpmd's rxonly)", runSink},
-		"capture": {"write received frames to a pcap file (nanosecond timestamps)", runCapture},
+		"capture": {"print received frames, or write them to a pcap file, through a tcpdump filter", runCapture},
 		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
 		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},
 		"version": {"print vfnic's module version and build settings", runVersion},
@@ -121,7 +125,15 @@ func run(args []string, out, errw io.Writer) int {
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(errw, "vfnic: unknown command %q\n", name)
+		names := make([]string, 0, len(commands))
+		for n := range commands {
+			names = append(names, n)
+		}
+		hint := ""
+		if n := suggest.Closest(name, names); n != "" {
+			hint = fmt.Sprintf(" (did you mean %q?)", n)
+		}
+		fmt.Fprintf(errw, "vfnic: unknown command %q%s\n", name, hint)
 		usage(errw)
 		return exitUsage
 	}
@@ -172,6 +184,22 @@ func runHelp(_ context.Context, args []string, o stdio) error {
 	}
 }
 
+// flagHint returns " (did you mean -x?)" for an unknown flag near one of
+// fs's, or "".
+func flagHint(fs *flag.FlagSet, err error) string {
+	const unknown = "flag provided but not defined: -"
+	msg := err.Error()
+	if !strings.HasPrefix(msg, unknown) {
+		return ""
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if n := suggest.Closest(strings.TrimPrefix(msg, unknown), names); n != "" {
+		return fmt.Sprintf(" (did you mean -%s?)", n)
+	}
+	return ""
+}
+
 // helpError carries a command's usage text, printed to stdout by run.
 type helpError struct{ usage string }
 
@@ -207,7 +235,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 				fs.Usage()
 				return &helpError{usage: b.String()}
 			}
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return fmt.Errorf("%w: %v%s", errUsage, err, flagHint(fs, err))
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

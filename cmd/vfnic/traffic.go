@@ -103,15 +103,27 @@ func (d *deviceFlags) newCore() (*lcore.Core, error) {
 	return c, err
 }
 
-// open makes the polling core for -cpu and -mode, then opens the NIC, so
-// that a bad -cpu binds nothing. The caller closes the device, then the
-// core.
+// open makes the polling core for -cpu and -mode, then opens the NIC
+// named by the single address argument, so that a bad -cpu binds
+// nothing. The caller closes the device, then the core.
 func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (*lcore.Core, nic.Device, error) {
+	if fs.NArg() != 1 {
+		return nil, nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
+	}
+	return d.openAt(ctx, fs.Arg(0), cfg)
+}
+
+// openAt is open for the NIC at addr.
+func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config) (*lcore.Core, nic.Device, error) {
+	if _, err := parseAddrs([]string{addr}); err != nil {
+		return nil, nil, err
+	}
 	core, err := d.newCore()
 	if err != nil {
 		return nil, nil, err
 	}
-	dev, err := d.openOne(ctx, fs, cfg)
+	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
+	dev, err := nic.Open(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
 		return nil, nil, err
@@ -196,18 +208,6 @@ func (d *deviceFlags) human(o stdio) io.Writer {
 		return o.err
 	}
 	return o.out
-}
-
-// openOne parses the single PCI address argument and opens the NIC there.
-func (d *deviceFlags) openOne(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (nic.Device, error) {
-	if fs.NArg() != 1 {
-		return nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
-	}
-	if _, err := parseAddrs(fs.Args()); err != nil {
-		return nil, err
-	}
-	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
-	return nic.Open(ctx, fs.Arg(0), cfg)
 }
 
 // withDuration bounds ctx by -duration when it is set.
