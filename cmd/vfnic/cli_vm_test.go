@@ -7,11 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +24,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/pcapfilter"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/qemu"
 )
@@ -78,7 +83,13 @@ func TestVMTools(t *testing.T) {
 		},
 		Timeout: 3 * time.Minute,
 	}
-	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestCLI"})
+	gt := qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestCLI"}
+	if ref, ok := filterReference(t); ok {
+		gt.Env = append(gt.Env, filterRefEnv+"="+ref)
+	} else {
+		gt.Args = append(gt.Args, "-test.skip=^TestGuestCLICaptureFilter$")
+	}
+	qemu.RunGoTestT(t, cfg, gt)
 	stop()
 	wg.Wait()
 	_ = conn.SetReadDeadline(time.Now())
@@ -91,6 +102,85 @@ func TestVMTools(t *testing.T) {
 	t.Logf("pktgen -vlan %d: host received frames by size %v", cliVLAN, seen.tagged)
 	require.Equal(t, map[int]int{1518: cliTagged, cliMTU + nic.FrameOverhead: cliTagged}, seen.tagged,
 		"full-size tagged frames, at 1500 and at the device's MTU")
+}
+
+// captureFilters are the filters TestGuestCLICaptureFilter runs capture
+// with, over the host's stream: each kind of primitive, combinations,
+// tagged frames.
+var captureFilters = []string{
+	"ip",
+	"ip6 and udp port 9",
+	"tcp port 80 or icmp",
+	"vlan",
+	"vlan 100",
+	"vlan 300 and udp dst port 6000 and src host 10.0.0.3",
+	"vlan 200 and vlan 100 and ether proto 0x88b5",
+	"arp or host 10.0.0.1",
+	"not vlan and ether broadcast and not arp",
+	"greater 4000 and not vlan",
+	"less 100 and (ip or ip6)",
+	"net 10.0.0.0/30 and not src net 10.0.0.2/32",
+	"ether dst 02:00:00:00:00:99 and not ip6",
+	"src host fe80::cc or portrange 70-90",
+}
+
+// filterRefEnv carries, into the guest, the frames of one wireCycle that
+// libpcap accepts for each of captureFilters (JSON: filter -> indexes).
+const filterRefEnv = "VFNIC_CLI_FILTER_REF"
+
+// filterReference runs each of captureFilters through libpcap ('tcpdump
+// -r cycle.pcap -w out.pcap FILTER') over one cycle of the host's frames
+// and returns the JSON for filterRefEnv. tshark would be the same
+// reference: it hands capture filters to libpcap, and only when capturing
+// live; reading a file, it takes display filters, another language. Without
+// tcpdump the guest test is not run, which fails under CI.
+func filterReference(t *testing.T) (string, bool) {
+	tcpdump, err := exec.LookPath("tcpdump")
+	if err != nil {
+		if qemu.InCI() {
+			t.Fatal("tcpdump is not installed (apt-get install tcpdump): it is the reference for the capture filter tests")
+		}
+		t.Log("NOT RUN: TestGuestCLICaptureFilter needs tcpdump on the host as its reference (apt-get install tcpdump)")
+		return "", false
+	}
+	dir := t.TempDir()
+	in := filepath.Join(dir, "cycle.pcap")
+	f, err := os.Create(in)
+	require.NoError(t, err)
+	w := pcapgo.NewWriter(f)
+	require.NoError(t, w.WriteFileHeader(262144, layers.LinkTypeEthernet))
+	for seq := range wireCycle {
+		b := wireFrame(seq)
+		require.NoError(t, w.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(int64(seq), 0), CaptureLength: len(b), Length: len(b)}, b))
+	}
+	require.NoError(t, f.Close())
+	ref := map[string][]int{}
+	for _, expr := range captureFilters {
+		out := filepath.Join(dir, "out.pcap")
+		res, err := exec.Command(tcpdump, "-r", in, "-w", out, expr).CombinedOutput()
+		require.NoError(t, err, "tcpdump %q: %s", expr, res)
+		o, err := os.Open(out)
+		require.NoError(t, err)
+		r, err := pcapgo.NewReader(o)
+		require.NoError(t, err)
+		idx := []int{}
+		for {
+			data, _, err := r.ReadPacketData()
+			if err != nil {
+				break
+			}
+			seq, ok := wireSeq(data)
+			require.True(t, ok)
+			idx = append(idx, seq)
+		}
+		o.Close()
+		require.NotEmpty(t, idx, "%q takes some of the stream", expr)
+		require.Less(t, len(idx), len(wireCycle), "%q refuses some of the stream", expr)
+		ref[expr] = idx
+	}
+	b, err := json.Marshal(ref)
+	require.NoError(t, err)
+	return string(b), true
 }
 
 // streamMarked sends numbered frames (wireFrame) to the guest every 2 ms
@@ -391,6 +481,11 @@ const (
 	wireVLAN  wireKind = "802.1Q"
 	wireQinQ  wireKind = "QinQ"
 	wireIPv6  wireKind = "IPv6/UDP"
+	// For the filter tests (TestGuestCLICaptureFilter).
+	wireTCP4     wireKind = "IPv4/TCP"
+	wireUDP4VLAN wireKind = "802.1Q IPv4/UDP"
+	wireARP      wireKind = "ARP"
+	wireICMP4    wireKind = "IPv4/ICMP"
 )
 
 type wireSpec struct {
@@ -401,14 +496,16 @@ type wireSpec struct {
 
 // wireCycle is the sequence of frames the host sends, over and over:
 // sizes 14 to 9018 including the edges of 1500/9000 MTUs, 2048 and 4096
-// buffers, tagged and IPv6. Frames longer than 4084 bytes alternate with
+// buffers, tagged and IPv6, and IPv4 TCP, UDP (tagged), ICMP and ARP
+// frames for the filters. Frames longer than 4084 bytes alternate with
 // shorter ones, so that no two frames too long for 4096-byte buffers are
 // adjacent (checkWire's bounds rely on it).
 var wireCycle = func() []wireSpec {
 	small := []wireSpec{{14, wirePlain, false}, {15, wirePlain, true}, {60, wirePlain, true}, {64, wireIPv6, false},
 		{100, wireVLAN, false}, {1514, wirePlain, false}, {1515, wirePlain, false}, {1518, wireVLAN, true},
 		{1522, wireQinQ, false}, {2036, wirePlain, true}, {2037, wirePlain, false}, {3000, wireIPv6, false},
-		{4084, wirePlain, false}, {4084, wireQinQ, false}, {1000, wireIPv6, true}}
+		{4084, wirePlain, false}, {4084, wireQinQ, false}, {1000, wireIPv6, true},
+		{74, wireTCP4, true}, {90, wireUDP4VLAN, false}, {60, wireARP, false}, {98, wireICMP4, true}}
 	big := []wireSpec{{4085, wirePlain, false}, {4096, wireVLAN, false}, {5000, wireIPv6, true}, {6000, wirePlain, true},
 		{8000, wireQinQ, false}, {9000, wirePlain, false}, {9014, wirePlain, false}, {9018, wireVLAN, false},
 		{9018, wireQinQ, true}, {9018, wireIPv6, false}}
@@ -461,6 +558,32 @@ func wireFrame(seq int) []byte {
 		_ = udp.SetNetworkLayerForChecksum(ip)
 		ls = []gopacket.SerializableLayer{&layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv6},
 			ip, udp, gopacket.Payload(fill(w.size - 14 - 40 - 8))}
+	case wireTCP4, wireUDP4VLAN, wireICMP4:
+		ip := &layers.IPv4{Version: 4, TTL: 64, SrcIP: net.IP{10, 0, 0, 1}, DstIP: net.IP{10, 0, 0, 2}}
+		e := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
+		switch w.kind {
+		case wireTCP4:
+			ip.Protocol = layers.IPProtocolTCP
+			tcp := &layers.TCP{SrcPort: 40000, DstPort: 80, Seq: uint32(seq), SYN: true, Window: 1024}
+			_ = tcp.SetNetworkLayerForChecksum(ip)
+			ls = []gopacket.SerializableLayer{e, ip, tcp, gopacket.Payload(fill(w.size - 14 - 20 - 20))}
+		case wireUDP4VLAN:
+			ip.Protocol, ip.SrcIP, ip.DstIP = layers.IPProtocolUDP, net.IP{10, 0, 0, 3}, net.IP{10, 0, 0, 4}
+			udp := &layers.UDP{SrcPort: 5000, DstPort: 6000}
+			_ = udp.SetNetworkLayerForChecksum(ip)
+			e.EthernetType = layers.EthernetTypeDot1Q
+			ls = []gopacket.SerializableLayer{e, &layers.Dot1Q{VLANIdentifier: 300, Type: layers.EthernetTypeIPv4},
+				ip, udp, gopacket.Payload(fill(w.size - 18 - 20 - 8))}
+		case wireICMP4:
+			ip.Protocol, ip.SrcIP, ip.DstIP = layers.IPProtocolICMPv4, net.IP{10, 0, 0, 2}, net.IP{10, 0, 0, 1}
+			ls = []gopacket.SerializableLayer{e, ip, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0),
+				Id: 7, Seq: uint16(seq)}, gopacket.Payload(fill(w.size - 14 - 20 - 8))}
+		}
+	case wireARP:
+		ls = []gopacket.SerializableLayer{&layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeARP},
+			&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
+				Operation: layers.ARPRequest, SourceHwAddress: src, SourceProtAddress: net.IP{10, 0, 0, 1},
+				DstHwAddress: make([]byte, 6), DstProtAddress: net.IP{10, 0, 0, 2}}} // padded to 60 bytes
 	}
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
@@ -499,9 +622,15 @@ func TestWireFrames(t *testing.T) {
 				}
 			}
 			require.Equal(t, 2, n, "seq %d: two tags", seq)
-		case wireIPv6:
+		case wireIPv6, wireUDP4VLAN:
 			require.NotNil(t, p.Layer(layers.LayerTypeUDP), "seq %d", seq)
 			require.Nil(t, p.ErrorLayer(), "seq %d", seq)
+		case wireTCP4:
+			require.NotNil(t, p.Layer(layers.LayerTypeTCP), "seq %d", seq)
+		case wireICMP4:
+			require.NotNil(t, p.Layer(layers.LayerTypeICMPv4), "seq %d", seq)
+		case wireARP:
+			require.NotNil(t, p.Layer(layers.LayerTypeARP), "seq %d", seq)
 		}
 	}
 }
@@ -642,5 +771,116 @@ func TestGuestCLICaptureNoPromisc(t *testing.T) {
 		require.Equal(t, wireFrame(seq), f.data)
 		require.False(t, wireCycle[seq%len(wireCycle)].unicast, "frame %d (seq %d) is for another MAC", i, seq)
 		require.Equal(t, []byte(layers.EthernetBroadcast), f.data[:6])
+	}
+}
+
+// TestGuestCLICaptureFilter: capture with each of captureFilters writes
+// only frames libpcap accepts (filterReference), byte-identical, and,
+// once past the backlog QEMU kept while no driver ran, misses none that
+// libpcap accepts; without -w it prints tcpdump's lines; a bad expression
+// is refused before the device is touched.
+func TestGuestCLICaptureFilter(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	var ref map[string][]int
+	require.NoError(t, json.Unmarshal([]byte(os.Getenv(filterRefEnv)), &ref), "the host's libpcap reference")
+	for i, expr := range captureFilters {
+		accepted := map[int]bool{}
+		for _, k := range ref[expr] {
+			accepted[k] = true
+		}
+		require.NotEmpty(t, accepted, expr)
+		// The backlog is at most 100 frames (checkWire): enough frames that
+		// the second half comes from the live stream.
+		share := float64(len(accepted)) / float64(len(wireCycle))
+		count := 2*int(math.Ceil(100*share)) + 10
+		file := filepath.Join(t.TempDir(), "f.pcap")
+		args := []string{"capture", cliNIC, "-w", file, "-c", strconv.Itoa(count), "-duration", "60s", "-progress", "0", "-json"}
+		if i%2 == 0 {
+			args = append(args, expr) // quoted, one argument
+		} else {
+			args = append(args, strings.Fields(expr)...) // as tcpdump's words
+		}
+		code, out, errw := runCLI(args...)
+		require.Zero(t, code, "%q: %s", expr, errw)
+		require.Contains(t, errw, fmt.Sprintf("filter %q (", expr))
+		var sum trafficSummary
+		require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
+		require.EqualValues(t, count, sum.Details["written"], expr)
+		f, err := os.Open(file)
+		require.NoError(t, err)
+		r, err := pcapgo.NewReader(f)
+		require.NoError(t, err)
+		var seqs []int
+		for {
+			data, _, err := r.ReadPacketData()
+			if err != nil {
+				break
+			}
+			seq, ok := wireSeq(data)
+			require.True(t, ok, "%q: a host frame", expr)
+			require.Equal(t, wireFrame(seq), data, "%q: seq %d byte-identical", expr, seq)
+			require.True(t, accepted[seq%len(wireCycle)], "%q: seq %d (%s, %d bytes) is one libpcap refuses", expr, seq,
+				wireCycle[seq%len(wireCycle)].kind, len(data))
+			seqs = append(seqs, seq)
+		}
+		f.Close()
+		require.Len(t, seqs, count, expr)
+		missed := 0
+		for j := count / 2; j < count; j++ {
+			require.Greater(t, seqs[j], seqs[j-1], "%q: in order", expr)
+			for s := seqs[j-1] + 1; s < seqs[j]; s++ {
+				if accepted[s%len(wireCycle)] {
+					missed++
+				}
+			}
+		}
+		require.Zero(t, missed, "%q: frames libpcap accepts missing from the live stream", expr)
+		t.Logf("%q: %d frames, all libpcap's, none of its missing over the last %d (%v filtered out)",
+			expr, count, count-count/2, sum.Details["filtered_out"])
+	}
+
+	// Text lines on stdout, tcpdump-style flags, the filter after -i.
+	code, out, errw := runCLI("capture", "-i", cliNIC, "-c", "3", "-duration", "60s", "-progress", "0", "icmp")
+	require.Zero(t, code, errw)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 3, out)
+	line := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{6} IP 10\.0\.0\.2 > 10\.0\.0\.1: ICMP echo request, id 7, seq \d+, length 64$`)
+	for _, l := range lines {
+		require.Regexp(t, line, l)
+	}
+	require.Contains(t, errw, "capture: writing frames to stdout as text")
+
+	// A bad expression: refused with its column, the device untouched.
+	code, out, errw = runCLI("capture", cliNIC, "tcp", "prot", "80")
+	require.Equal(t, exitUsage, code)
+	require.Empty(t, out)
+	require.Contains(t, errw, `filter: column 5: want "and", "or" or the end of the expression, got "prot" (did you mean "port"?)`)
+	require.NotContains(t, errw, "queue pair", "the device was not opened")
+}
+
+// TestFilterReference checks, on the host, what TestGuestCLICaptureFilter
+// relies on: libpcap's verdicts over the host's stream, and that the
+// compiler's match them frame for frame.
+func TestFilterReference(t *testing.T) {
+	if _, err := exec.LookPath("tcpdump"); err != nil && !qemu.InCI() {
+		t.Skip("tcpdump is not installed (apt-get install tcpdump)")
+	}
+	js, ok := filterReference(t)
+	require.True(t, ok)
+	var ref map[string][]int
+	require.NoError(t, json.Unmarshal([]byte(js), &ref))
+	for _, expr := range captureFilters {
+		f, err := pcapfilter.New(expr)
+		require.NoError(t, err)
+		var got []int
+		for seq := range wireCycle {
+			if f.Match(wireFrame(seq)) {
+				got = append(got, seq)
+			}
+		}
+		require.Equal(t, ref[expr], got, expr)
+		t.Logf("%q takes %d of the %d frames of a cycle", expr, len(got), len(wireCycle))
 	}
 }
