@@ -34,6 +34,7 @@ import (
 const (
 	cliNIC      = "0000:00:04.0"
 	cliSpareNIC = "0000:00:05.0"
+	cliIGB      = "0000:00:08.0"
 	cliFrames   = 200   // frames capture writes
 	cliPktgen   = 20000 // frames pktgen sends
 	cliMTU      = 9000  // the vfio NIC's host_mtu
@@ -80,6 +81,8 @@ func TestVMTools(t *testing.T) {
 			// ownership tests (TestGuestCLIOwnership).
 			{Model: qemu.VirtioNet, Packed: true, Slot: 6, Bind: qemu.BindLinux, IPv4: ownLinuxIP + "/24", Net: qemu.Hub(0)},
 			{Model: qemu.VirtioNet, Packed: true, Slot: 7, Bind: qemu.BindLinux, Net: qemu.Hub(0)},
+			// An Intel 82576 for 'vfnic info' (TestGuestCLIInfo).
+			{Model: qemu.IGB, Slot: 8, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
 		},
 		Timeout: 3 * time.Minute,
 	}
@@ -249,7 +252,11 @@ func TestGuestCLIListBind(t *testing.T) {
 	code, out, errw := runCLI("list")
 	require.Zero(t, code, errw)
 	t.Log("\n" + out)
-	require.Regexp(t, cliNIC+`\s+1af4:1041\s+virtio-net \(modern\)\s+vfio-pci\s+\d+\s+-\s+bound`, out)
+	require.Regexp(t, cliNIC+`\s+1af4:1041\s+virtio-net \(modern\)\s+vfio-pci\s+\d+\s+-\s+-\s+bound`, out, "no MAC known on vfio-pci")
+	// The Linux NICs show their MAC; the legend goes to stderr.
+	require.Regexp(t, `0000:00:06.0\s+1af4:1041\s+virtio-net \(modern\)\s+virtio-pci\s+\d+\s+\S+ \*Active\*\s+([0-9a-f]{2}:){5}[0-9a-f]{2}\s+no`, out)
+	require.NotContains(t, out, "*Active*: the kernel uses")
+	require.Contains(t, errw, "*Active*: the kernel uses this NIC")
 	require.Regexp(t, cliSpareNIC+`\s+8086:10d3\s+Intel 82574L \(e1000e\)\s+-\s+\d+`, out)
 
 	code, out, errw = runCLI("bind", cliSpareNIC)
@@ -882,5 +889,74 @@ func TestFilterReference(t *testing.T) {
 		}
 		require.Equal(t, ref[expr], got, expr)
 		t.Logf("%q takes %d of the %d frames of a cycle", expr, len(got), len(wireCycle))
+	}
+}
+
+// TestGuestCLIInfo: 'vfnic info' on virtio and igb, in text and JSON,
+// opens the NIC, sends and receives nothing, and says what it is.
+func TestGuestCLIInfo(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	mac := `([0-9a-f]{2}:){5}[0-9a-f]{2}`
+	for _, tc := range []struct {
+		addr, driver, model string
+		mtu, maxTx          int
+		features, offloads  []string
+		text                []string // regexps the text must hold
+	}{
+		{cliNIC, "virtio", "virtio-net", cliMTU, cliMTU + nic.FrameOverhead, []string{"VERSION_1", "RING_PACKED", "MTU", "ACCESS_PLATFORM"}, nil,
+			[]string{`(?m)^0000:00:04.0: virtio-net.* \(virtio driver\)$`, `(?m)^  MTU              9000 \(frames up to 9022 bytes sent`,
+				`(?m)^  features         .*RING_PACKED`}},
+		{cliIGB, "igb", "82576", 1500, nic.MaxFrame, []string{"advanced-descriptors", "msix"}, []string{"tx IPv4/TCP/UDP checksum"},
+			[]string{`(?m)^0000:00:08.0: Intel 82576 \(igb driver\)$`, `(?m)^  link             (up, \d+ Mbit/s|down)`,
+				`(?m)^  offloads         .*tx IPv4/TCP/UDP checksum`}},
+	} {
+		code, out, errw := runCLI("info", tc.addr)
+		require.Zero(t, code, errw)
+		t.Log("\n" + out)
+		require.Regexp(t, `(?m)^  MAC              `+mac+`$`, out)
+		require.Regexp(t, `(?m)^  queue pairs      1 used, \d+ offered$`, out)
+		require.Regexp(t, `(?m)^  rings            \d+ descriptors; \d+ receive buffers of \d+ bytes$`, out)
+		require.Contains(t, out, "  binding          vfio-pci\n", "already bound: nothing rebound")
+		for _, re := range tc.text {
+			require.Regexp(t, re, out)
+		}
+
+		code, out, errw = runCLI("info", "-json", tc.addr)
+		require.Zero(t, code, errw)
+		var in infoOutput
+		require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+		require.Equal(t, tc.addr, in.Address)
+		require.Equal(t, tc.driver, in.Driver)
+		require.Contains(t, in.Model, tc.model)
+		require.Regexp(t, "^"+mac+"$", in.MAC)
+		require.Equal(t, tc.mtu, in.MTU)
+		require.Equal(t, tc.maxTx, in.MaxTxFrame)
+		require.Positive(t, in.MaxRxFrame)
+		require.Equal(t, 1, in.QueuePairs)
+		require.GreaterOrEqual(t, in.MaxQueuePairs, 1)
+		require.Positive(t, in.QueueSize)
+		require.Positive(t, in.Vectors)
+		require.Empty(t, in.Link.Error)
+		for _, f := range tc.features {
+			require.Contains(t, in.Features, f)
+		}
+		for _, f := range tc.offloads {
+			require.Contains(t, in.Offloads, f)
+		}
+		require.Zero(t, in.Counters.Tx.Packets, "info sends nothing")
+		require.False(t, in.Rebound)
+		if tc.driver == "virtio" {
+			require.True(t, in.Link.Up, "link: %+v", in.Link)
+		}
+		if tc.driver == "igb" {
+			require.True(t, in.Link.Reported, "the 82576 reports its link")
+			if in.Link.Up {
+				require.Positive(t, in.Link.SpeedMbps)
+			}
+			require.GreaterOrEqual(t, in.MaxQueuePairs, 2, "the 82576 offers several queue pairs")
+		}
+		t.Logf("%s: %+v", tc.addr, in)
 	}
 }

@@ -5,13 +5,14 @@
 //	vfnic unbind [-force] ADDR...   give vfio-pci NICs back to their kernel drivers
 //	vfnic doctor [-json] [ADDR...]  check that VFIO can work and say what stops it
 //	vfnic probe [-json] [ADDR...]   open vfio-bound NICs and exercise them
+//	vfnic info [-json] ADDR         a NIC's MAC, MTU, link, queues, rings, features, offloads
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
 //	vfnic pktgen [flags] ADDR       send frames at a rate or as fast as the NIC takes them
 //	vfnic capture [-w FILE] ADDR [FILTER]  received frames matching a tcpdump filter, to a pcap file
 //	                                ("-" for stdout) or as text lines
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
 //	vfnic help [COMMAND]            this list, or a command's flags
-//	vfnic version                   the module version and build settings
+//	vfnic version                   the module version, build settings and drivers compiled in
 //
 // Flags go before or after the address ("vfnic echo ADDR -ip X" works);
 // "--" ends the flags. The traffic commands (echo, pktgen, capture,
@@ -80,7 +81,8 @@ var commands map[string]command
 func init() {
 	// Set in init: help and version refer back to the table.
 	commands = map[string]command{
-		"list":    {"list NICs with driver, IOMMU group and binding", plain(runList)},
+		"info":    {"show a NIC's MAC, MTU, link, queues, rings, features and offloads without traffic", runInfo},
+		"list":    {"list NICs with driver, IOMMU group, interfaces, MAC and binding", runList},
 		"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", plain(runBind)},
 		"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", plain(runUnbind)},
 		"doctor":  {"check that VFIO can work here and say what stops it", plain(runDoctor)},
@@ -91,7 +93,7 @@ func init() {
 		"capture": {"print received frames, or write them to a pcap file, through a tcpdump filter", runCapture},
 		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
 		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},
-		"version": {"print vfnic's module version and build settings", runVersion},
+		"version": {"print vfnic's module version, build settings and the drivers compiled in", runVersion},
 	}
 }
 

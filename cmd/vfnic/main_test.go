@@ -62,6 +62,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"list", "-jsno"}, "(did you mean -json?)"},
 		{[]string{"bind", "-forec", "0000:7f:1f.0"}, "(did you mean -force?)"},
 		{[]string{"captur"}, `unknown command "captur" (did you mean "capture"?)`},
+		{[]string{"info"}, "name one PCI address"},
+		{[]string{"info", "0000:7f:1f.0", "0000:7f:1f.1"}, "name one PCI address"},
+		{[]string{"info", "-json", "zz"}, `bad address "zz"`},
+		{[]string{"info", "-jsn", "0000:7f:1f.0"}, "(did you mean -json?)"},
 		{[]string{"capture", "-w", "-", "-json", "0000:7f:1f.0"}, "both want stdout"},
 		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144]"},
 		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
@@ -70,7 +74,6 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sink", "-buffer-size", "-2048", "0000:7f:1f.0"}, "-buffer-size -2048 is negative"},
 		{[]string{"echo", "-ip", "10.0.0.1", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
 		{[]string{"capture", "-w", "/dev/null", "-progress", "-1s", "0000:7f:1f.0"}, "-progress -1s is negative"},
-		{[]string{"pktgen", "-count", "0", "0000:7f:1f.0"}, "-count 0 needs a positive -duration"},
 		{[]string{"pktgen", "-count", "0", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
 		{[]string{"pktgen", "-count", "-5", "-duration", "1s", "0000:7f:1f.0"}, "-count -5 is negative"},
 		{[]string{"pktgen", "-rate", "NaN", "0000:7f:1f.0"}, "-rate NaN is not a finite number"},
@@ -100,6 +103,8 @@ func TestFlagOrder(t *testing.T) {
 		{"echo", "0000:7f:1f.7", "-ip", "10.0.0.1", "-duration", "1s"},
 		{"echo", "-ip", "10.0.0.1", "0000:7f:1f.7", "-duration=1s"},
 		{"pktgen", "0000:7f:1f.7", "-rate", "1000", "-duration", "1s"},
+		{"pktgen", "0000:7f:1f.7"},                   // until interrupted: no -count, no -duration
+		{"pktgen", "-size", "20000", "0000:7f:1f.7"}, // the device's limit is checked once it is found
 		{"capture", "0000:7f:1f.7", "-w", "/dev/null", "-p"},
 	} {
 		code, _, errw := runCLI(args...)
@@ -159,6 +164,15 @@ func TestHelp(t *testing.T) {
 	_, out, _ = runCLI("help", "pktgen")
 	require.Contains(t, out, "-rate")
 	require.Contains(t, out, "-duration")
+	// Help and behaviour agree: no -count and no -duration sends until interrupted.
+	require.Regexp(t, `-count int\n\s+frames to send \(0: until -duration or interrupted\)\n`, out, "default 0, so no '(default ...)'")
+	require.Equal(t, "until interrupted (Ctrl-C)", stopNote(0, 0))
+	require.Equal(t, "for 2s", stopNote(0, 2*time.Second))
+	require.Equal(t, "until 5 frames are sent", stopNote(5, 0))
+	_, out, _ = runCLI("help", "capture")
+	for _, f := range []string{"-c int", "-s int", "-i PCI-ADDR", "-n\t", "-p\t", "-w string", "pcap-filter(7)"} {
+		require.Contains(t, out, f)
+	}
 }
 
 func TestVersion(t *testing.T) {
@@ -166,6 +180,7 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, exitOK, code, errw)
 	require.True(t, strings.HasPrefix(out, "vfnic github.com/vfnic/vfnic "), out)
 	require.Contains(t, out, runtime.Version())
+	require.Contains(t, out, "\n  drivers: igb, virtio\n", "the drivers compiled in")
 
 	code, out, errw = runCLI("version", "-json")
 	require.Equal(t, exitOK, code, errw)
@@ -175,6 +190,50 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, runtime.Version(), v.Go)
 	require.Equal(t, runtime.GOOS+"/"+runtime.GOARCH, v.Platform)
 	require.NotEmpty(t, v.Version)
+	require.Equal(t, []string{"igb", "virtio"}, v.Drivers)
+}
+
+// TestInfoText: info's lines for each link state, and the JSON keys
+// scripts read.
+func TestInfoText(t *testing.T) {
+	in := infoOutput{Address: "0000:00:04.0", Driver: "igb", Model: "Intel 82576", MAC: "52:54:00:12:34:56", MTU: 1500,
+		MaxRxFrame: 2036, MaxTxFrame: 1514, Link: infoLink{Up: true, Reported: true, SpeedMbps: 1000, FullDuplex: true},
+		QueuePairs: 1, MaxQueuePairs: 4, QueueSize: 256, RxBuffers: 256, BufferSize: 2048, Vectors: 3,
+		Features: []string{"advanced-descriptors", "msix"}, Offloads: []string{"tx IPv4/TCP/UDP checksum"}, Rebound: true, PreviousDriver: "igb"}
+	var b bytes.Buffer
+	printInfo(&b, in)
+	for _, want := range []string{
+		"0000:00:04.0: Intel 82576 (igb driver)\n",
+		"  MAC              52:54:00:12:34:56\n",
+		"  MTU              1500 (frames up to 1514 bytes sent, 2036 received into one buffer)\n",
+		"  link             up, 1000 Mbit/s full duplex\n",
+		"  queue pairs      1 used, 4 offered\n",
+		"  rings            256 descriptors; 256 receive buffers of 2048 bytes\n",
+		"  MSI-X vectors    3\n",
+		"  features         advanced-descriptors msix\n",
+		"  offloads         tx IPv4/TCP/UDP checksum\n",
+		"  binding          bound to vfio-pci for this look (was igb), given back on exit\n",
+	} {
+		require.Contains(t, b.String(), want)
+	}
+	for _, tc := range []struct {
+		l    infoLink
+		want string
+	}{
+		{infoLink{Up: true}, "up (the device does not report its link)"},
+		{infoLink{Reported: true}, "down"},
+		{infoLink{Up: true, Reported: true}, "up"},
+		{infoLink{Up: true, Reported: true, SpeedMbps: 10}, "up, 10 Mbit/s half duplex"},
+		{infoLink{Error: "boom"}, "unknown: boom"},
+	} {
+		require.Equal(t, tc.want, linkText(tc.l))
+	}
+	js, err := json.Marshal(in)
+	require.NoError(t, err)
+	for _, k := range []string{`"mac":`, `"mtu":`, `"link":{"up":true,"reported":true,"speed_mbps":1000,"full_duplex":true}`,
+		`"queue_pairs":1`, `"max_queue_pairs":4`, `"queue_size":256`, `"features":`, `"offloads":`, `"counters":`} {
+		require.Contains(t, string(js), k)
+	}
 }
 
 func TestMissingDevice(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"net"
@@ -15,13 +14,14 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/pci"
 )
 
 func runPktgen(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("pktgen", "[flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	count := fs.Int("count", 100000, "frames to send (0: until -duration or interrupted; default 0 when -duration is given)")
+	count := fs.Int("count", 0, "frames to send (0: until -duration or interrupted)")
 	size := fs.Int("size", 64, "frame size in bytes without FCS (60 up to the device's largest frame, MTU+22)")
 	rate := fs.Float64("rate", 0, "frames per second (0: as fast as the NIC takes them)")
 	vlan := fs.Int("vlan", -1, "802.1Q VLAN ID to tag frames with (-1: untagged)")
@@ -31,11 +31,6 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	port := fs.Int("port", 9, "UDP destination port (9: discard)")
 	if err := parse(fs, args); err != nil {
 		return err
-	}
-	countSet := false
-	fs.Visit(func(f *flag.Flag) { countSet = countSet || f.Name == "count" })
-	if !countSet && df.duration > 0 {
-		*count = 0 // -duration alone bounds the run
 	}
 	if *size < minFrame || *size > 65535 {
 		return fmt.Errorf("%w: -size %d outside [%d, 65535]", errUsage, *size, minFrame)
@@ -47,8 +42,6 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	switch {
 	case *count < 0:
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
-	case *count == 0 && df.duration == 0:
-		return fmt.Errorf("%w: -count 0 needs a positive -duration (else -count must be positive)", errUsage)
 	case math.IsNaN(*rate) || math.IsInf(*rate, 0):
 		// NaN passes every comparison, and the pacing would overflow.
 		return fmt.Errorf("%w: -rate %g is not a finite number", errUsage, *rate)
@@ -72,6 +65,16 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	}
 	if *port <= 0 || *port > 65535 {
 		return fmt.Errorf("%w: -port %d outside [1, 65535]", errUsage, *port)
+	}
+	if fs.NArg() == 1 {
+		// A size the kernel's driver of the NIC refuses is refused before
+		// the NIC is taken from it.
+		if a, err := pci.ParseAddress(fs.Arg(0)); err == nil {
+			if max, ok := kernelMaxFrame(a); ok && *size > max {
+				return fmt.Errorf("%w: -size %d: longer than any frame %s takes (its kernel driver's largest MTU makes frames of up to %d bytes)",
+					errUsage, *size, a, max)
+			}
+		}
 	}
 	core, dev, err := df.open(ctx, fs, nic.Config{})
 	if err != nil {
@@ -245,8 +248,10 @@ func stopNote(count int, d time.Duration) string {
 		return fmt.Sprintf("until %d frames are sent or %v passes, whichever comes first", count, d)
 	case count > 0:
 		return fmt.Sprintf("until %d frames are sent", count)
-	default:
+	case d > 0:
 		return fmt.Sprintf("for %v", d)
+	default:
+		return "until interrupted (Ctrl-C)"
 	}
 }
 

@@ -10,12 +10,15 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // deviceFlags are the flags every traffic command takes.
@@ -123,12 +126,39 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config) (
 		return nil, nil, err
 	}
 	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
-	dev, err := nic.Open(ctx, addr, cfg)
+	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
 		return nil, nil, err
 	}
 	return core, dev, nil
+}
+
+// openNIC is nic.Open with refusals that say how to go on: a NIC the
+// kernel uses gets bind's -force hint, and a NIC another process holds
+// is refused naming that process, as unbind does, where VFIO says only
+// "device or resource busy".
+func openNIC(ctx context.Context, addr string, cfg nic.Config) (nic.Device, error) {
+	dev, err := nic.Open(ctx, addr, cfg)
+	if err == nil {
+		return dev, nil
+	}
+	if a, perr := pci.ParseAddress(addr); perr == nil {
+		err = heldBy(a, err)
+	}
+	return nil, inUseHint(err)
+}
+
+// heldBy turns VFIO's "busy" for the device at a into the holder's name
+// and PID (pci.Sysfs.CheckHeld, which unbind uses), keeping err's text.
+func heldBy(a pci.Address, err error) error {
+	if !errors.Is(err, vfio.ErrBusy) && !errors.Is(err, syscall.EBUSY) {
+		return err
+	}
+	if herr := (pci.Sysfs{}).CheckHeld(a); errors.Is(herr, pci.ErrBusy) {
+		return fmt.Errorf("%w (%v)", herr, err)
+	}
+	return err
 }
 
 // housekeeping is how often runCore wakes a sleeping core, for progress
