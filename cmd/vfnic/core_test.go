@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -116,7 +117,7 @@ func TestPktgenOnCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, frame: make([]byte, 64), seqOff: 42, count: 300}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300}
 			var human, js bytes.Buffer
 			p := newProgress(&human, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -126,7 +127,7 @@ func TestPktgenOnCore(t *testing.T) {
 			require.EqualValues(t, 300, g.sent)
 			require.EqualValues(t, 300, tx.Counters().Posts)
 			require.NotZero(t, tx.Counters().Flushes, "the core rang the doorbell")
-			require.Equal(t, uint64(299), uint64(g.frame[42+7])|uint64(g.frame[42+6])<<8, "the last frame carries sequence number 299")
+			require.Equal(t, uint64(299), binary.BigEndian.Uint64(g.src.(*seqFrame).frame[42:]), "the last frame carries sequence number 299")
 
 			require.NoError(t, p.summary("pktgen", &js, nil))
 			require.Contains(t, human.String(), fmt.Sprintf("pktgen: polling core %s mode, not pinned: ", mode))
@@ -151,7 +152,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, frame: make([]byte, 64), seqOff: 42, count: 20, rate: 500}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, rate: 500}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()

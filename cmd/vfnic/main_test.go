@@ -82,6 +82,22 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pktgen", "-rate", "-5", "0000:7f:1f.0"}, "-rate -5 is negative"},
 		{[]string{"pktgen", "-dst-mac", "00:11:22:33:44:55:66:77", "0000:7f:1f.0"}, `-dst-mac "00:11:22:33:44:55:66:77" is not a 6-byte Ethernet address`},
 		{[]string{"pktgen", "-dst-mac", "zz", "0000:7f:1f.0"}, "-dst-mac"},
+		{[]string{"pktgen", "-dst-mac", "02:00:00:00:00:09-02:00:00:00:00:01", "0000:7f:1f.0"}, "-dst-mac 02:00:00:00:00:09-02:00:00:00:00:01: the range is reversed"},
+		{[]string{"pktgen", "-src-mac", "02:00:00:00:00:01-zz", "0000:7f:1f.0"}, `-src-mac "02:00:00:00:00:01-zz" is not a 6-byte Ethernet address (or a range A-B of them)`},
+		{[]string{"pktgen", "-src-ip", "10.0.0.1-2001:db8::1", "0000:7f:1f.0"}, "-src-ip 10.0.0.1-2001:db8::1: both ends must be IPv4, or both IPv6"},
+		{[]string{"pktgen", "-src-ip", "2001:db8::1", "0000:7f:1f.0"}, "-src-ip 2001:db8::1 and -dst-ip 10.0.0.2: both IPv4 or both IPv6"},
+		{[]string{"pktgen", "-src-ip", "2001:db8::1-2001:db9::1", "-dst-ip", "::1", "0000:7f:1f.0"}, "an IPv6 range may differ in its low 64 bits only"},
+		{[]string{"pktgen", "-dst-ip", "10.0.0.9-10.0.0.1", "0000:7f:1f.0"}, "-dst-ip 10.0.0.9-10.0.0.1: the range is reversed"},
+		{[]string{"pktgen", "-dst-ip", "host", "0000:7f:1f.0"}, `-dst-ip "host": want an IPv4 or IPv6 address, or a range A-B`},
+		{[]string{"pktgen", "-port", "100-10", "0000:7f:1f.0"}, "-port 100-10: the range is reversed"},
+		{[]string{"pktgen", "-port", "0", "0000:7f:1f.0"}, "-port 0 outside [1, 65535]"},
+		{[]string{"pktgen", "-src-port", "9-x", "0000:7f:1f.0"}, `-src-port "9-x": want N or N-M`},
+		{[]string{"pktgen", "-size", "64-20", "0000:7f:1f.0"}, "-size 64-20: the range is reversed"},
+		{[]string{"pktgen", "-size", "64", "-size-mix", "64:1", "0000:7f:1f.0"}, "-size and -size-mix both set"},
+		{[]string{"pktgen", "-size-mix", "64", "0000:7f:1f.0"}, `-size-mix "64": want SIZE:COUNT,...`},
+		{[]string{"pktgen", "-size-mix", "64:1,20:1", "0000:7f:1f.0"}, "sizes 20 to 64: a frame takes 60 to 65535 bytes here"},
+		{[]string{"pktgen", "-size-mix", "64:5000", "0000:7f:1f.0"}, "more than 4096 frames in a cycle"},
+		{[]string{"pktgen", "-src-ip", "::1", "-dst-ip", "::2", "-vlan", "5", "0000:7f:1f.0"}, "sizes 64 to 64: a frame takes 74 to 65535 bytes here"},
 		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
 		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"version", "x"}, "takes no arguments"},
@@ -105,6 +121,8 @@ func TestFlagOrder(t *testing.T) {
 		{"pktgen", "0000:7f:1f.7", "-rate", "1000", "-duration", "1s"},
 		{"pktgen", "0000:7f:1f.7"},                   // until interrupted: no -count, no -duration
 		{"pktgen", "-size", "20000", "0000:7f:1f.7"}, // the device's limit is checked once it is found
+		{"pktgen", "-src-ip", "2001:db8::1-2001:db8::ff", "-dst-ip", "2001:db8::1:1", "-size-mix", "78:7,594:4,1518:1", "0000:7f:1f.7"},
+		{"pktgen", "0000:7f:1f.7", "-src-port", "1000-1063", "-port", "9-10", "-dst-mac", "02:00:00:00:00:01-02:00:00:00:00:04", "-size", "60-1514"},
 		{"capture", "0000:7f:1f.7", "-w", "/dev/null", "-p"},
 	} {
 		code, _, errw := runCLI(args...)
