@@ -105,6 +105,15 @@ func TestVMTools(t *testing.T) {
 	t.Logf("pktgen -vlan %d: host received frames by size %v", cliVLAN, seen.tagged)
 	require.Equal(t, map[int]int{1518: cliTagged, cliMTU + nic.FrameOverhead: cliTagged}, seen.tagged,
 		"full-size tagged frames, at 1500 and at the device's MTU")
+	f := seen.flows
+	t.Logf("pktgen flows: host received %d frames, %d bad checksums; by source %v, source port %v, size %v",
+		f.frames, f.badChecksum, f.srcIPs, f.srcPorts, f.sizes)
+	require.Equal(t, cliFlowFrames, f.frames, "every frame of the ranges")
+	require.Zero(t, f.badChecksum, "IPv6 UDP checksums right after the in-place rewrites")
+	require.Equal(t, map[string]int{"2001:db8::1": 80, "2001:db8::2": 80, "2001:db8::3": 80}, f.srcIPs)
+	require.Equal(t, map[int]int{1000: 60, 1001: 60, 1002: 60, 1003: 60}, f.srcPorts)
+	require.Equal(t, map[string]int{"78": 160, "1514": 80}, f.sizes, "the size mix 78:2,1514:1")
+	require.Len(t, f.seqs, cliFlowFrames, "each sequence number once")
 }
 
 // captureFilters are the filters TestGuestCLICaptureFilter runs capture
@@ -207,12 +216,30 @@ func streamMarked(ctx context.Context, conn *net.UDPConn, port int) int {
 type pktgenSeen struct {
 	frames, inOrder, bad int
 	tagged               map[int]int // VLAN cliVLAN frames by size
+	flows                flowsSeen   // TestGuestCLIPktgenFlows's frames
 }
+
+// flowsSeen counts the IPv6 frames of TestGuestCLIPktgenFlows (UDP to
+// ports cliFlowPorts): by source address, source port, size, and which
+// sequence numbers came, with a valid UDP checksum.
+type flowsSeen struct {
+	frames, badChecksum int
+	srcIPs, sizes       map[string]int
+	srcPorts            map[int]int
+	seqs                map[uint64]int
+}
+
+// TestGuestCLIPktgenFlows's numbers.
+const (
+	cliFlowFrames = 240
+	cliFlowPortLo = 5000 // and 5001
+)
 
 // countPktgen reads what the guest sends until the socket's deadline:
 // pktgen's UDP frames carry a big-endian sequence number after the headers.
 func countPktgen(conn *net.UDPConn) pktgenSeen {
-	s := pktgenSeen{tagged: map[int]int{}}
+	s := pktgenSeen{tagged: map[int]int{}, flows: flowsSeen{srcIPs: map[string]int{}, sizes: map[string]int{},
+		srcPorts: map[int]int{}, seqs: map[uint64]int{}}}
 	buf := make([]byte, 65536)
 	next := uint64(0)
 	for {
@@ -230,6 +257,20 @@ func countPktgen(conn *net.UDPConn) pktgenSeen {
 				s.tagged[n]++
 			} else {
 				s.bad++
+			}
+			continue
+		}
+		if ip6, ok := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ok && udp.DstPort >= cliFlowPortLo && udp.DstPort <= cliFlowPortLo+1 {
+			f := &s.flows
+			f.frames++
+			if !udp6Valid(ip6, ip6.Payload) {
+				f.badChecksum++
+			}
+			f.srcIPs[ip6.SrcIP.String()]++
+			f.srcPorts[int(udp.SrcPort)]++
+			f.sizes[strconv.Itoa(n)]++
+			if len(udp.Payload) >= 8 {
+				f.seqs[binary.BigEndian.Uint64(udp.Payload)]++
 			}
 			continue
 		}
@@ -959,4 +1000,23 @@ func TestGuestCLIInfo(t *testing.T) {
 		}
 		t.Logf("%s: %+v", tc.addr, in)
 	}
+}
+
+// TestGuestCLIPktgenFlows: pktgen with ranges of IPv6 sources, UDP ports
+// and a size mix; the host checks what arrives (TestVMTools).
+func TestGuestCLIPktgenFlows(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	code, out, errw := runCLI("pktgen", cliNIC, "-count", strconv.Itoa(cliFlowFrames), "-rate", "2000", "-progress", "0", "-json",
+		"-src-ip", "2001:db8::1-2001:db8::3", "-dst-ip", "2001:db8::100", "-src-port", "1000-1003",
+		"-port", fmt.Sprintf("%d-%d", cliFlowPortLo, cliFlowPortLo+1), "-size-mix", "78:2,1514:1")
+	t.Log(errw)
+	require.Zero(t, code, errw)
+	require.Contains(t, errw, "pktgen: sending a mix of 78:2,1514:1 byte frames to ff:ff:ff:ff:ff:ff (2001:db8::1-2001:db8::3 -> 2001:db8::100:5000-5001 from port 1000-1003)")
+	var sum trafficSummary
+	require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
+	require.EqualValues(t, cliFlowFrames, sum.Tx.Frames)
+	require.EqualValues(t, cliFlowFrames/3*(78*2+1514), sum.Tx.Bytes)
+	require.Zero(t, sum.Tx.Errors)
 }
