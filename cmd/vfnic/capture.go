@@ -92,7 +92,7 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%w: -json and %s both want stdout", errUsage, what)
 		}
 	}
-	core, dev, err := df.openAt(ctx, addr, nic.Config{Promiscuous: !noPromisc})
+	core, dev, err := df.openAt(ctx, addr, nic.Config{Promiscuous: !noPromisc}, o.err)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{})
+	core, dev, err := df.open(ctx, fs, nic.Config{}, o.err)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/igb"
+	"github.com/vfnic/vfnic/pci"
 )
 
 // infoOutput is 'vfnic info -json': what testpmd's "show port info",
@@ -66,8 +67,14 @@ func runInfo(ctx context.Context, args []string, o stdio) error {
 	if fs.NArg() != 1 {
 		return fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
 	}
-	if _, err := parseAddrs(fs.Args()); err != nil {
+	as, err := parseAddrs(fs.Args())
+	if err != nil {
 		return err
+	}
+	if *force {
+		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
+			fmt.Fprintln(o.err, w)
+		}
 	}
 	dev, err := openNIC(ctx, fs.Arg(0), nic.Config{Force: *force})
 	if err != nil {

@@ -231,6 +231,15 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Equal(t, 1, code)
 		require.Contains(t, errw, "run 'vfnic bind -force "+ownLinuxNIC+"' to take it anyway")
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
+		// With -force: a warning of what the kernel loses; info binds it for
+		// the look and gives it back, without its address (put back here).
+		code, out, errw = runCLI("info", "-force", ownLinuxNIC)
+		require.Zero(t, code, errw)
+		require.Contains(t, errw, "warning: -force takes "+ownLinuxNIC+" from virtio-pci although ")
+		require.Contains(t, errw, "has address "+ownLinuxIP+"/24")
+		require.Contains(t, out, "binding          bound to vfio-pci for this look (was virtio-pci), given back on exit")
+		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
+		sh(t, fmt.Sprintf("ip link set %s up && ip addr add %s/24 dev %s", netIf(t, ownLinuxNIC), ownLinuxIP, netIf(t, ownLinuxNIC)))
 	})
 
 	t.Run("UsageBeforeBinding", func(t *testing.T) {

@@ -115,7 +115,7 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 			}
 		}
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{})
+	core, dev, err := df.open(ctx, fs, nic.Config{}, o.err)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	if *count < 0 {
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc})
+	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc}, o.err)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,16 +110,18 @@ func (d *deviceFlags) newCore() (*lcore.Core, error) {
 // open makes the polling core for -cpu and -mode, then opens the NIC
 // named by the single address argument, so that a bad -cpu binds
 // nothing. The caller closes the device, then the core.
-func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (*lcore.Core, nic.Device, error) {
+func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
 	if fs.NArg() != 1 {
 		return nil, nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
 	}
-	return d.openAt(ctx, fs.Arg(0), cfg)
+	return d.openAt(ctx, fs.Arg(0), cfg, warn)
 }
 
-// openAt is open for the NIC at addr.
-func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config) (*lcore.Core, nic.Device, error) {
-	if _, err := parseAddrs([]string{addr}); err != nil {
+// openAt is open for the NIC at addr. With -force it first warns on warn
+// what the kernel loses (forceWarning).
+func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
+	as, err := parseAddrs([]string{addr})
+	if err != nil {
 		return nil, nil, err
 	}
 	core, err := d.newCore()
@@ -126,6 +129,11 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config) (
 		return nil, nil, err
 	}
 	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
+	if d.force {
+		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
+			fmt.Fprintln(warn, w)
+		}
+	}
 	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
@@ -147,6 +155,24 @@ func openNIC(ctx context.Context, addr string, cfg nic.Config) (nic.Device, erro
 		err = heldBy(a, err)
 	}
 	return nil, inUseHint(err)
+}
+
+// forceWarning says, before -force takes a NIC the kernel uses, what the
+// kernel loses: its interfaces go down with it, and come back on exit
+// without their addresses and routes. "" when the kernel does not use
+// it. ns nil means netlink.
+func forceWarning(sys pci.Sysfs, ns pci.NetState, a pci.Address) string {
+	reasons, err := sys.InUse(a, ns)
+	if err != nil || len(reasons) == 0 {
+		return ""
+	}
+	d, err := sys.Lookup(a)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit "+
+		"without their addresses and routes (add them again with 'ip addr add', 'ip route add')",
+		a, driverName(d.Driver), strings.Join(reasons, ", "))
 }
 
 // heldBy turns VFIO's "busy" for the device at a into the holder's name
