@@ -311,3 +311,41 @@ func TestCaptureFilterOnCore(t *testing.T) {
 	require.Len(t, lines, 25, "one line per frame, flushed")
 	require.Regexp(t, `^\d\d:\d\d:\d\d\.\d{6} 00:00:00:00:00:00 > 00:00:00:00:00:00, ethertype 0x0000, length 64$`, lines[0])
 }
+
+// TestSinkQueuesOnCores: sink -queues N polls each queue with a core of
+// its own, counts per queue and in all, and stops all cores at -count.
+func TestSinkQueuesOnCores(t *testing.T) {
+	s := &sink{count: 90}
+	var cores []*lcore.Core
+	var qs []*lcoretest.Queue
+	for _, mode := range []lcore.Mode{lcore.Busy, lcore.Adaptive, lcore.Interrupt} {
+		q := newTestQueue(t)
+		qs = append(qs, q)
+		s.queues = append(s.queues, &sinkQueue{rx: q})
+		cores = append(cores, newTestCore(t, mode))
+	}
+	var human bytes.Buffer
+	p := newProgress(&human, &fakeDevice{}, 0, s.line)
+	p.extraCores = cores[1:]
+	for _, q := range qs {
+		q.Inject(30)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.run(ctx, cores, p))
+	require.NoError(t, ctx.Err(), "stopped by the count on all queues, not the timeout")
+	for i, q := range s.queues {
+		require.EqualValues(t, 30, q.received.Load(), "queue %d", i)
+		require.GreaterOrEqual(t, qs[i].Counters().Posts, uint64(30), "buffers posted again")
+	}
+	require.Equal(t, "received 90, error completions 0, per queue [30 30 30]", s.line())
+	d := s.details(cores[1:])
+	require.EqualValues(t, 90, d["received"])
+	per := d["queues"].([]map[string]any)
+	require.Len(t, per, 3)
+	require.EqualValues(t, 30, per[2]["received"])
+	require.Equal(t, "interrupt", per[2]["core"].(*coreSummary).Mode, "each queue's core is described")
+	for _, c := range cores {
+		require.Positive(t, c.Stats().Completions, "every core read its queue")
+	}
+}

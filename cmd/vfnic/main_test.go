@@ -69,6 +69,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"capture", "-w", "-", "-json", "0000:7f:1f.0"}, "both want stdout"},
 		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144]"},
 		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
+		{[]string{"sink", "-queues", "0", "0000:7f:1f.0"}, "-queues 0 outside [1, 64]"},
+		{[]string{"sink", "-queues", "65", "0000:7f:1f.0"}, "-queues 65 outside [1, 64]"},
+		{[]string{"sink", "-queues", "2", "-cpu", "1000000", "0000:7f:1f.0"}, "(CPU 1000001 for a queue's core): not a CPU this process may run on"},
 		// Every traffic command's device flags, before the device is opened.
 		{[]string{"pktgen", "0000:7f:1f.0", "-queue-size", "-1"}, "-queue-size -1 is negative"},
 		{[]string{"sink", "-buffer-size", "-2048", "0000:7f:1f.0"}, "-buffer-size -2048 is negative"},

@@ -86,23 +86,38 @@ func (d *deviceFlags) check() error {
 // newCore checks the device flags and returns the polling core for -cpu,
 // -mode, -idle and -batch, not started. Commands call it before they open
 // the device, so that a bad flag binds nothing.
-func (d *deviceFlags) newCore() (*lcore.Core, error) {
+func (d *deviceFlags) newCore() (*lcore.Core, error) { return d.newCoreOn(d.cpu) }
+
+// cpuFor is the CPU of queue i's core: -cpu plus i, or none.
+func (d *deviceFlags) cpuFor(i int) int {
+	if d.cpu == lcore.AnyCPU {
+		return lcore.AnyCPU
+	}
+	return d.cpu + i
+}
+
+// newCoreOn is newCore for a core pinned to cpu (lcore.AnyCPU: none).
+func (d *deviceFlags) newCoreOn(cpu int) (*lcore.Core, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
 	switch {
-	case d.cpu < lcore.AnyCPU:
-		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
+	case cpu < lcore.AnyCPU:
+		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, cpu)
 	case d.batch < 0 || d.batch > lcore.MaxBatch:
 		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 to %d", errUsage, d.batch, lcore.MaxBatch)
 	}
-	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
+	c, err := lcore.New(lcore.Config{CPU: cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
 	if errors.Is(err, lcore.ErrCPU) {
 		allowed := ""
 		if cpus, aerr := lcore.AllowedCPUs(); aerr == nil {
 			allowed = fmt.Sprintf(" (this process may run on %v)", cpus)
 		}
-		return nil, fmt.Errorf("%w: -cpu %d: not a CPU this process may run on%s", errUsage, d.cpu, allowed)
+		what := fmt.Sprintf("-cpu %d", d.cpu)
+		if cpu != d.cpu {
+			what += fmt.Sprintf(" (CPU %d for a queue's core)", cpu)
+		}
+		return nil, fmt.Errorf("%w: %s: not a CPU this process may run on%s", errUsage, what, allowed)
 	}
 	return c, err
 }
@@ -339,6 +354,9 @@ type progress struct {
 	interval time.Duration
 	promisc  bool        // for the summary's device description
 	core     *lcore.Core // the polling core, for the summary (runCore sets it)
+	// extraCores poll the other queues (sink -queues): their interrupts
+	// count in the summary too.
+	extraCores []*lcore.Core
 }
 
 func newProgress(out io.Writer, dev nic.Device, interval time.Duration, extra func() string) *progress {
@@ -492,6 +510,10 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 	if p.core != nil {
 		// The core reads the queues' interrupt eventfds itself.
 		s.Rx.Interrupts, s.Tx.Interrupts = coreInterrupts(p.core, p.dev)
+		for _, c := range p.extraCores {
+			rx, tx := coreInterrupts(c, p.dev)
+			s.Rx.Interrupts, s.Tx.Interrupts = s.Rx.Interrupts+rx, s.Tx.Interrupts+tx
+		}
 	}
 	el := time.Since(p.start).Seconds()
 	fmt.Fprintf(p.out, "%s: %.2fs, rx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), tx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), %s\n",
