@@ -35,6 +35,7 @@ const (
 	cliNIC      = "0000:00:04.0"
 	cliSpareNIC = "0000:00:05.0"
 	cliIGB      = "0000:00:08.0"
+	cliIGBPeer  = "0000:00:09.0"
 	cliFrames   = 200   // frames capture writes
 	cliPktgen   = 20000 // frames pktgen sends
 	cliMTU      = 9000  // the vfio NIC's host_mtu
@@ -83,6 +84,9 @@ func TestVMTools(t *testing.T) {
 			{Model: qemu.VirtioNet, Packed: true, Slot: 7, Bind: qemu.BindLinux, Net: qemu.Hub(0)},
 			// An Intel 82576 for 'vfnic info' (TestGuestCLIInfo).
 			{Model: qemu.IGB, Slot: 8, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
+			// The 82576's wire partner: pktgen's flows into its RSS
+			// (TestGuestCLISinkRSS).
+			{Model: qemu.VirtioNet, Packed: true, Slot: 9, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
 		},
 		Timeout: 3 * time.Minute,
 	}
@@ -1019,4 +1023,52 @@ func TestGuestCLIPktgenFlows(t *testing.T) {
 	require.EqualValues(t, cliFlowFrames, sum.Tx.Frames)
 	require.EqualValues(t, cliFlowFrames/3*(78*2+1514), sum.Tx.Bytes)
 	require.Zero(t, sum.Tx.Errors)
+}
+
+// TestGuestCLISinkRSS: 'sink -queues 4' on the 82576 receives pktgen's
+// 64 flows (sources and ports in ranges) from the NIC across the wire,
+// spread by RSS over its 4 queues, each polled by its own core, with
+// per-queue counts in the summary.
+func TestGuestCLISinkRSS(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	const frames = 640
+	code, out, errw := runCLI("info", "-json", cliIGB)
+	require.Zero(t, code, errw)
+	var in infoOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+	sink := startVfnic(t, "sink", "-queues", "4", "-count", strconv.Itoa(frames), "-duration", "60s", "-progress", "0", "-json", cliIGB)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(sink.output(), "sink: receiving and dropping frames") {
+		require.True(t, time.Now().Before(deadline), "sink did not start:\n%s", sink.output())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Contains(t, sink.output(), "4 queues, each polling in adaptive mode")
+	code, _, errw = runCLI("pktgen", cliIGBPeer, "-count", strconv.Itoa(frames), "-rate", "2000", "-progress", "0", "-dst-mac", in.MAC,
+		"-src-ip", "10.1.0.1-10.1.0.64", "-dst-ip", "10.2.0.1", "-src-port", "1000-1063", "-port", "7000")
+	require.Zero(t, code, errw)
+	err, ended := sink.wait(40 * time.Second)
+	require.True(t, ended, "sink still running:\n%s", sink.output())
+	require.NoError(t, err, sink.output())
+	t.Log(sink.output())
+	var sum trafficSummary
+	for _, l := range strings.Split(sink.output(), "\n") {
+		if strings.HasPrefix(l, `{"command":"sink"`) {
+			require.NoError(t, json.Unmarshal([]byte(l), &sum), l)
+		}
+	}
+	require.Equal(t, "sink", sum.Command, sink.output())
+	require.Equal(t, 4, sum.Device.QueuePairs)
+	require.EqualValues(t, frames, sum.Details["received"], "every frame pktgen sent")
+	per := sum.Details["queues"].([]any)
+	require.Len(t, per, 4)
+	counts := make([]int, 4)
+	for i, q := range per {
+		counts[i] = int(q.(map[string]any)["received"].(float64))
+	}
+	t.Logf("RSS over 4 queues: %v", counts)
+	for i, n := range counts {
+		require.Positive(t, n, "queue %d received some of the 64 flows: %v", i, counts)
+	}
 }
