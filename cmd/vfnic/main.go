@@ -8,6 +8,7 @@
 //	vfnic info [-json] ADDR         a NIC's MAC, MTU, link, queues, rings, features, offloads
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
 //	vfnic pktgen [flags] ADDR       send frames at a rate or as fast as the NIC takes them
+//	vfnic fwd [-forward io|macswap] A B  forward frames between two NICs, both ways
 //	vfnic capture [-w FILE] ADDR [FILTER]  received frames matching a tcpdump filter, to a pcap file
 //	                                ("-" for stdout) or as text lines
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
@@ -15,8 +16,8 @@
 //	vfnic version                   the module version, build settings and drivers compiled in
 //
 // Flags go before or after the address ("vfnic echo ADDR -ip X" works);
-// "--" ends the flags. The traffic commands (echo, pktgen, capture,
-// udpping) print live rates in packets/s and Mbit/s (frame bytes without
+// "--" ends the flags. The traffic commands (echo, pktgen, capture, sink,
+// fwd, udpping) print live rates in packets/s and Mbit/s (frame bytes without
 // FCS) and a summary; with -json the summary is one JSON object on stdout
 // and every human line goes to stderr. echo, pktgen and capture run their
 // loop on a polling core (package lcore): -cpu N pins its thread to CPU N,
@@ -92,6 +93,7 @@ func init() {
 		"sink":    {"receive and drop frames, counting them (testpmd's rxonly)", runSink},
 		"capture": {"print received frames, or write them to a pcap file, through a tcpdump filter", runCapture},
 		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
+		"fwd":     {"forward frames between two NICs both ways (testpmd's io and macswap modes)", runFwd},
 		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},
 		"version": {"print vfnic's module version, build settings and the drivers compiled in", runVersion},
 	}
