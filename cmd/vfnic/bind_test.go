@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -167,4 +168,27 @@ func TestBindAlreadyBound(t *testing.T) {
 		"0000:7f:1f.1: already bound to vfio-pci, IOMMU group 8 (/dev/vfio/8)\n", out.String())
 	f.untouched("0000:7f:1f.0", pci.VFIODriver)
 	f.untouched("0000:7f:1f.1", pci.VFIODriver)
+}
+
+// upAndAddressed is a kernel network stack where eth1 has an address.
+type upAndAddressed struct{}
+
+func (upAndAddressed) Addrs() ([]pci.IfAddr, error) {
+	return []pci.IfAddr{{Index: 10, Prefix: netip.MustParsePrefix("10.0.0.2/24")}}, nil // eth1 (fakeMachine.device)
+}
+func (upAndAddressed) Routes() ([]pci.Route, error) { return nil, nil }
+
+// TestForceWarning: -force on a NIC the kernel uses warns what the kernel
+// loses; on a free one it says nothing.
+func TestForceWarning(t *testing.T) {
+	f := newFakeMachine(t)
+	f.device("0000:7f:01.0", 3, "virtio-pci", "eth1")
+	f.device("0000:7f:02.0", 4, pci.VFIODriver)
+	sys := f.machine().sys
+	w := forceWarning(sys, upAndAddressed{}, addrs(t, "0000:7f:01.0")[0])
+	require.Contains(t, w, "warning: -force takes 0000:7f:01.0 from virtio-pci although interface eth1 is up")
+	require.Contains(t, w, "has address 10.0.0.2/24")
+	require.Contains(t, w, "come back on exit without their addresses and routes")
+	require.Empty(t, forceWarning(sys, upAndAddressed{}, addrs(t, "0000:7f:02.0")[0]))
+	require.Empty(t, forceWarning(sys, noRoutes{}, addrs(t, "0000:7f:09.0")[0]), "no such device: nothing to say")
 }

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
-	"github.com/google/gopacket/pcapgo"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/pcapfilter"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
@@ -20,34 +22,77 @@ import (
 const defaultSnaplen = 262144
 
 func runCapture(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("capture", "-w FILE [flags] PCI-ADDR")
+	fs := newFlags("capture", "[-w FILE] [flags] PCI-ADDR [FILTER EXPRESSION]")
 	var df deviceFlags
 	df.register(fs)
-	file := fs.String("w", "", `pcap file to write (nanosecond timestamps); "-" writes to stdout, human lines then go to stderr`)
-	count := fs.Int("count", 0, "stop after writing this many frames (0: until -duration or interrupted)")
-	snaplen := fs.Int("snaplen", defaultSnaplen, "bytes of each frame to write (longer frames are truncated, as tcpdump -s)")
+	file := fs.String("w", "", `pcap file to write (nanosecond timestamps); "-" writes the pcap to stdout, human lines then go to stderr;`+
+		"\nwithout -w, one line per frame on stdout, as tcpdump prints")
+	var count, snaplen int
+	fs.IntVar(&count, "count", 0, "stop after this many frames that pass the filter (0: until -duration or interrupted)")
+	fs.IntVar(&count, "c", 0, "same as -count (tcpdump's)")
+	fs.IntVar(&snaplen, "snaplen", defaultSnaplen, "bytes of each frame to write (longer frames are truncated, as tcpdump -s; 0: whole frames)")
+	fs.IntVar(&snaplen, "s", defaultSnaplen, "same as -snaplen (tcpdump's)")
+	iface := fs.String("i", "", "the NIC's `PCI-ADDR`, as tcpdump's interface: then every argument is the filter")
 	var noPromisc bool
 	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode (as tcpdump -p): only frames for its MAC, broadcast and multicast")
 	fs.BoolVar(&noPromisc, "no-promisc", false, "same as -p")
+	fs.Bool("n", true, "accepted for tcpdump's habit: addresses and ports are always printed as numbers")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: vfnic capture [-w FILE] [flags] PCI-ADDR [FILTER EXPRESSION]\n"+
+			"       vfnic capture -i PCI-ADDR [-w FILE] [flags] [FILTER EXPRESSION]\n\n"+
+			"The filter is tcpdump's (pcap-filter(7)), compiled to classic BPF: host, net, port, portrange,\n"+
+			"proto names (ip ip6 arp rarp icmp icmp6 tcp udp sctp), ip/ip6 proto, vlan [ID], ether host/src/dst/proto,\n"+
+			"broadcast, multicast, less, greater, and/or/not and parentheses; quote it or not, as with tcpdump.\n\n"+
+			"flags (before or after the arguments):\n")
+		fs.PrintDefaults()
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	switch {
-	case *file == "":
-		return fmt.Errorf("%w: -w FILE is required (- for stdout)", errUsage)
-	case *count < 0:
-		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
-	case *snaplen < nic.MinFrame || *snaplen > defaultSnaplen:
-		return fmt.Errorf("%w: -snaplen %d outside [%d, %d]", errUsage, *snaplen, nic.MinFrame, defaultSnaplen)
-	}
-	human := df.human(o)
-	if *file == "-" {
-		human = o.err // stdout carries the pcap
-		if df.json {
-			return fmt.Errorf("%w: -json and -w - both want stdout", errUsage)
+	addr, words := *iface, fs.Args()
+	if addr == "" {
+		if len(words) == 0 {
+			return fmt.Errorf("%w: name the NIC's PCI address (see 'vfnic list'), then the filter if any", errUsage)
+		}
+		addr, words = words[0], words[1:]
+		if _, err := parseAddrs([]string{addr}); err != nil {
+			return fmt.Errorf("%w; the PCI address comes first (or with -i), then the filter expression", err)
 		}
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc})
+	if snaplen == 0 {
+		snaplen = defaultSnaplen // tcpdump -s 0
+	}
+	switch {
+	case count < 0:
+		return fmt.Errorf("%w: -count %d is negative", errUsage, count)
+	case snaplen < nic.MinFrame || snaplen > defaultSnaplen:
+		return fmt.Errorf("%w: -snaplen %d outside [%d, %d] (0: whole frames)", errUsage, snaplen, nic.MinFrame, defaultSnaplen)
+	}
+	expr := strings.Join(words, " ")
+	var filter *pcapfilter.Filter
+	if expr != "" {
+		var err error
+		if filter, err = pcapfilter.New(expr); err != nil {
+			var se *pcapfilter.SyntaxError
+			if errors.As(err, &se) {
+				return fmt.Errorf("%w: filter: %s\n  %s", errUsage, err, strings.ReplaceAll(se.Caret(), "\n", "\n  "))
+			}
+			return fmt.Errorf("%w: filter: %v", errUsage, err)
+		}
+	}
+	text := *file == ""
+	human := df.human(o)
+	if *file == "-" || text {
+		human = o.err // stdout carries the pcap or the frame lines
+		if df.json {
+			what := "-w -"
+			if text {
+				what = "the frame lines (no -w)"
+			}
+			return fmt.Errorf("%w: -json and %s both want stdout", errUsage, what)
+		}
+	}
+	core, dev, err := df.openAt(ctx, addr, nic.Config{Promiscuous: !noPromisc}, o.err)
 	if err != nil {
 		return err
 	}
@@ -55,7 +100,7 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	defer dev.Close()
 	var dst io.Writer = o.out
 	var f *os.File
-	if *file != "-" {
+	if *file != "" && *file != "-" {
 		if f, err = os.Create(*file); err != nil {
 			return err
 		}
@@ -63,9 +108,15 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 		dst = f
 	}
 	bw := bufio.NewWriterSize(dst, 1<<20)
-	w := pcapgo.NewWriterNanos(bw)
-	if err := w.WriteFileHeader(uint32(*snaplen), layers.LinkTypeEthernet); err != nil {
-		return err
+	var fw frameWriter
+	if text {
+		fw = &textWriter{w: bw}
+	} else {
+		w := pcapgo.NewWriterNanos(bw)
+		if err := w.WriteFileHeader(uint32(snaplen), layers.LinkTypeEthernet); err != nil {
+			return err
+		}
+		fw = pcapWriter{w}
 	}
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
@@ -77,16 +128,24 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	if err := fillRx(rx); err != nil {
 		return err
 	}
-	cw := &capturer{rx: rx, w: w, bw: bw, count: uint64(*count), snaplen: *snaplen, pipe: *file == "-",
-		c: captureCounts{bufFrame: rx.MaxFrame()}}
+	cw := &capturer{rx: rx, w: fw, bw: bw, filter: filter, count: uint64(count), snaplen: snaplen, pipe: *file == "-" || text,
+		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: filter != nil}}
 	p := newProgress(human, dev, df.interval, cw.c.line)
 	p.promisc = !noPromisc
 	mode := "promiscuous"
 	if noPromisc {
 		mode = "not promiscuous"
 	}
-	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes), %s\n",
-		name(*file), mode, *snaplen, cw.c.bufFrame, coreNote(core))
+	where := name(*file)
+	if text {
+		where = "stdout as text"
+	}
+	filterNote := "no filter"
+	if filter != nil {
+		filterNote = fmt.Sprintf("filter %q (%d BPF instructions)", expr, len(filter.Program()))
+	}
+	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes, %s), %s\n",
+		where, mode, snaplen, cw.c.bufFrame, filterNote, coreNote(core))
 	if err := cw.run(ctx, core, p); err != nil {
 		return removed(err, rx)
 	}
@@ -98,15 +157,28 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	return p.summary("capture", df.jsonOut(o), cw.c.details())
 }
 
+// frameWriter is where capture puts the frames that pass: a pcap, or
+// lines of text.
+type frameWriter interface {
+	write(ts time.Time, data []byte, length int) error
+}
+
+type pcapWriter struct{ w *pcapgo.Writer }
+
+func (p pcapWriter) write(ts time.Time, data []byte, length int) error {
+	return p.w.WritePacket(gopacket.CaptureInfo{Timestamp: ts, CaptureLength: len(data), Length: length}, data)
+}
+
 // capturer is capture's receive loop: a Handler of a polling core that
 // writes each frame to the pcap and posts its buffer again.
 type capturer struct {
 	rx      nic.RxQueue
-	w       *pcapgo.Writer
-	bw      *bufio.Writer // under w: flushed when the queue goes idle
-	count   uint64        // frames to write, 0 for no limit
+	w       frameWriter
+	bw      *bufio.Writer      // under w: flushed when the queue goes idle
+	filter  *pcapfilter.Filter // nil: every frame
+	count   uint64             // frames to write, 0 for no limit
 	snaplen int
-	pipe    bool // the pcap goes to stdout: flush every batch
+	pipe    bool // stdout: flush every batch
 
 	// Written on the core's thread; read by the summary once it stopped.
 	c   captureCounts
@@ -156,10 +228,11 @@ func (cw *capturer) handle(comps []nic.Completion, done func()) error {
 			refill = true
 			continue
 		}
-		if cw.count == 0 || cw.c.written < cw.count {
+		if cw.filter != nil && !cw.filter.Match(cp.Data) {
+			cw.c.rejected++
+		} else if cw.count == 0 || cw.c.written < cw.count {
 			l := min(len(cp.Data), cw.snaplen)
-			ci := gopacket.CaptureInfo{Timestamp: time.Now(), CaptureLength: l, Length: len(cp.Data)}
-			if err := cw.w.WritePacket(ci, cp.Data[:l]); err != nil {
+			if err := cw.w.write(time.Now(), cp.Data[:l], len(cp.Data)); err != nil {
 				return err
 			}
 			cw.c.written++
@@ -192,6 +265,8 @@ func name(file string) string {
 // are counted once each, with their length, never silently.
 type captureCounts struct {
 	written, truncated uint64
+	filtered           bool   // a filter is set
+	rejected           uint64 // frames the filter refused
 	tooLong            uint64 // frames longer than a buffer
 	tooLongMax         int    // the longest of them, in bytes
 	spanBytes          int    // bytes of the frame being counted
@@ -218,6 +293,9 @@ func (c *captureCounts) line() string {
 	if c.truncated > 0 {
 		s += fmt.Sprintf(" (%d truncated to the snap length)", c.truncated)
 	}
+	if c.filtered {
+		s += fmt.Sprintf(", filtered out %d", c.rejected)
+	}
 	s += fmt.Sprintf(", too long for the %d-byte buffers %d", c.bufFrame, c.tooLong)
 	if c.tooLong > 0 {
 		s += fmt.Sprintf(" (up to %d bytes; raise -buffer-size)", c.tooLongMax)
@@ -227,7 +305,7 @@ func (c *captureCounts) line() string {
 
 func (c *captureCounts) details() map[string]any {
 	return map[string]any{
-		"written": c.written, "truncated": c.truncated,
+		"written": c.written, "truncated": c.truncated, "filtered_out": c.rejected,
 		"too_long": map[string]any{"frames": c.tooLong, "largest_bytes": c.tooLongMax, "buffer_holds": c.bufFrame,
 			"reason": fmt.Sprintf("frame longer than the %d bytes a receive buffer holds", c.bufFrame)},
 		"bad_completions": c.bad,

@@ -7,19 +7,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
-	"github.com/google/gopacket/pcapgo"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/pcapfilter"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/qemu"
 )
@@ -29,6 +35,8 @@ import (
 const (
 	cliNIC      = "0000:00:04.0"
 	cliSpareNIC = "0000:00:05.0"
+	cliIGB      = "0000:00:08.0"
+	cliIGBPeer  = "0000:00:09.0"
 	cliFrames   = 200   // frames capture writes
 	cliPktgen   = 20000 // frames pktgen sends
 	cliMTU      = 9000  // the vfio NIC's host_mtu
@@ -75,10 +83,21 @@ func TestVMTools(t *testing.T) {
 			// ownership tests (TestGuestCLIOwnership).
 			{Model: qemu.VirtioNet, Packed: true, Slot: 6, Bind: qemu.BindLinux, IPv4: ownLinuxIP + "/24", Net: qemu.Hub(0)},
 			{Model: qemu.VirtioNet, Packed: true, Slot: 7, Bind: qemu.BindLinux, Net: qemu.Hub(0)},
+			// An Intel 82576 for 'vfnic info' (TestGuestCLIInfo).
+			{Model: qemu.IGB, Slot: 8, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
+			// The 82576's wire partner: pktgen's flows into its RSS
+			// (TestGuestCLISinkRSS).
+			{Model: qemu.VirtioNet, Packed: true, Slot: 9, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
 		},
 		Timeout: 3 * time.Minute,
 	}
-	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestCLI"})
+	gt := qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestCLI"}
+	if ref, ok := filterReference(t); ok {
+		gt.Env = append(gt.Env, filterRefEnv+"="+ref)
+	} else {
+		gt.Args = append(gt.Args, "-test.skip=^TestGuestCLICaptureFilter$")
+	}
+	qemu.RunGoTestT(t, cfg, gt)
 	stop()
 	wg.Wait()
 	_ = conn.SetReadDeadline(time.Now())
@@ -91,6 +110,94 @@ func TestVMTools(t *testing.T) {
 	t.Logf("pktgen -vlan %d: host received frames by size %v", cliVLAN, seen.tagged)
 	require.Equal(t, map[int]int{1518: cliTagged, cliMTU + nic.FrameOverhead: cliTagged}, seen.tagged,
 		"full-size tagged frames, at 1500 and at the device's MTU")
+	f := seen.flows
+	t.Logf("pktgen flows: host received %d frames, %d bad checksums; by source %v, source port %v, size %v",
+		f.frames, f.badChecksum, f.srcIPs, f.srcPorts, f.sizes)
+	require.Equal(t, cliFlowFrames, f.frames, "every frame of the ranges")
+	require.Zero(t, f.badChecksum, "IPv6 UDP checksums right after the in-place rewrites")
+	require.Equal(t, map[string]int{"2001:db8::1": 80, "2001:db8::2": 80, "2001:db8::3": 80}, f.srcIPs)
+	require.Equal(t, map[int]int{1000: 60, 1001: 60, 1002: 60, 1003: 60}, f.srcPorts)
+	require.Equal(t, map[string]int{"78": 160, "1514": 80}, f.sizes, "the size mix 78:2,1514:1")
+	require.Len(t, f.seqs, cliFlowFrames, "each sequence number once")
+}
+
+// captureFilters are the filters TestGuestCLICaptureFilter runs capture
+// with, over the host's stream: each kind of primitive, combinations,
+// tagged frames.
+var captureFilters = []string{
+	"ip",
+	"ip6 and udp port 9",
+	"tcp port 80 or icmp",
+	"vlan",
+	"vlan 100",
+	"vlan 300 and udp dst port 6000 and src host 10.0.0.3",
+	"vlan 200 and vlan 100 and ether proto 0x88b5",
+	"arp or host 10.0.0.1",
+	"not vlan and ether broadcast and not arp",
+	"greater 4000 and not vlan",
+	"less 100 and (ip or ip6)",
+	"net 10.0.0.0/30 and not src net 10.0.0.2/32",
+	"ether dst 02:00:00:00:00:99 and not ip6",
+	"src host fe80::cc or portrange 70-90",
+}
+
+// filterRefEnv carries, into the guest, the frames of one wireCycle that
+// libpcap accepts for each of captureFilters (JSON: filter -> indexes).
+const filterRefEnv = "VFNIC_CLI_FILTER_REF"
+
+// filterReference runs each of captureFilters through libpcap ('tcpdump
+// -r cycle.pcap -w out.pcap FILTER') over one cycle of the host's frames
+// and returns the JSON for filterRefEnv. tshark would be the same
+// reference: it hands capture filters to libpcap, and only when capturing
+// live; reading a file, it takes display filters, another language. Without
+// tcpdump the guest test is not run, which fails under CI.
+func filterReference(t *testing.T) (string, bool) {
+	tcpdump, err := exec.LookPath("tcpdump")
+	if err != nil {
+		if qemu.InCI() {
+			t.Fatal("tcpdump is not installed (apt-get install tcpdump): it is the reference for the capture filter tests")
+		}
+		t.Log("NOT RUN: TestGuestCLICaptureFilter needs tcpdump on the host as its reference (apt-get install tcpdump)")
+		return "", false
+	}
+	dir := t.TempDir()
+	in := filepath.Join(dir, "cycle.pcap")
+	f, err := os.Create(in)
+	require.NoError(t, err)
+	w := pcapgo.NewWriter(f)
+	require.NoError(t, w.WriteFileHeader(262144, layers.LinkTypeEthernet))
+	for seq := range wireCycle {
+		b := wireFrame(seq)
+		require.NoError(t, w.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(int64(seq), 0), CaptureLength: len(b), Length: len(b)}, b))
+	}
+	require.NoError(t, f.Close())
+	ref := map[string][]int{}
+	for _, expr := range captureFilters {
+		out := filepath.Join(dir, "out.pcap")
+		res, err := exec.Command(tcpdump, "-r", in, "-w", out, expr).CombinedOutput()
+		require.NoError(t, err, "tcpdump %q: %s", expr, res)
+		o, err := os.Open(out)
+		require.NoError(t, err)
+		r, err := pcapgo.NewReader(o)
+		require.NoError(t, err)
+		idx := []int{}
+		for {
+			data, _, err := r.ReadPacketData()
+			if err != nil {
+				break
+			}
+			seq, ok := wireSeq(data)
+			require.True(t, ok)
+			idx = append(idx, seq)
+		}
+		o.Close()
+		require.NotEmpty(t, idx, "%q takes some of the stream", expr)
+		require.Less(t, len(idx), len(wireCycle), "%q refuses some of the stream", expr)
+		ref[expr] = idx
+	}
+	b, err := json.Marshal(ref)
+	require.NoError(t, err)
+	return string(b), true
 }
 
 // streamMarked sends numbered frames (wireFrame) to the guest every 2 ms
@@ -114,12 +221,30 @@ func streamMarked(ctx context.Context, conn *net.UDPConn, port int) int {
 type pktgenSeen struct {
 	frames, inOrder, bad int
 	tagged               map[int]int // VLAN cliVLAN frames by size
+	flows                flowsSeen   // TestGuestCLIPktgenFlows's frames
 }
+
+// flowsSeen counts the IPv6 frames of TestGuestCLIPktgenFlows (UDP to
+// ports cliFlowPorts): by source address, source port, size, and which
+// sequence numbers came, with a valid UDP checksum.
+type flowsSeen struct {
+	frames, badChecksum int
+	srcIPs, sizes       map[string]int
+	srcPorts            map[int]int
+	seqs                map[uint64]int
+}
+
+// TestGuestCLIPktgenFlows's numbers.
+const (
+	cliFlowFrames = 240
+	cliFlowPortLo = 5000 // and 5001
+)
 
 // countPktgen reads what the guest sends until the socket's deadline:
 // pktgen's UDP frames carry a big-endian sequence number after the headers.
 func countPktgen(conn *net.UDPConn) pktgenSeen {
-	s := pktgenSeen{tagged: map[int]int{}}
+	s := pktgenSeen{tagged: map[int]int{}, flows: flowsSeen{srcIPs: map[string]int{}, sizes: map[string]int{},
+		srcPorts: map[int]int{}, seqs: map[uint64]int{}}}
 	buf := make([]byte, 65536)
 	next := uint64(0)
 	for {
@@ -137,6 +262,20 @@ func countPktgen(conn *net.UDPConn) pktgenSeen {
 				s.tagged[n]++
 			} else {
 				s.bad++
+			}
+			continue
+		}
+		if ip6, ok := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ok && udp.DstPort >= cliFlowPortLo && udp.DstPort <= cliFlowPortLo+1 {
+			f := &s.flows
+			f.frames++
+			if !udp6Valid(ip6, ip6.Payload) {
+				f.badChecksum++
+			}
+			f.srcIPs[ip6.SrcIP.String()]++
+			f.srcPorts[int(udp.SrcPort)]++
+			f.sizes[strconv.Itoa(n)]++
+			if len(udp.Payload) >= 8 {
+				f.seqs[binary.BigEndian.Uint64(udp.Payload)]++
 			}
 			continue
 		}
@@ -159,7 +298,11 @@ func TestGuestCLIListBind(t *testing.T) {
 	code, out, errw := runCLI("list")
 	require.Zero(t, code, errw)
 	t.Log("\n" + out)
-	require.Regexp(t, cliNIC+`\s+1af4:1041\s+virtio-net \(modern\)\s+vfio-pci\s+\d+\s+-\s+bound`, out)
+	require.Regexp(t, cliNIC+`\s+1af4:1041\s+virtio-net \(modern\)\s+vfio-pci\s+\d+\s+-\s+-\s+bound`, out, "no MAC known on vfio-pci")
+	// The Linux NICs show their MAC; the legend goes to stderr.
+	require.Regexp(t, `0000:00:06.0\s+1af4:1041\s+virtio-net \(modern\)\s+virtio-pci\s+\d+\s+\S+ \*Active\*\s+([0-9a-f]{2}:){5}[0-9a-f]{2}\s+no`, out)
+	require.NotContains(t, out, "*Active*: the kernel uses")
+	require.Contains(t, errw, "*Active*: the kernel uses this NIC")
 	require.Regexp(t, cliSpareNIC+`\s+8086:10d3\s+Intel 82574L \(e1000e\)\s+-\s+\d+`, out)
 
 	code, out, errw = runCLI("bind", cliSpareNIC)
@@ -391,6 +534,11 @@ const (
 	wireVLAN  wireKind = "802.1Q"
 	wireQinQ  wireKind = "QinQ"
 	wireIPv6  wireKind = "IPv6/UDP"
+	// For the filter tests (TestGuestCLICaptureFilter).
+	wireTCP4     wireKind = "IPv4/TCP"
+	wireUDP4VLAN wireKind = "802.1Q IPv4/UDP"
+	wireARP      wireKind = "ARP"
+	wireICMP4    wireKind = "IPv4/ICMP"
 )
 
 type wireSpec struct {
@@ -401,14 +549,16 @@ type wireSpec struct {
 
 // wireCycle is the sequence of frames the host sends, over and over:
 // sizes 14 to 9018 including the edges of 1500/9000 MTUs, 2048 and 4096
-// buffers, tagged and IPv6. Frames longer than 4084 bytes alternate with
+// buffers, tagged and IPv6, and IPv4 TCP, UDP (tagged), ICMP and ARP
+// frames for the filters. Frames longer than 4084 bytes alternate with
 // shorter ones, so that no two frames too long for 4096-byte buffers are
 // adjacent (checkWire's bounds rely on it).
 var wireCycle = func() []wireSpec {
 	small := []wireSpec{{14, wirePlain, false}, {15, wirePlain, true}, {60, wirePlain, true}, {64, wireIPv6, false},
 		{100, wireVLAN, false}, {1514, wirePlain, false}, {1515, wirePlain, false}, {1518, wireVLAN, true},
 		{1522, wireQinQ, false}, {2036, wirePlain, true}, {2037, wirePlain, false}, {3000, wireIPv6, false},
-		{4084, wirePlain, false}, {4084, wireQinQ, false}, {1000, wireIPv6, true}}
+		{4084, wirePlain, false}, {4084, wireQinQ, false}, {1000, wireIPv6, true},
+		{74, wireTCP4, true}, {90, wireUDP4VLAN, false}, {60, wireARP, false}, {98, wireICMP4, true}}
 	big := []wireSpec{{4085, wirePlain, false}, {4096, wireVLAN, false}, {5000, wireIPv6, true}, {6000, wirePlain, true},
 		{8000, wireQinQ, false}, {9000, wirePlain, false}, {9014, wirePlain, false}, {9018, wireVLAN, false},
 		{9018, wireQinQ, true}, {9018, wireIPv6, false}}
@@ -461,6 +611,32 @@ func wireFrame(seq int) []byte {
 		_ = udp.SetNetworkLayerForChecksum(ip)
 		ls = []gopacket.SerializableLayer{&layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv6},
 			ip, udp, gopacket.Payload(fill(w.size - 14 - 40 - 8))}
+	case wireTCP4, wireUDP4VLAN, wireICMP4:
+		ip := &layers.IPv4{Version: 4, TTL: 64, SrcIP: net.IP{10, 0, 0, 1}, DstIP: net.IP{10, 0, 0, 2}}
+		e := &layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
+		switch w.kind {
+		case wireTCP4:
+			ip.Protocol = layers.IPProtocolTCP
+			tcp := &layers.TCP{SrcPort: 40000, DstPort: 80, Seq: uint32(seq), SYN: true, Window: 1024}
+			_ = tcp.SetNetworkLayerForChecksum(ip)
+			ls = []gopacket.SerializableLayer{e, ip, tcp, gopacket.Payload(fill(w.size - 14 - 20 - 20))}
+		case wireUDP4VLAN:
+			ip.Protocol, ip.SrcIP, ip.DstIP = layers.IPProtocolUDP, net.IP{10, 0, 0, 3}, net.IP{10, 0, 0, 4}
+			udp := &layers.UDP{SrcPort: 5000, DstPort: 6000}
+			_ = udp.SetNetworkLayerForChecksum(ip)
+			e.EthernetType = layers.EthernetTypeDot1Q
+			ls = []gopacket.SerializableLayer{e, &layers.Dot1Q{VLANIdentifier: 300, Type: layers.EthernetTypeIPv4},
+				ip, udp, gopacket.Payload(fill(w.size - 18 - 20 - 8))}
+		case wireICMP4:
+			ip.Protocol, ip.SrcIP, ip.DstIP = layers.IPProtocolICMPv4, net.IP{10, 0, 0, 2}, net.IP{10, 0, 0, 1}
+			ls = []gopacket.SerializableLayer{e, ip, &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoRequest, 0),
+				Id: 7, Seq: uint16(seq)}, gopacket.Payload(fill(w.size - 14 - 20 - 8))}
+		}
+	case wireARP:
+		ls = []gopacket.SerializableLayer{&layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeARP},
+			&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
+				Operation: layers.ARPRequest, SourceHwAddress: src, SourceProtAddress: net.IP{10, 0, 0, 1},
+				DstHwAddress: make([]byte, 6), DstProtAddress: net.IP{10, 0, 0, 2}}} // padded to 60 bytes
 	}
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
@@ -499,9 +675,15 @@ func TestWireFrames(t *testing.T) {
 				}
 			}
 			require.Equal(t, 2, n, "seq %d: two tags", seq)
-		case wireIPv6:
+		case wireIPv6, wireUDP4VLAN:
 			require.NotNil(t, p.Layer(layers.LayerTypeUDP), "seq %d", seq)
 			require.Nil(t, p.ErrorLayer(), "seq %d", seq)
+		case wireTCP4:
+			require.NotNil(t, p.Layer(layers.LayerTypeTCP), "seq %d", seq)
+		case wireICMP4:
+			require.NotNil(t, p.Layer(layers.LayerTypeICMPv4), "seq %d", seq)
+		case wireARP:
+			require.NotNil(t, p.Layer(layers.LayerTypeARP), "seq %d", seq)
 		}
 	}
 }
@@ -643,4 +825,310 @@ func TestGuestCLICaptureNoPromisc(t *testing.T) {
 		require.False(t, wireCycle[seq%len(wireCycle)].unicast, "frame %d (seq %d) is for another MAC", i, seq)
 		require.Equal(t, []byte(layers.EthernetBroadcast), f.data[:6])
 	}
+}
+
+// TestGuestCLICaptureFilter: capture with each of captureFilters writes
+// only frames libpcap accepts (filterReference), byte-identical, and,
+// once past the backlog QEMU kept while no driver ran, misses none that
+// libpcap accepts; without -w it prints tcpdump's lines; a bad expression
+// is refused before the device is touched.
+func TestGuestCLICaptureFilter(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	var ref map[string][]int
+	require.NoError(t, json.Unmarshal([]byte(os.Getenv(filterRefEnv)), &ref), "the host's libpcap reference")
+	for i, expr := range captureFilters {
+		accepted := map[int]bool{}
+		for _, k := range ref[expr] {
+			accepted[k] = true
+		}
+		require.NotEmpty(t, accepted, expr)
+		// The backlog is at most 100 frames (checkWire): enough frames that
+		// the second half comes from the live stream.
+		share := float64(len(accepted)) / float64(len(wireCycle))
+		count := 2*int(math.Ceil(100*share)) + 10
+		file := filepath.Join(t.TempDir(), "f.pcap")
+		args := []string{"capture", cliNIC, "-w", file, "-c", strconv.Itoa(count), "-duration", "60s", "-progress", "0", "-json"}
+		if i%2 == 0 {
+			args = append(args, expr) // quoted, one argument
+		} else {
+			args = append(args, strings.Fields(expr)...) // as tcpdump's words
+		}
+		code, out, errw := runCLI(args...)
+		require.Zero(t, code, "%q: %s", expr, errw)
+		require.Contains(t, errw, fmt.Sprintf("filter %q (", expr))
+		var sum trafficSummary
+		require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
+		require.EqualValues(t, count, sum.Details["written"], expr)
+		f, err := os.Open(file)
+		require.NoError(t, err)
+		r, err := pcapgo.NewReader(f)
+		require.NoError(t, err)
+		var seqs []int
+		for {
+			data, _, err := r.ReadPacketData()
+			if err != nil {
+				break
+			}
+			seq, ok := wireSeq(data)
+			require.True(t, ok, "%q: a host frame", expr)
+			require.Equal(t, wireFrame(seq), data, "%q: seq %d byte-identical", expr, seq)
+			require.True(t, accepted[seq%len(wireCycle)], "%q: seq %d (%s, %d bytes) is one libpcap refuses", expr, seq,
+				wireCycle[seq%len(wireCycle)].kind, len(data))
+			seqs = append(seqs, seq)
+		}
+		f.Close()
+		require.Len(t, seqs, count, expr)
+		missed := 0
+		for j := count / 2; j < count; j++ {
+			require.Greater(t, seqs[j], seqs[j-1], "%q: in order", expr)
+			for s := seqs[j-1] + 1; s < seqs[j]; s++ {
+				if accepted[s%len(wireCycle)] {
+					missed++
+				}
+			}
+		}
+		require.Zero(t, missed, "%q: frames libpcap accepts missing from the live stream", expr)
+		t.Logf("%q: %d frames, all libpcap's, none of its missing over the last %d (%v filtered out)",
+			expr, count, count-count/2, sum.Details["filtered_out"])
+	}
+
+	// Text lines on stdout, tcpdump-style flags, the filter after -i.
+	code, out, errw := runCLI("capture", "-i", cliNIC, "-c", "3", "-duration", "60s", "-progress", "0", "icmp")
+	require.Zero(t, code, errw)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 3, out)
+	line := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{6} IP 10\.0\.0\.2 > 10\.0\.0\.1: ICMP echo request, id 7, seq \d+, length 64$`)
+	for _, l := range lines {
+		require.Regexp(t, line, l)
+	}
+	require.Contains(t, errw, "capture: writing frames to stdout as text")
+
+	// A bad expression: refused with its column, the device untouched.
+	code, out, errw = runCLI("capture", cliNIC, "tcp", "prot", "80")
+	require.Equal(t, exitUsage, code)
+	require.Empty(t, out)
+	require.Contains(t, errw, `filter: column 5: want "and", "or" or the end of the expression, got "prot" (did you mean "port"?)`)
+	require.NotContains(t, errw, "queue pair", "the device was not opened")
+}
+
+// TestFilterReference checks, on the host, what TestGuestCLICaptureFilter
+// relies on: libpcap's verdicts over the host's stream, and that the
+// compiler's match them frame for frame.
+func TestFilterReference(t *testing.T) {
+	if _, err := exec.LookPath("tcpdump"); err != nil && !qemu.InCI() {
+		t.Skip("tcpdump is not installed (apt-get install tcpdump)")
+	}
+	js, ok := filterReference(t)
+	require.True(t, ok)
+	var ref map[string][]int
+	require.NoError(t, json.Unmarshal([]byte(js), &ref))
+	for _, expr := range captureFilters {
+		f, err := pcapfilter.New(expr)
+		require.NoError(t, err)
+		var got []int
+		for seq := range wireCycle {
+			if f.Match(wireFrame(seq)) {
+				got = append(got, seq)
+			}
+		}
+		require.Equal(t, ref[expr], got, expr)
+		t.Logf("%q takes %d of the %d frames of a cycle", expr, len(got), len(wireCycle))
+	}
+}
+
+// TestGuestCLIInfo: 'vfnic info' on virtio and igb, in text and JSON,
+// opens the NIC, sends and receives nothing, and says what it is.
+func TestGuestCLIInfo(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	mac := `([0-9a-f]{2}:){5}[0-9a-f]{2}`
+	for _, tc := range []struct {
+		addr, driver, model string
+		mtu, maxTx          int
+		features, offloads  []string
+		text                []string // regexps the text must hold
+	}{
+		{cliNIC, "virtio", "virtio-net", cliMTU, cliMTU + nic.FrameOverhead, []string{"VERSION_1", "RING_PACKED", "MTU", "ACCESS_PLATFORM"}, nil,
+			[]string{`(?m)^0000:00:04.0: virtio-net.* \(virtio driver\)$`, `(?m)^  MTU              9000 \(frames up to 9022 bytes sent`,
+				`(?m)^  features         .*RING_PACKED`}},
+		{cliIGB, "igb", "82576", 1500, nic.MaxFrame, []string{"advanced-descriptors", "msix"}, []string{"tx IPv4/TCP/UDP checksum"},
+			[]string{`(?m)^0000:00:08.0: Intel 82576 \(igb driver\)$`, `(?m)^  link             (up, \d+ Mbit/s|down)`,
+				`(?m)^  offloads         .*tx IPv4/TCP/UDP checksum`}},
+	} {
+		code, out, errw := runCLI("info", tc.addr)
+		require.Zero(t, code, errw)
+		t.Log("\n" + out)
+		require.Regexp(t, `(?m)^  MAC              `+mac+`$`, out)
+		require.Regexp(t, `(?m)^  queue pairs      1 used, \d+ offered$`, out)
+		require.Regexp(t, `(?m)^  rings            \d+ descriptors; \d+ receive buffers of \d+ bytes$`, out)
+		require.Contains(t, out, "  binding          vfio-pci\n", "already bound: nothing rebound")
+		for _, re := range tc.text {
+			require.Regexp(t, re, out)
+		}
+
+		code, out, errw = runCLI("info", "-json", tc.addr)
+		require.Zero(t, code, errw)
+		var in infoOutput
+		require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+		require.Equal(t, tc.addr, in.Address)
+		require.Equal(t, tc.driver, in.Driver)
+		require.Contains(t, in.Model, tc.model)
+		require.Regexp(t, "^"+mac+"$", in.MAC)
+		require.Equal(t, tc.mtu, in.MTU)
+		require.Equal(t, tc.maxTx, in.MaxTxFrame)
+		require.Positive(t, in.MaxRxFrame)
+		require.Equal(t, 1, in.QueuePairs)
+		require.GreaterOrEqual(t, in.MaxQueuePairs, 1)
+		require.Positive(t, in.QueueSize)
+		require.Positive(t, in.Vectors)
+		require.Empty(t, in.Link.Error)
+		for _, f := range tc.features {
+			require.Contains(t, in.Features, f)
+		}
+		for _, f := range tc.offloads {
+			require.Contains(t, in.Offloads, f)
+		}
+		require.Zero(t, in.Counters.Tx.Packets, "info sends nothing")
+		require.False(t, in.Rebound)
+		if tc.driver == "virtio" {
+			require.True(t, in.Link.Up, "link: %+v", in.Link)
+		}
+		if tc.driver == "igb" {
+			require.True(t, in.Link.Reported, "the 82576 reports its link")
+			if in.Link.Up {
+				require.Positive(t, in.Link.SpeedMbps)
+			}
+			require.GreaterOrEqual(t, in.MaxQueuePairs, 2, "the 82576 offers several queue pairs")
+		}
+		t.Logf("%s: %+v", tc.addr, in)
+	}
+}
+
+// TestGuestCLIPktgenFlows: pktgen with ranges of IPv6 sources, UDP ports
+// and a size mix; the host checks what arrives (TestVMTools).
+func TestGuestCLIPktgenFlows(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	code, out, errw := runCLI("pktgen", cliNIC, "-count", strconv.Itoa(cliFlowFrames), "-rate", "2000", "-progress", "0", "-json",
+		"-src-ip", "2001:db8::1-2001:db8::3", "-dst-ip", "2001:db8::100", "-src-port", "1000-1003",
+		"-port", fmt.Sprintf("%d-%d", cliFlowPortLo, cliFlowPortLo+1), "-size-mix", "78:2,1514:1")
+	t.Log(errw)
+	require.Zero(t, code, errw)
+	require.Contains(t, errw, "pktgen: sending a mix of 78:2,1514:1 byte frames to ff:ff:ff:ff:ff:ff (2001:db8::1-2001:db8::3 -> 2001:db8::100:5000-5001 from port 1000-1003)")
+	var sum trafficSummary
+	require.NoError(t, json.Unmarshal([]byte(out), &sum), out)
+	require.EqualValues(t, cliFlowFrames, sum.Tx.Frames)
+	require.EqualValues(t, cliFlowFrames/3*(78*2+1514), sum.Tx.Bytes)
+	require.Zero(t, sum.Tx.Errors)
+}
+
+// TestGuestCLISinkRSS: 'sink -queues 4' on the 82576 receives pktgen's
+// 64 flows (sources and ports in ranges) from the NIC across the wire,
+// spread by RSS over its 4 queues, each polled by its own core, with
+// per-queue counts in the summary.
+func TestGuestCLISinkRSS(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	const frames = 640
+	code, out, errw := runCLI("info", "-json", cliIGB)
+	require.Zero(t, code, errw)
+	var in infoOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+	sink := startVfnic(t, "sink", "-queues", "4", "-count", strconv.Itoa(frames), "-duration", "60s", "-progress", "0", "-json", cliIGB)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(sink.output(), "sink: receiving and dropping frames") {
+		require.True(t, time.Now().Before(deadline), "sink did not start:\n%s", sink.output())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Contains(t, sink.output(), "4 queues, each polling in adaptive mode")
+	code, _, errw = runCLI("pktgen", cliIGBPeer, "-count", strconv.Itoa(frames), "-rate", "2000", "-progress", "0", "-dst-mac", in.MAC,
+		"-src-ip", "10.1.0.1-10.1.0.64", "-dst-ip", "10.2.0.1", "-src-port", "1000-1063", "-port", "7000")
+	require.Zero(t, code, errw)
+	err, ended := sink.wait(40 * time.Second)
+	require.True(t, ended, "sink still running:\n%s", sink.output())
+	require.NoError(t, err, sink.output())
+	t.Log(sink.output())
+	var sum trafficSummary
+	for _, l := range strings.Split(sink.output(), "\n") {
+		if strings.HasPrefix(l, `{"command":"sink"`) {
+			require.NoError(t, json.Unmarshal([]byte(l), &sum), l)
+		}
+	}
+	require.Equal(t, "sink", sum.Command, sink.output())
+	require.Equal(t, 4, sum.Device.QueuePairs)
+	require.EqualValues(t, frames, sum.Details["received"], "every frame pktgen sent")
+	per := sum.Details["queues"].([]any)
+	require.Len(t, per, 4)
+	counts := make([]int, 4)
+	for i, q := range per {
+		counts[i] = int(q.(map[string]any)["received"].(float64))
+	}
+	t.Logf("RSS over 4 queues: %v", counts)
+	for i, n := range counts {
+		require.Positive(t, n, "queue %d received some of the 64 flows: %v", i, counts)
+	}
+}
+
+// TestGuestCLIFwd: 'fwd -forward macswap' between the host's NIC and the
+// 82576's partner carries the host's stream across to the 82576, where
+// capture finds each frame byte for byte, MACs swapped; frames longer
+// than the partner sends are dropped and counted.
+func TestGuestCLIFwd(t *testing.T) {
+	if !qemu.InGuest() {
+		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
+	}
+	fwd := startVfnic(t, "fwd", "-forward", "macswap", "-progress", "0", cliNIC, cliIGBPeer)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(fwd.output(), "fwd: macswap forwarding between "+cliNIC+" and "+cliIGBPeer) {
+		require.True(t, time.Now().Before(deadline), "fwd did not start:\n%s", fwd.output())
+		time.Sleep(50 * time.Millisecond)
+	}
+	file := filepath.Join(t.TempDir(), "fwd.pcap")
+	code, _, errw := runCLI("capture", cliIGB, "-w", file, "-c", "30", "-duration", "60s", "-progress", "0")
+	require.Zero(t, code, errw)
+	require.NoError(t, fwd.cmd.Process.Signal(syscall.SIGINT))
+	err, ended := fwd.wait(20 * time.Second)
+	require.True(t, ended, "fwd still running:\n%s", fwd.output())
+	require.NoError(t, err, fwd.output())
+	t.Log(fwd.output())
+	require.Contains(t, fwd.output(), "fwd: "+cliIGBPeer+" rx ")
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	require.NoError(t, err)
+	n, exact := 0, 0
+	for {
+		data, _, err := r.ReadPacketData()
+		if err != nil {
+			break
+		}
+		// Swap the MACs back: the host's frame, whole.
+		b := append([]byte(nil), data...)
+		var m [6]byte
+		copy(m[:], b[0:6])
+		copy(b[0:6], b[6:12])
+		copy(b[6:12], m[:])
+		seq, ok := wireSeq(b)
+		require.True(t, ok, "frame %d (%d bytes) is the host's, MACs swapped", n, len(data))
+		n++
+		switch wireCycle[seq%len(wireCycle)].kind {
+		case wireVLAN, wireQinQ, wireUDP4VLAN:
+			continue // the 82576 may strip the tag it receives
+		}
+		want := wireFrame(seq)
+		if len(want) < 60 {
+			want = append(want, make([]byte, 60-len(want))...) // QEMU's 82576 pads runts
+		}
+		require.Equal(t, want, b, "frame %d (seq %d) byte for byte", n, seq)
+		exact++
+	}
+	require.Equal(t, 30, n)
+	require.GreaterOrEqual(t, exact, 10, "untagged frames compared byte for byte")
+	require.Regexp(t, `dropped [1-9]\d*`, fwd.output(), "jumbo frames dropped at the partner, counted")
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,9 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/gopacket/layers"
-	"github.com/google/gopacket/pcapgo"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/pcapfilter"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/lcore/lcoretest"
 )
@@ -115,7 +117,7 @@ func TestPktgenOnCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, frame: make([]byte, 64), seqOff: 42, count: 300}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300}
 			var human, js bytes.Buffer
 			p := newProgress(&human, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -125,7 +127,7 @@ func TestPktgenOnCore(t *testing.T) {
 			require.EqualValues(t, 300, g.sent)
 			require.EqualValues(t, 300, tx.Counters().Posts)
 			require.NotZero(t, tx.Counters().Flushes, "the core rang the doorbell")
-			require.Equal(t, uint64(299), uint64(g.frame[42+7])|uint64(g.frame[42+6])<<8, "the last frame carries sequence number 299")
+			require.Equal(t, uint64(299), binary.BigEndian.Uint64(g.src.(*seqFrame).frame[42:]), "the last frame carries sequence number 299")
 
 			require.NoError(t, p.summary("pktgen", &js, nil))
 			require.Contains(t, human.String(), fmt.Sprintf("pktgen: polling core %s mode, not pinned: ", mode))
@@ -150,7 +152,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, frame: make([]byte, 64), seqOff: 42, count: 20, rate: 500}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, rate: 500}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
@@ -183,7 +185,7 @@ func TestCaptureOnCore(t *testing.T) {
 			bw := bufio.NewWriter(&pcap)
 			w := pcapgo.NewWriterNanos(bw)
 			require.NoError(t, w.WriteFileHeader(100, layers.LinkTypeEthernet))
-			cw := &capturer{rx: rx, w: w, bw: bw, count: 50, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
+			cw := &capturer{rx: rx, w: pcapWriter{w}, bw: bw, count: 50, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
 			rx.Inject(30)
 			go func() {
@@ -228,7 +230,7 @@ func TestProgressWhileAsleep(t *testing.T) {
 	var human bytes.Buffer
 	var pcap bytes.Buffer
 	bw := bufio.NewWriter(&pcap)
-	cw := &capturer{rx: rx, w: pcapgo.NewWriterNanos(bw), bw: bw, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
+	cw := &capturer{rx: rx, w: pcapWriter{pcapgo.NewWriterNanos(bw)}, bw: bw, snaplen: 100, c: captureCounts{bufFrame: rx.MaxFrame()}}
 	p := newProgress(&human, &fakeDevice{}, 30*time.Millisecond, cw.c.line)
 	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
 	defer cancel()
@@ -261,4 +263,89 @@ func TestEchoOnCore(t *testing.T) {
 	require.EqualValues(t, 40, rx.Counters().Posts, "every buffer posted again")
 	require.EqualValues(t, 40, e.ignored)
 	require.Zero(t, e.errs)
+}
+
+// TestCaptureFilterOnCore: frames the filter refuses are counted and their
+// buffers posted again, never written; -count counts the frames that
+// pass; without -w each passing frame is one text line.
+func TestCaptureFilterOnCore(t *testing.T) {
+	rx := newTestQueue(t)
+	core := newTestCore(t, lcore.Interrupt)
+	var out bytes.Buffer
+	bw := bufio.NewWriter(&out)
+	// The test queue's frames are 64 zero bytes: ethertype 0, MACs zero.
+	refuse, err := pcapfilter.New("not ether dst 00:00:00:00:00:00 or ip")
+	require.NoError(t, err)
+	cw := &capturer{rx: rx, w: &textWriter{w: bw}, bw: bw, filter: refuse, snaplen: 100, pipe: true,
+		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: true}}
+	p := newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
+	rx.Inject(40)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		for rx.Counters().Posts < 40 && t.Context().Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	require.NoError(t, cw.run(ctx, core, p))
+	require.EqualValues(t, 40, cw.c.rejected)
+	require.Zero(t, cw.c.written)
+	require.Empty(t, out.String())
+	require.Contains(t, cw.c.line(), "written 0, filtered out 40")
+	require.EqualValues(t, 40, cw.c.details()["filtered_out"])
+
+	rx = newTestQueue(t)
+	core = newTestCore(t, lcore.Busy)
+	take, err := pcapfilter.New("ether src 00:00:00:00:00:00 and less 64 and not vlan")
+	require.NoError(t, err)
+	cw = &capturer{rx: rx, w: &textWriter{w: bw}, bw: bw, filter: take, count: 25, snaplen: 100, pipe: true,
+		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: true}}
+	p = newProgress(io.Discard, &fakeDevice{}, 0, cw.c.line)
+	rx.Inject(60)
+	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, cw.run(ctx, core, p))
+	require.NoError(t, ctx.Err(), "stopped by the count")
+	require.EqualValues(t, 25, cw.c.written)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Len(t, lines, 25, "one line per frame, flushed")
+	require.Regexp(t, `^\d\d:\d\d:\d\d\.\d{6} 00:00:00:00:00:00 > 00:00:00:00:00:00, ethertype 0x0000, length 64$`, lines[0])
+}
+
+// TestSinkQueuesOnCores: sink -queues N polls each queue with a core of
+// its own, counts per queue and in all, and stops all cores at -count.
+func TestSinkQueuesOnCores(t *testing.T) {
+	s := &sink{count: 90}
+	var cores []*lcore.Core
+	var qs []*lcoretest.Queue
+	for _, mode := range []lcore.Mode{lcore.Busy, lcore.Adaptive, lcore.Interrupt} {
+		q := newTestQueue(t)
+		qs = append(qs, q)
+		s.queues = append(s.queues, &sinkQueue{rx: q})
+		cores = append(cores, newTestCore(t, mode))
+	}
+	var human bytes.Buffer
+	p := newProgress(&human, &fakeDevice{}, 0, s.line)
+	p.extraCores = cores[1:]
+	for _, q := range qs {
+		q.Inject(30)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.run(ctx, cores, p))
+	require.NoError(t, ctx.Err(), "stopped by the count on all queues, not the timeout")
+	for i, q := range s.queues {
+		require.EqualValues(t, 30, q.received.Load(), "queue %d", i)
+		require.GreaterOrEqual(t, qs[i].Counters().Posts, uint64(30), "buffers posted again")
+	}
+	require.Equal(t, "received 90, error completions 0, per queue [30 30 30]", s.line())
+	d := s.details(cores[1:])
+	require.EqualValues(t, 90, d["received"])
+	per := d["queues"].([]map[string]any)
+	require.Len(t, per, 3)
+	require.EqualValues(t, 30, per[2]["received"])
+	require.Equal(t, "interrupt", per[2]["core"].(*coreSummary).Mode, "each queue's core is described")
+	for _, c := range cores {
+		require.Positive(t, c.Stats().Completions, "every core read its queue")
+	}
 }

@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
@@ -64,7 +64,7 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{})
+	core, dev, err := df.open(ctx, fs, nic.Config{}, o.err)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -45,6 +47,10 @@ type listedDevice struct {
 	Driver     string   `json:"driver"`
 	IOMMUGroup int      `json:"iommu_group"` // -1: none
 	Interfaces []string `json:"interfaces"`
+	// MAC is the first interface's address, "" when the device has no
+	// kernel interface (on vfio-pci or no driver, the MAC is the device's
+	// to tell: 'vfnic info').
+	MAC string `json:"mac"`
 	// Active lists why the kernel is using the device (interface up,
 	// addresses, routes): binding it would take that away.
 	Active []string `json:"active"`
@@ -60,7 +66,7 @@ type listOutput struct {
 	Warnings  []string `json:"warnings"`
 }
 
-func runList(_ context.Context, args []string, out io.Writer) error {
+func runList(_ context.Context, args []string, o stdio) error {
 	fs := newFlags("list", "[-all] [-json]")
 	all := fs.Bool("all", false, "list every PCI device, not only network controllers")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
@@ -86,6 +92,12 @@ func runList(_ context.Context, args []string, out io.Writer) error {
 		if ld.Interfaces == nil {
 			ld.Interfaces = []string{}
 		}
+		for _, ifn := range d.NetInterfaces {
+			if mac, err := os.ReadFile(filepath.Join(sysRoot(sys), "class/net", ifn, "address")); err == nil {
+				ld.MAC = strings.TrimSpace(string(mac))
+				break
+			}
+		}
 		if len(d.NetInterfaces) > 0 {
 			reasons, err := sys.InUse(d.Address, nil)
 			if err != nil {
@@ -101,16 +113,26 @@ func runList(_ context.Context, args []string, out io.Writer) error {
 		lo.VFIOReady = true
 	}
 	if *asJSON {
-		enc := json.NewEncoder(out)
+		enc := json.NewEncoder(o.out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(lo)
 	}
-	return printList(out, lo)
+	return printList(o, lo)
 }
 
-func printList(out io.Writer, lo listOutput) error {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ADDRESS\tID\tNAME\tDRIVER\tGROUP\tINTERFACES\tVFIO")
+// sysRoot is where s reads sysfs.
+func sysRoot(s pci.Sysfs) string {
+	if s.Root == "" {
+		return pci.DefaultRoot
+	}
+	return s.Root
+}
+
+// printList prints the table on stdout, and its legend and the warnings
+// on stderr, so that the table alone can go through a pipe.
+func printList(o stdio, lo listOutput) error {
+	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ADDRESS\tID\tNAME\tDRIVER\tGROUP\tINTERFACES\tMAC\tVFIO")
 	active := false
 	for _, d := range lo.Devices {
 		drv, grp, vf := d.Driver, fmt.Sprint(d.IOMMUGroup), "no"
@@ -132,7 +154,11 @@ func printList(out io.Writer, lo listOutput) error {
 			ifs += " *Active*"
 			active = true
 		}
-		fmt.Fprintf(tw, "%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\n", d.Address, d.VendorID, d.DeviceID, d.Name, drv, grp, ifs, vf)
+		mac := d.MAC
+		if mac == "" {
+			mac = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s:%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Address, d.VendorID, d.DeviceID, d.Name, drv, grp, ifs, mac, vf)
 	}
 	if len(lo.Devices) == 0 {
 		fmt.Fprintln(tw, "(no network controllers)")
@@ -141,10 +167,10 @@ func printList(out io.Writer, lo listOutput) error {
 		return err
 	}
 	if active {
-		fmt.Fprintln(out, "*Active*: the kernel uses this NIC (interface up, addresses or routes); 'vfnic bind' refuses it without -force")
+		fmt.Fprintln(o.err, "*Active*: the kernel uses this NIC (interface up, addresses or routes); 'vfnic bind' refuses it without -force")
 	}
 	for _, w := range lo.Warnings {
-		fmt.Fprintln(out, "warning:", w)
+		fmt.Fprintln(o.err, "warning:", w)
 	}
 	return nil
 }

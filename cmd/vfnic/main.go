@@ -5,16 +5,19 @@
 //	vfnic unbind [-force] ADDR...   give vfio-pci NICs back to their kernel drivers
 //	vfnic doctor [-json] [ADDR...]  check that VFIO can work and say what stops it
 //	vfnic probe [-json] [ADDR...]   open vfio-bound NICs and exercise them
+//	vfnic info [-json] ADDR         a NIC's MAC, MTU, link, queues, rings, features, offloads
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
 //	vfnic pktgen [flags] ADDR       send frames at a rate or as fast as the NIC takes them
-//	vfnic capture -w FILE ADDR      write received frames to a pcap file ("-" for stdout)
+//	vfnic fwd [-forward io|macswap] A B  forward frames between two NICs, both ways
+//	vfnic capture [-w FILE] ADDR [FILTER]  received frames matching a tcpdump filter, to a pcap file
+//	                                ("-" for stdout) or as text lines
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
 //	vfnic help [COMMAND]            this list, or a command's flags
-//	vfnic version                   the module version and build settings
+//	vfnic version                   the module version, build settings and drivers compiled in
 //
 // Flags go before or after the address ("vfnic echo ADDR -ip X" works);
-// "--" ends the flags. The traffic commands (echo, pktgen, capture,
-// udpping) print live rates in packets/s and Mbit/s (frame bytes without
+// "--" ends the flags. The traffic commands (echo, pktgen, capture, sink,
+// fwd, udpping) print live rates in packets/s and Mbit/s (frame bytes without
 // FCS) and a summary; with -json the summary is one JSON object on stdout
 // and every human line goes to stderr. echo, pktgen and capture run their
 // loop on a polling core (package lcore): -cpu N pins its thread to CPU N,
@@ -40,8 +43,11 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vfnic/vfnic/cmd/vfnic/internal/suggest"
 )
 
 // Exit statuses.
@@ -76,7 +82,8 @@ var commands map[string]command
 func init() {
 	// Set in init: help and version refer back to the table.
 	commands = map[string]command{
-		"list":    {"list NICs with driver, IOMMU group and binding", plain(runList)},
+		"info":    {"show a NIC's MAC, MTU, link, queues, rings, features and offloads without traffic", runInfo},
+		"list":    {"list NICs with driver, IOMMU group, interfaces, MAC and binding", runList},
 		"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", plain(runBind)},
 		"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", plain(runUnbind)},
 		"doctor":  {"check that VFIO can work here and say what stops it", plain(runDoctor)},
@@ -84,10 +91,11 @@ func init() {
 		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
 		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
 		"sink":    {"receive and drop frames, counting them (testpmd's rxonly)", runSink},
-		"capture": {"write received frames to a pcap file (nanosecond timestamps)", runCapture},
+		"capture": {"print received frames, or write them to a pcap file, through a tcpdump filter", runCapture},
 		"udpping": {"send UDP datagrams through the kernel's stack and check their echoes", runUDPPing},
+		"fwd":     {"forward frames between two NICs both ways (testpmd's io and macswap modes)", runFwd},
 		"help":    {"print this list, or a command's flags ('vfnic help capture')", runHelp},
-		"version": {"print vfnic's module version and build settings", runVersion},
+		"version": {"print vfnic's module version, build settings and the drivers compiled in", runVersion},
 	}
 }
 
@@ -121,7 +129,15 @@ func run(args []string, out, errw io.Writer) int {
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(errw, "vfnic: unknown command %q\n", name)
+		names := make([]string, 0, len(commands))
+		for n := range commands {
+			names = append(names, n)
+		}
+		hint := ""
+		if n := suggest.Closest(name, names); n != "" {
+			hint = fmt.Sprintf(" (did you mean %q?)", n)
+		}
+		fmt.Fprintf(errw, "vfnic: unknown command %q%s\n", name, hint)
 		usage(errw)
 		return exitUsage
 	}
@@ -172,6 +188,22 @@ func runHelp(_ context.Context, args []string, o stdio) error {
 	}
 }
 
+// flagHint returns " (did you mean -x?)" for an unknown flag near one of
+// fs's, or "".
+func flagHint(fs *flag.FlagSet, err error) string {
+	const unknown = "flag provided but not defined: -"
+	msg := err.Error()
+	if !strings.HasPrefix(msg, unknown) {
+		return ""
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if n := suggest.Closest(strings.TrimPrefix(msg, unknown), names); n != "" {
+		return fmt.Sprintf(" (did you mean -%s?)", n)
+	}
+	return ""
+}
+
 // helpError carries a command's usage text, printed to stdout by run.
 type helpError struct{ usage string }
 
@@ -207,7 +239,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 				fs.Usage()
 				return &helpError{usage: b.String()}
 			}
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return fmt.Errorf("%w: %v%s", errUsage, err, flagHint(fs, err))
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

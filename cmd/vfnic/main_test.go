@@ -45,16 +45,41 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"echo", "-ip", "10.0.0.1", "0000:7f:1f.0", "0000:7f:1f.1"}, "name one PCI address"},
 		{[]string{"echo", "-ip", "10.0.0.1", "--", "-x"}, "bad address"},
 		{[]string{"pktgen", "0000:7f:1f.0", "-size", "70000"}, "-size 70000 outside [60, 65535]"},
-		{[]string{"capture", "0000:7f:1f.0"}, "-w FILE is required"},
+		{[]string{"capture"}, "name the NIC's PCI address"},
+		{[]string{"capture", "-w", "x"}, "name the NIC's PCI address"},
+		{[]string{"capture", "icmp", "-w", "x"}, "the PCI address comes first (or with -i), then the filter expression"},
+		{[]string{"capture", "0000:7f:1f.0", "tcp", "prot", "80"}, `filter: column 5: want "and", "or" or the end of the expression, got "prot" (did you mean "port"?)`},
+		{[]string{"capture", "0000:7f:1f.0", "tcp prot 80"}, "\n  tcp prot 80\n      ^"},
+		{[]string{"capture", "-i", "0000:7f:1f.0", "host"}, `filter: column 5: want an IPv4 or IPv6 address after "host", got the end of the expression`},
+		{[]string{"capture", "-i", "0000:7f:1f.0", "0000:7f:1f.1"}, "filter: column 1"},
+		{[]string{"capture", "0000:7f:1f.0", "-w", "x", "tcp[13]", "&", "2", "!=", "0"}, "packet-data accessors (tcp[13], ip[2:2]) are not supported"},
+		{[]string{"capture", "-json", "0000:7f:1f.0"}, "-json and the frame lines (no -w) both want stdout"},
+		{[]string{"capture", "-c", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
+		{[]string{"capture", "-s", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144] (0: whole frames)"},
+		{[]string{"capture", "-snaplne", "3", "0000:7f:1f.0"}, "flag provided but not defined: -snaplne (did you mean -snaplen?)"},
+		{[]string{"pktgen", "-rat", "3", "0000:7f:1f.0"}, "flag provided but not defined: -rat (did you mean -rate?)"},
+		{[]string{"sink", "0000:7f:1f.0", "-cont", "3"}, "flag provided but not defined: -cont (did you mean -count?)"},
+		{[]string{"list", "-jsno"}, "(did you mean -json?)"},
+		{[]string{"bind", "-forec", "0000:7f:1f.0"}, "(did you mean -force?)"},
+		{[]string{"captur"}, `unknown command "captur" (did you mean "capture"?)`},
+		{[]string{"info"}, "name one PCI address"},
+		{[]string{"fwd", "0000:7f:1f.0"}, "name two PCI addresses: the ports to forward between"},
+		{[]string{"fwd", "0000:7f:1f.0", "7f:1f.0"}, "0000:7f:1f.0 twice: name two ports"},
+		{[]string{"fwd", "-forward", "mac", "0000:7f:1f.0", "0000:7f:1f.1"}, `-forward "mac": want io or macswap`},
+		{[]string{"info", "0000:7f:1f.0", "0000:7f:1f.1"}, "name one PCI address"},
+		{[]string{"info", "-json", "zz"}, `bad address "zz"`},
+		{[]string{"info", "-jsn", "0000:7f:1f.0"}, "(did you mean -json?)"},
 		{[]string{"capture", "-w", "-", "-json", "0000:7f:1f.0"}, "both want stdout"},
 		{[]string{"capture", "-w", "x", "-snaplen", "3", "0000:7f:1f.0"}, "-snaplen 3 outside [14, 262144]"},
 		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
+		{[]string{"sink", "-queues", "0", "0000:7f:1f.0"}, "-queues 0 outside [1, 64]"},
+		{[]string{"sink", "-queues", "65", "0000:7f:1f.0"}, "-queues 65 outside [1, 64]"},
+		{[]string{"sink", "-queues", "2", "-cpu", "1000000", "0000:7f:1f.0"}, "(CPU 1000001 for a queue's core): not a CPU this process may run on"},
 		// Every traffic command's device flags, before the device is opened.
 		{[]string{"pktgen", "0000:7f:1f.0", "-queue-size", "-1"}, "-queue-size -1 is negative"},
 		{[]string{"sink", "-buffer-size", "-2048", "0000:7f:1f.0"}, "-buffer-size -2048 is negative"},
 		{[]string{"echo", "-ip", "10.0.0.1", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
 		{[]string{"capture", "-w", "/dev/null", "-progress", "-1s", "0000:7f:1f.0"}, "-progress -1s is negative"},
-		{[]string{"pktgen", "-count", "0", "0000:7f:1f.0"}, "-count 0 needs a positive -duration"},
 		{[]string{"pktgen", "-count", "0", "-duration", "-1s", "0000:7f:1f.0"}, "-duration -1s is negative"},
 		{[]string{"pktgen", "-count", "-5", "-duration", "1s", "0000:7f:1f.0"}, "-count -5 is negative"},
 		{[]string{"pktgen", "-rate", "NaN", "0000:7f:1f.0"}, "-rate NaN is not a finite number"},
@@ -63,6 +88,22 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pktgen", "-rate", "-5", "0000:7f:1f.0"}, "-rate -5 is negative"},
 		{[]string{"pktgen", "-dst-mac", "00:11:22:33:44:55:66:77", "0000:7f:1f.0"}, `-dst-mac "00:11:22:33:44:55:66:77" is not a 6-byte Ethernet address`},
 		{[]string{"pktgen", "-dst-mac", "zz", "0000:7f:1f.0"}, "-dst-mac"},
+		{[]string{"pktgen", "-dst-mac", "02:00:00:00:00:09-02:00:00:00:00:01", "0000:7f:1f.0"}, "-dst-mac 02:00:00:00:00:09-02:00:00:00:00:01: the range is reversed"},
+		{[]string{"pktgen", "-src-mac", "02:00:00:00:00:01-zz", "0000:7f:1f.0"}, `-src-mac "02:00:00:00:00:01-zz" is not a 6-byte Ethernet address (or a range A-B of them)`},
+		{[]string{"pktgen", "-src-ip", "10.0.0.1-2001:db8::1", "0000:7f:1f.0"}, "-src-ip 10.0.0.1-2001:db8::1: both ends must be IPv4, or both IPv6"},
+		{[]string{"pktgen", "-src-ip", "2001:db8::1", "0000:7f:1f.0"}, "-src-ip 2001:db8::1 and -dst-ip 10.0.0.2: both IPv4 or both IPv6"},
+		{[]string{"pktgen", "-src-ip", "2001:db8::1-2001:db9::1", "-dst-ip", "::1", "0000:7f:1f.0"}, "an IPv6 range may differ in its low 64 bits only"},
+		{[]string{"pktgen", "-dst-ip", "10.0.0.9-10.0.0.1", "0000:7f:1f.0"}, "-dst-ip 10.0.0.9-10.0.0.1: the range is reversed"},
+		{[]string{"pktgen", "-dst-ip", "host", "0000:7f:1f.0"}, `-dst-ip "host": want an IPv4 or IPv6 address, or a range A-B`},
+		{[]string{"pktgen", "-port", "100-10", "0000:7f:1f.0"}, "-port 100-10: the range is reversed"},
+		{[]string{"pktgen", "-port", "0", "0000:7f:1f.0"}, "-port 0 outside [1, 65535]"},
+		{[]string{"pktgen", "-src-port", "9-x", "0000:7f:1f.0"}, `-src-port "9-x": want N or N-M`},
+		{[]string{"pktgen", "-size", "64-20", "0000:7f:1f.0"}, "-size 64-20: the range is reversed"},
+		{[]string{"pktgen", "-size", "64", "-size-mix", "64:1", "0000:7f:1f.0"}, "-size and -size-mix both set"},
+		{[]string{"pktgen", "-size-mix", "64", "0000:7f:1f.0"}, `-size-mix "64": want SIZE:COUNT,...`},
+		{[]string{"pktgen", "-size-mix", "64:1,20:1", "0000:7f:1f.0"}, "sizes 20 to 64: a frame takes 60 to 65535 bytes here"},
+		{[]string{"pktgen", "-size-mix", "64:5000", "0000:7f:1f.0"}, "more than 4096 frames in a cycle"},
+		{[]string{"pktgen", "-src-ip", "::1", "-dst-ip", "::2", "-vlan", "5", "0000:7f:1f.0"}, "sizes 64 to 64: a frame takes 74 to 65535 bytes here"},
 		{[]string{"udpping", "-size", "4", "127.0.0.1:7"}, "-size 4 outside [8, 65507]"},
 		{[]string{"help", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"version", "x"}, "takes no arguments"},
@@ -84,6 +125,10 @@ func TestFlagOrder(t *testing.T) {
 		{"echo", "0000:7f:1f.7", "-ip", "10.0.0.1", "-duration", "1s"},
 		{"echo", "-ip", "10.0.0.1", "0000:7f:1f.7", "-duration=1s"},
 		{"pktgen", "0000:7f:1f.7", "-rate", "1000", "-duration", "1s"},
+		{"pktgen", "0000:7f:1f.7"},                   // until interrupted: no -count, no -duration
+		{"pktgen", "-size", "20000", "0000:7f:1f.7"}, // the device's limit is checked once it is found
+		{"pktgen", "-src-ip", "2001:db8::1-2001:db8::ff", "-dst-ip", "2001:db8::1:1", "-size-mix", "78:7,594:4,1518:1", "0000:7f:1f.7"},
+		{"pktgen", "0000:7f:1f.7", "-src-port", "1000-1063", "-port", "9-10", "-dst-mac", "02:00:00:00:00:01-02:00:00:00:00:04", "-size", "60-1514"},
 		{"capture", "0000:7f:1f.7", "-w", "/dev/null", "-p"},
 	} {
 		code, _, errw := runCLI(args...)
@@ -143,6 +188,15 @@ func TestHelp(t *testing.T) {
 	_, out, _ = runCLI("help", "pktgen")
 	require.Contains(t, out, "-rate")
 	require.Contains(t, out, "-duration")
+	// Help and behaviour agree: no -count and no -duration sends until interrupted.
+	require.Regexp(t, `-count int\n\s+frames to send \(0: until -duration or interrupted\)\n`, out, "default 0, so no '(default ...)'")
+	require.Equal(t, "until interrupted (Ctrl-C)", stopNote(0, 0))
+	require.Equal(t, "for 2s", stopNote(0, 2*time.Second))
+	require.Equal(t, "until 5 frames are sent", stopNote(5, 0))
+	_, out, _ = runCLI("help", "capture")
+	for _, f := range []string{"-c int", "-s int", "-i PCI-ADDR", "-n\t", "-p\t", "-w string", "pcap-filter(7)"} {
+		require.Contains(t, out, f)
+	}
 }
 
 func TestVersion(t *testing.T) {
@@ -150,6 +204,7 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, exitOK, code, errw)
 	require.True(t, strings.HasPrefix(out, "vfnic github.com/vfnic/vfnic "), out)
 	require.Contains(t, out, runtime.Version())
+	require.Contains(t, out, "\n  drivers: igb, virtio\n", "the drivers compiled in")
 
 	code, out, errw = runCLI("version", "-json")
 	require.Equal(t, exitOK, code, errw)
@@ -159,6 +214,50 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, runtime.Version(), v.Go)
 	require.Equal(t, runtime.GOOS+"/"+runtime.GOARCH, v.Platform)
 	require.NotEmpty(t, v.Version)
+	require.Equal(t, []string{"igb", "virtio"}, v.Drivers)
+}
+
+// TestInfoText: info's lines for each link state, and the JSON keys
+// scripts read.
+func TestInfoText(t *testing.T) {
+	in := infoOutput{Address: "0000:00:04.0", Driver: "igb", Model: "Intel 82576", MAC: "52:54:00:12:34:56", MTU: 1500,
+		MaxRxFrame: 2036, MaxTxFrame: 1514, Link: infoLink{Up: true, Reported: true, SpeedMbps: 1000, FullDuplex: true},
+		QueuePairs: 1, MaxQueuePairs: 4, QueueSize: 256, RxBuffers: 256, BufferSize: 2048, Vectors: 3,
+		Features: []string{"advanced-descriptors", "msix"}, Offloads: []string{"tx IPv4/TCP/UDP checksum"}, Rebound: true, PreviousDriver: "igb"}
+	var b bytes.Buffer
+	printInfo(&b, in)
+	for _, want := range []string{
+		"0000:00:04.0: Intel 82576 (igb driver)\n",
+		"  MAC              52:54:00:12:34:56\n",
+		"  MTU              1500 (frames up to 1514 bytes sent, 2036 received into one buffer)\n",
+		"  link             up, 1000 Mbit/s full duplex\n",
+		"  queue pairs      1 used, 4 offered\n",
+		"  rings            256 descriptors; 256 receive buffers of 2048 bytes\n",
+		"  MSI-X vectors    3\n",
+		"  features         advanced-descriptors msix\n",
+		"  offloads         tx IPv4/TCP/UDP checksum\n",
+		"  binding          bound to vfio-pci for this look (was igb), given back on exit\n",
+	} {
+		require.Contains(t, b.String(), want)
+	}
+	for _, tc := range []struct {
+		l    infoLink
+		want string
+	}{
+		{infoLink{Up: true}, "up (the device does not report its link)"},
+		{infoLink{Reported: true}, "down"},
+		{infoLink{Up: true, Reported: true}, "up"},
+		{infoLink{Up: true, Reported: true, SpeedMbps: 10}, "up, 10 Mbit/s half duplex"},
+		{infoLink{Error: "boom"}, "unknown: boom"},
+	} {
+		require.Equal(t, tc.want, linkText(tc.l))
+	}
+	js, err := json.Marshal(in)
+	require.NoError(t, err)
+	for _, k := range []string{`"mac":`, `"mtu":`, `"link":{"up":true,"reported":true,"speed_mbps":1000,"full_duplex":true}`,
+		`"queue_pairs":1`, `"max_queue_pairs":4`, `"queue_size":256`, `"features":`, `"offloads":`, `"counters":`} {
+		require.Contains(t, string(js), k)
+	}
 }
 
 func TestMissingDevice(t *testing.T) {

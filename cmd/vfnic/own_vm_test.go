@@ -213,6 +213,44 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Equal(t, 1, code)
 		require.Contains(t, errw, "has address "+ownLinuxIP+"/24")
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
+
+		// Every command that would take it says how, as bind does.
+		for _, args := range [][]string{
+			{"sink", "-duration", "1s", ownLinuxNIC},
+			{"capture", "-c", "1", ownLinuxNIC, "icmp"},
+			{"pktgen", "-count", "1", ownLinuxNIC},
+			{"echo", "-ip", ownEchoIP, ownLinuxNIC},
+			{"info", ownLinuxNIC},
+		} {
+			code, _, errw = runCLI(args...)
+			require.Equal(t, 1, code, "%v: %s", args, errw)
+			require.Contains(t, errw, "has address "+ownLinuxIP+"/24", args)
+			require.Contains(t, errw, "(use -force to take it anyway)", args)
+		}
+		code, _, errw = runCLI("probe", ownLinuxNIC)
+		require.Equal(t, 1, code)
+		require.Contains(t, errw, "run 'vfnic bind -force "+ownLinuxNIC+"' to take it anyway")
+		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
+		// With -force: a warning of what the kernel loses; info binds it for
+		// the look and gives it back, without its address (put back here).
+		code, out, errw = runCLI("info", "-force", ownLinuxNIC)
+		require.Zero(t, code, errw)
+		require.Contains(t, errw, "warning: -force takes "+ownLinuxNIC+" from virtio-pci although ")
+		require.Contains(t, errw, "has address "+ownLinuxIP+"/24")
+		require.Contains(t, out, "binding          bound to vfio-pci for this look (was virtio-pci), given back on exit")
+		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
+		sh(t, fmt.Sprintf("ip link set %s up && ip addr add %s/24 dev %s", netIf(t, ownLinuxNIC), ownLinuxIP, netIf(t, ownLinuxNIC)))
+	})
+
+	t.Run("UsageBeforeBinding", func(t *testing.T) {
+		// A frame longer than the NIC takes (no MTU offered: 1500) is
+		// refused before the NIC is taken from its kernel driver.
+		sh(t, "ip link set "+netIf(t, ownTakenNIC)+" down")
+		code, out, errw := runCLI("pktgen", "-size", "20000", ownTakenNIC)
+		require.Equal(t, exitUsage, code, errw)
+		require.Contains(t, errw, "-size 20000: longer than any frame "+ownTakenNIC+" takes")
+		require.NotContains(t, out+errw, "bound "+ownTakenNIC)
+		require.Equal(t, "virtio-pci", driverOf(t, ownTakenNIC), "never bound")
 	})
 
 	t.Run("OpenCloseGivesBack", func(t *testing.T) {
@@ -301,6 +339,18 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Less(t, took, 2*time.Second)
 		require.Contains(t, errw, fmt.Sprintf("pid %d", echo.cmd.Process.Pid))
 		require.Equal(t, "vfio-pci", driverOf(t, ownTakenNIC), "still bound")
+		// Every command that would open it names the holder too.
+		for _, args := range [][]string{
+			{"sink", "-duration", "1s", ownTakenNIC},
+			{"capture", "-c", "1", "-w", "/dev/null", ownTakenNIC},
+			{"info", "-json", ownTakenNIC},
+			{"probe", ownTakenNIC},
+		} {
+			code, _, errw = runCLI(args...)
+			t.Logf("%v: %s", args, errw)
+			require.Equal(t, 1, code, "%v: %s", args, errw)
+			require.Contains(t, errw, fmt.Sprintf("in use by pid %d", echo.cmd.Process.Pid), args)
+		}
 		ping(t, linuxIf, ownEchoIP) // and still working
 
 		// The kernel's own unbind asks vfnic to let go.

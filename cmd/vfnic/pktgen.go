@@ -6,39 +6,79 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
-	"net"
-	"net/netip"
+	"os"
+	"strings"
 	"time"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/pci"
 )
 
 func runPktgen(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("pktgen", "[flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	count := fs.Int("count", 100000, "frames to send (0: until -duration or interrupted; default 0 when -duration is given)")
-	size := fs.Int("size", 64, "frame size in bytes without FCS (60 up to the device's largest frame, MTU+22)")
+	count := fs.Int("count", 0, "frames to send (0: until -duration or interrupted)")
+	sizeFlag := fs.String("size", "64", "frame size in bytes without FCS, or a range `N-M` (one more per frame): 60 (70 for IPv6)\n"+
+		"up to the device's largest frame, MTU+22")
+	sizeMix := fs.String("size-mix", "", "sizes in turn instead of -size, as `SIZE:COUNT,...` (IMIX: 64:7,594:4,1518:1)")
 	rate := fs.Float64("rate", 0, "frames per second (0: as fast as the NIC takes them)")
 	vlan := fs.Int("vlan", -1, "802.1Q VLAN ID to tag frames with (-1: untagged)")
-	dstMAC := fs.String("dst-mac", "ff:ff:ff:ff:ff:ff", "destination MAC")
-	srcIP := fs.String("src-ip", "10.0.0.1", "source IPv4 address")
-	dstIP := fs.String("dst-ip", "10.0.0.2", "destination IPv4 address")
-	port := fs.Int("port", 9, "UDP destination port (9: discard)")
+	dstMAC := fs.String("dst-mac", "ff:ff:ff:ff:ff:ff", "destination MAC, or a range `A-B` of them")
+	srcMAC := fs.String("src-mac", "", "source MAC, or a range A-B (default: the NIC's)")
+	srcIP := fs.String("src-ip", "10.0.0.1", "source IPv4 or IPv6 address, or a range `A-B` (IPv6: in the low 64 bits)")
+	dstIP := fs.String("dst-ip", "10.0.0.2", "destination address or range A-B, of the family of -src-ip")
+	port := fs.String("port", "9", "UDP destination port, or a range `N-M` (9: discard)")
+	replay := fs.String("replay", "", "send the frames of this pcap or pcapng `FILE` as they are, in order, at -rate, instead of UDP frames")
+	loops := fs.Int("loop", 1, "with -replay: times through the file (0: until -count, -duration or interrupted)")
+	srcPort := fs.String("src-port", "9000", "UDP source port, or a range N-M (several: RSS spreads the flows over queues)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	countSet := false
-	fs.Visit(func(f *flag.Flag) { countSet = countSet || f.Name == "count" })
-	if !countSet && df.duration > 0 {
-		*count = 0 // -duration alone bounds the run
-	}
-	if *size < minFrame || *size > 65535 {
-		return fmt.Errorf("%w: -size %d outside [%d, 65535]", errUsage, *size, minFrame)
+	spec := flowSpec{vlan: *vlan}
+	var err error
+	var frames [][]byte
+	if *replay != "" {
+		var bad []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "size", "size-mix", "vlan", "dst-mac", "src-mac", "src-ip", "dst-ip", "port", "src-port":
+				bad = append(bad, "-"+f.Name)
+			}
+		})
+		switch {
+		case len(bad) > 0:
+			return fmt.Errorf("%w: -replay sends the file's frames as they are: drop %s", errUsage, strings.Join(bad, ", "))
+		case *loops < 0:
+			return fmt.Errorf("%w: -loop %d is negative", errUsage, *loops)
+		}
+		if frames, err = readFrames(*replay); err != nil {
+			return fmt.Errorf("%w: -replay: %v", errUsage, err)
+		}
+		if *count == 0 && *loops > 0 {
+			*count = *loops * len(frames)
+		}
+	} else if *sizeMix != "" {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "size" })
+		if set {
+			return fmt.Errorf("%w: -size and -size-mix both set: give one", errUsage)
+		}
+		if spec.sizes, err = parseSizeMix(*sizeMix); err != nil {
+			return err
+		}
+	} else {
+		r, err := parseNumRange("size", *sizeFlag, minFrame, 65535)
+		if err != nil {
+			return err
+		}
+		spec.sizes = sizeSeq{r: r, txt: *sizeFlag}
 	}
 	// The device flags first (parse has refused a negative -duration).
 	if err := df.check(); err != nil {
@@ -47,8 +87,6 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	switch {
 	case *count < 0:
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
-	case *count == 0 && df.duration == 0:
-		return fmt.Errorf("%w: -count 0 needs a positive -duration (else -count must be positive)", errUsage)
 	case math.IsNaN(*rate) || math.IsInf(*rate, 0):
 		// NaN passes every comparison, and the pacing would overflow.
 		return fmt.Errorf("%w: -rate %g is not a finite number", errUsage, *rate)
@@ -58,22 +96,26 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if *vlan < -1 || *vlan > 4094 {
 		return fmt.Errorf("%w: -vlan %d outside [0, 4094]", errUsage, *vlan)
 	}
-	dst, err := net.ParseMAC(*dstMAC)
-	if err != nil {
-		return fmt.Errorf("%w: -dst-mac: %v", errUsage, err)
+	if *replay == "" {
+		if err := parseFlows(&spec, *dstMAC, *srcMAC, *srcIP, *dstIP, *port, *srcPort); err != nil {
+			return err
+		}
 	}
-	if len(dst) != 6 { // ParseMAC takes EUI-64 and InfiniBand addresses too
-		return fmt.Errorf("%w: -dst-mac %q is not a 6-byte Ethernet address", errUsage, *dstMAC)
+	lo, hi := spec.sizes.bounds()
+	if *replay != "" {
+		lo, hi = frameBounds(frames)
 	}
-	sip, err1 := netip.ParseAddr(*srcIP)
-	dip, err2 := netip.ParseAddr(*dstIP)
-	if err1 != nil || err2 != nil || !sip.Is4() || !dip.Is4() {
-		return fmt.Errorf("%w: -src-ip and -dst-ip need IPv4 addresses", errUsage)
+	if fs.NArg() == 1 {
+		// A size the kernel's driver of the NIC refuses is refused before
+		// the NIC is taken from it.
+		if a, err := pci.ParseAddress(fs.Arg(0)); err == nil {
+			if max, ok := kernelMaxFrame(a); ok && hi > max {
+				return fmt.Errorf("%w: -size %d: longer than any frame %s takes (its kernel driver's largest MTU makes frames of up to %d bytes)",
+					errUsage, hi, a, max)
+			}
+		}
 	}
-	if *port <= 0 || *port > 65535 {
-		return fmt.Errorf("%w: -port %d outside [1, 65535]", errUsage, *port)
-	}
-	core, dev, err := df.open(ctx, fs, nic.Config{})
+	core, dev, err := df.open(ctx, fs, nic.Config{}, o.err)
 	if err != nil {
 		return err
 	}
@@ -85,18 +127,44 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	if *size > tx.MaxFrame() {
-		return fmt.Errorf("%w: -size %d: frame of %d bytes outside [%d, %d] for %s (MTU %d)",
-			errUsage, *size, *size, minFrame, tx.MaxFrame(), dev.Info().Address, dev.Info().MTU)
+	var src frameSource
+	details := map[string]any{"rate_pps": *rate, "duration_seconds": df.duration.Seconds()}
+	var what string
+	if *replay != "" {
+		if hi > tx.MaxFrame() || lo < nic.MinFrame {
+			return fmt.Errorf("%w: -replay %s: frames of %d to %d bytes, outside [%d, %d] for %s (MTU %d)",
+				errUsage, *replay, lo, hi, nic.MinFrame, tx.MaxFrame(), dev.Info().Address, dev.Info().MTU)
+		}
+		src = &replayFrames{frames: frames}
+		details["replay"], details["replay_frames"], details["loop"] = *replay, len(frames), *loops
+		what = fmt.Sprintf("the %d frames of %s (%d to %d bytes) as they are, %s", len(frames), *replay, lo, hi,
+			rateNote(*rate, meanLen(frames)))
+	} else {
+		if hi > tx.MaxFrame() {
+			return fmt.Errorf("%w: -size %d: frame of %d bytes outside [%d, %d] for %s (MTU %d)",
+				errUsage, hi, hi, minFrame, tx.MaxFrame(), dev.Info().Address, dev.Info().MTU)
+		}
+		if *srcMAC == "" {
+			m := dev.MAC()
+			spec.srcMAC = numRange{lo: uint64(m[0])<<40 | uint64(m[1])<<32 | uint64(binary.BigEndian.Uint32(m[2:])), n: 1}
+		}
+		gen, err := newFlowGen(spec)
+		if err != nil {
+			return err
+		}
+		src = gen
+		for k, v := range map[string]any{"frame_size": sizeNote(spec.sizes), "src_ip": *srcIP, "dst_ip": *dstIP,
+			"dst_port": spec.dstPort.String(), "src_port": spec.srcPort.String(), "dst_mac": *dstMAC,
+			"src_mac": macRangeNote(spec.srcMAC), "vlan": *vlan} {
+			details[k] = v
+		}
+		what = fmt.Sprintf("%s frames to %s (%s -> %s:%s%s%s) %s", sizeNote(spec.sizes), *dstMAC, *srcIP, *dstIP,
+			spec.dstPort, srcNote(*srcMAC, spec.srcPort), vlanNote(*vlan), rateNote(*rate, spec.sizes.mean()))
 	}
-	frame, seqOff, err := udpFrame(dev.MAC(), dst, sip, dip, uint16(*port), *size, *vlan)
-	if err != nil {
-		return err
-	}
-	g := &pktgen{tx: tx, frame: frame, seqOff: seqOff, count: uint64(*count), rate: *rate}
+	details["count"] = *count
+	g := &pktgen{tx: tx, src: src, count: uint64(*count), rate: *rate}
 	p := newProgress(out, dev, df.interval, g.line)
-	fmt.Fprintf(out, "pktgen: sending %d-byte frames to %s (%s -> %s:%d%s) %s, %s, %s\n", *size, dst, sip, dip, *port,
-		vlanNote(*vlan), rateNote(*rate, *size), stopNote(*count, df.duration), coreNote(core))
+	fmt.Fprintf(out, "pktgen: sending %s, %s, %s\n", what, stopNote(*count, df.duration), coreNote(core))
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
 	if err := g.run(ctx, core, p); err != nil {
@@ -112,20 +180,18 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 			break
 		}
 	}
-	return p.summary("pktgen", df.jsonOut(o), map[string]any{
-		"frame_size": *size, "vlan": *vlan, "rate_pps": *rate, "count": *count, "duration_seconds": df.duration.Seconds(),
-		"queued": g.sent, "send_errors": g.failed, "ring_full_waits": g.full})
+	details["queued"], details["send_errors"], details["ring_full_waits"] = g.sent, g.failed, g.full
+	return p.summary("pktgen", df.jsonOut(o), details)
 }
 
 // pktgen is pktgen's sending loop: a Func of a polling core that queues
 // up to a batch of frames per round (the core rings the doorbell once per
 // round), with the transmit queue's completions counted by the core.
 type pktgen struct {
-	tx     nic.TxQueue
-	frame  []byte
-	seqOff int     // where each frame's sequence number goes
-	count  uint64  // frames to send, 0 for no limit
-	rate   float64 // frames per second, 0 for as fast as the NIC takes them
+	tx    nic.TxQueue
+	src   frameSource
+	count uint64  // frames to send, 0 for no limit
+	rate  float64 // frames per second, 0 for as fast as the NIC takes them
 
 	// Written on the core's thread; read by the progress line there and
 	// by the summary once the core has stopped.
@@ -185,9 +251,7 @@ func (g *pktgen) run(ctx context.Context, core *lcore.Core, p *progress) error {
 		}
 		n := 0
 		for ; uint64(n) < limit; n++ {
-			// Each frame carries its sequence number in the UDP payload.
-			binary.BigEndian.PutUint64(g.frame[g.seqOff:], g.sent)
-			err := g.tx.Send(g.frame, nil)
+			err := g.tx.Send(g.src.next(g.sent), nil)
 			if errors.Is(err, nic.ErrFull) {
 				// Counted once per wait: the core polls the ring again
 				// (or sleeps on its interrupt) until the device completes some.
@@ -231,11 +295,11 @@ func vlanNote(vlan int) string {
 }
 
 // rateNote says which rate pktgen runs at.
-func rateNote(rate float64, size int) string {
+func rateNote(rate float64, size float64) string {
 	if rate <= 0 {
 		return "as fast as the NIC takes them"
 	}
-	return fmt.Sprintf("at %.0f pps (%.2f Mbit/s)", rate, rate*float64(size)*8/1e6)
+	return fmt.Sprintf("at %.0f pps (%.2f Mbit/s)", rate, rate*size*8/1e6)
 }
 
 // stopNote says what ends the run.
@@ -245,40 +309,169 @@ func stopNote(count int, d time.Duration) string {
 		return fmt.Sprintf("until %d frames are sent or %v passes, whichever comes first", count, d)
 	case count > 0:
 		return fmt.Sprintf("until %d frames are sent", count)
-	default:
+	case d > 0:
 		return fmt.Sprintf("for %v", d)
+	default:
+		return "until interrupted (Ctrl-C)"
 	}
 }
 
-// udpFrame builds a UDP/IPv4 frame of size bytes and returns where its
-// 8-byte sequence number sits.
-func udpFrame(src, dst net.HardwareAddr, sip, dip netip.Addr, port uint16, size, vlan int) ([]byte, int, error) {
-	headers := 14 + 20 + 8
-	if vlan >= 0 {
-		headers += 4
+// frameSource gives frame i of a run (valid until the next call).
+type frameSource interface {
+	next(i uint64) []byte
+}
+
+// seqFrame is one frame whose 8 bytes at seqOff carry the sequence number.
+type seqFrame struct {
+	frame  []byte
+	seqOff int
+}
+
+func (f *seqFrame) next(i uint64) []byte {
+	binary.BigEndian.PutUint64(f.frame[f.seqOff:], i)
+	return f.frame
+}
+
+func sizeNote(s sizeSeq) string {
+	switch {
+	case len(s.mix) > 0:
+		return "a mix of " + s.txt + " byte"
+	case s.r.n > 1:
+		return s.r.String() + "-byte"
 	}
-	if size < headers+8 {
-		return nil, 0, fmt.Errorf("%w: frame of %d bytes cannot hold a sequence number", errUsage, size)
+	return fmt.Sprintf("%d-byte", s.r.lo)
+}
+
+// srcNote names the source MAC and port when they are not the defaults.
+func srcNote(srcMAC string, port numRange) string {
+	s := ""
+	if port.n > 1 || port.lo != 9000 {
+		s += " from port " + port.String()
 	}
-	s4, d4 := sip.As4(), dip.As4()
-	eth := layers.Ethernet{SrcMAC: src, DstMAC: dst, EthernetType: layers.EthernetTypeIPv4}
-	ip := layers.IPv4{Version: 4, IHL: 5, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: s4[:], DstIP: d4[:]}
-	udp := layers.UDP{SrcPort: 9000, DstPort: layers.UDPPort(port)}
-	_ = udp.SetNetworkLayerForChecksum(&ip)
-	buf := gopacket.NewSerializeBuffer()
-	ls := []gopacket.SerializableLayer{&eth, &ip, &udp, gopacket.Payload(make([]byte, size-headers))}
-	if vlan >= 0 {
-		eth.EthernetType = layers.EthernetTypeDot1Q
-		tag := layers.Dot1Q{VLANIdentifier: uint16(vlan), Type: layers.EthernetTypeIPv4}
-		ls = append([]gopacket.SerializableLayer{&eth, &tag}, ls[1:]...)
+	if srcMAC != "" {
+		s += " from MAC " + srcMAC
 	}
-	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...)
+	return s
+}
+
+func macRangeNote(r numRange) string {
+	if r.n <= 1 {
+		return macOf(r.lo).String()
+	}
+	return macOf(r.lo).String() + "-" + macOf(r.lo+r.n-1).String()
+}
+
+// parseFlows reads the address and port flags into spec and checks the
+// sizes against the headers they make.
+func parseFlows(spec *flowSpec, dstMAC, srcMAC, srcIP, dstIP, port, srcPort string) error {
+	var err error
+	if spec.dstMAC, err = parseMACRange("dst-mac", dstMAC); err != nil {
+		return err
+	}
+	if srcMAC != "" {
+		if spec.srcMAC, err = parseMACRange("src-mac", srcMAC); err != nil {
+			return err
+		}
+	}
+	if spec.srcIP, err = parseIPRange("src-ip", srcIP); err != nil {
+		return err
+	}
+	if spec.dstIP, err = parseIPRange("dst-ip", dstIP); err != nil {
+		return err
+	}
+	if spec.srcIP.v6 != spec.dstIP.v6 {
+		return fmt.Errorf("%w: -src-ip %s and -dst-ip %s: both IPv4 or both IPv6", errUsage, srcIP, dstIP)
+	}
+	if spec.dstPort, err = parseNumRange("port", port, 1, 65535); err != nil {
+		return err
+	}
+	if spec.srcPort, err = parseNumRange("src-port", srcPort, 1, 65535); err != nil {
+		return err
+	}
+	lo, hi := spec.sizes.bounds()
+	if lo < spec.minSize() || hi > 65535 {
+		return fmt.Errorf("%w: sizes %d to %d: a frame takes %d to 65535 bytes here (headers and an 8-byte sequence number)",
+			errUsage, lo, hi, spec.minSize())
+	}
+	return nil
+}
+
+// replayFrames sends a pcap's frames in order, over and over.
+type replayFrames struct{ frames [][]byte }
+
+func (r *replayFrames) next(i uint64) []byte { return r.frames[i%uint64(len(r.frames))] }
+
+// maxReplayBytes bounds what -replay loads into memory.
+const maxReplayBytes = 1 << 30
+
+// readFrames loads the frames of a pcap or pcapng file of Ethernet frames.
+func readFrames(path string) ([][]byte, error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	b := buf.Bytes()
-	// The UDP checksum goes back to 0 (allowed over IPv4): the sequence
-	// number changes in place for every frame.
-	binary.BigEndian.PutUint16(b[headers-2:], 0)
-	return b, headers, nil
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err != nil {
+		return nil, fmt.Errorf("%s: not a pcap file: %v", path, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	var read func() ([]byte, gopacket.CaptureInfo, error)
+	if binary.BigEndian.Uint32(magic[:]) == 0x0a0d0d0a { // pcapng section header
+		r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
+		if r.LinkType() != layers.LinkTypeEthernet {
+			return nil, fmt.Errorf("%s: link type %v, not Ethernet", path, r.LinkType())
+		}
+		read = r.ReadPacketData
+	} else {
+		r, err := pcapgo.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
+		if r.LinkType() != layers.LinkTypeEthernet {
+			return nil, fmt.Errorf("%s: link type %v, not Ethernet", path, r.LinkType())
+		}
+		read = r.ReadPacketData
+	}
+	var frames [][]byte
+	total := 0
+	for {
+		data, _, err := read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: frame %d: %v", path, len(frames)+1, err)
+		}
+		if total += len(data); total > maxReplayBytes {
+			return nil, fmt.Errorf("%s: more than %d bytes of frames", path, maxReplayBytes)
+		}
+		frames = append(frames, append([]byte(nil), data...))
+	}
+	if len(frames) == 0 {
+		return nil, fmt.Errorf("%s holds no frames", path)
+	}
+	return frames, nil
+}
+
+// frameBounds returns the shortest and longest of frames.
+func frameBounds(frames [][]byte) (lo, hi int) {
+	lo = len(frames[0])
+	for _, f := range frames {
+		lo, hi = min(lo, len(f)), max(hi, len(f))
+	}
+	return lo, hi
+}
+
+func meanLen(frames [][]byte) float64 {
+	t := 0
+	for _, f := range frames {
+		t += len(f)
+	}
+	return float64(t) / float64(len(frames))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/vfnic/vfnic/dma"
@@ -128,6 +129,10 @@ func probe(ctx context.Context, a pci.Address, out io.Writer, rep *probeReport) 
 	rep.Name, rep.IOMMUGroup, rep.Driver = nicName(d), d.IOMMUGroup, d.Driver
 	fmt.Fprintf(out, "%s %04x:%04x %s, IOMMU group %d, driver %s\n", a, d.VendorID, d.DeviceID, nicName(d), d.IOMMUGroup, d.Driver)
 	if d.Driver != "vfio-pci" {
+		if reasons, _ := (pci.Sysfs{}).InUse(a, nil); len(reasons) > 0 {
+			return fmt.Errorf("not bound to vfio-pci, and the kernel uses it: %s (run 'vfnic bind -force %s' to take it anyway)",
+				strings.Join(reasons, ", "), a)
+		}
 		return fmt.Errorf("not bound to vfio-pci (run 'vfnic bind %s')", a)
 	}
 	c, err := vfio.OpenContainer()
@@ -137,11 +142,11 @@ func probe(ctx context.Context, a pci.Address, out io.Writer, rep *probeReport) 
 	defer c.Close()
 	g, err := c.OpenGroup(d.IOMMUGroup)
 	if err != nil {
-		return err
+		return heldBy(a, err)
 	}
 	dev, err := g.OpenDevice(a.String())
 	if err != nil {
-		return err
+		return heldBy(a, err)
 	}
 	if err := dev.SetBusMaster(true); err != nil {
 		return err

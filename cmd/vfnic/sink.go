@@ -2,29 +2,58 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
 
+// maxQueues bounds -queues: more than any supported NIC offers.
+const maxQueues = 64
+
 // runSink receives frames and drops them, counting: the receive side of a
 // rate measurement, what DPDK testpmd's rxonly forwarding mode does (each
 // buffer goes straight back to the ring, nothing is copied or parsed).
+// With -queues N it receives on N queues, each polled by a core of its
+// own, and the NIC spreads the flows over them (RSS).
 func runSink(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("sink", "[flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
-	count := fs.Int("count", 0, "stop after this many frames (0: until -duration or interrupted)")
+	count := fs.Int("count", 0, "stop after this many frames, on all queues (0: until -duration or interrupted)")
+	queues := fs.Int("queues", 1, "receive queues, each polled by its own core (with -cpu N, queue i's on CPU N+i);\n"+
+		"the NIC spreads flows over them (RSS); live lines and the summary count per queue")
 	var noPromisc bool
 	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode: only frames for its MAC, broadcast and multicast")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *count < 0 {
+	switch {
+	case *count < 0:
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
+	case *queues < 1 || *queues > maxQueues:
+		return fmt.Errorf("%w: -queues %d outside [1, %d]", errUsage, *queues, maxQueues)
 	}
-	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc})
+	// The other queues' cores first, so that a -cpu beyond the machine
+	// binds nothing.
+	var extra []*lcore.Core
+	defer func() {
+		for _, c := range extra {
+			c.Close() // after the device
+		}
+	}()
+	for i := 1; i < *queues; i++ {
+		c, err := df.newCoreOn(df.cpuFor(i))
+		if err != nil {
+			return err
+		}
+		extra = append(extra, c)
+	}
+	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc, QueuePairs: *queues}, o.err)
 	if err != nil {
 		return err
 	}
@@ -32,66 +61,141 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	defer dev.Close()
 	out := df.human(o)
 	describe(out, dev)
-	rx, err := dev.Rx(0)
-	if err != nil {
-		return err
+	s := &sink{count: uint64(*count)}
+	for i := range *queues {
+		rx, err := dev.Rx(i)
+		if err != nil {
+			return err
+		}
+		if err := fillRx(rx); err != nil {
+			return err
+		}
+		s.queues = append(s.queues, &sinkQueue{rx: rx})
 	}
-	if err := fillRx(rx); err != nil {
-		return err
-	}
-	s := &sink{rx: rx, count: uint64(*count)}
 	p := newProgress(out, dev, df.interval, s.line)
 	p.promisc = !noPromisc
-	fmt.Fprintf(out, "sink: receiving and dropping frames, %s, %s\n", stopNote(*count, df.duration), coreNote(core))
+	p.extraCores = extra
+	where := coreNote(core)
+	if len(extra) > 0 {
+		where = fmt.Sprintf("%d queues, each %s", *queues, where)
+	}
+	fmt.Fprintf(out, "sink: receiving and dropping frames, %s, %s\n", stopNote(*count, df.duration), where)
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
-	if err := s.run(ctx, core, p); err != nil {
-		return removed(err, rx)
+	if err := s.run(ctx, append([]*lcore.Core{core}, extra...), p); err != nil {
+		return removed(err, s.queues[0].rx)
 	}
-	return p.summary("sink", df.jsonOut(o), map[string]any{"received": s.received, "errors": s.errors})
+	return p.summary("sink", df.jsonOut(o), s.details(extra))
 }
 
-// sink is the sink command's Handler: count, post the buffer again.
+// sink is the sink command's receive loop: a Handler per queue, each on
+// its core, that counts and posts the buffer again.
 type sink struct {
-	rx    nic.RxQueue
-	count uint64 // frames to receive, 0 for no limit
+	count  uint64 // frames to receive on all queues, 0 for no limit
+	total  atomic.Uint64
+	queues []*sinkQueue
+}
 
-	// Written on the core's thread; read by the summary once it stopped.
-	received, errors uint64
+// sinkQueue is one queue's counters: written by its core, read by the
+// live line on another core, hence atomic (updated once per batch).
+type sinkQueue struct {
+	rx               nic.RxQueue
+	received, errors atomic.Uint64
 }
 
 func (s *sink) line() string {
-	return fmt.Sprintf("received %d, error completions %d", s.received, s.errors)
+	var r, e uint64
+	per := make([]string, len(s.queues))
+	for i, q := range s.queues {
+		n := q.received.Load()
+		r, e = r+n, e+q.errors.Load()
+		per[i] = fmt.Sprint(n)
+	}
+	l := fmt.Sprintf("received %d, error completions %d", r, e)
+	if len(s.queues) > 1 {
+		l += ", per queue [" + strings.Join(per, " ") + "]"
+	}
+	return l
 }
 
-func (s *sink) run(ctx context.Context, core *lcore.Core, p *progress) error {
+func (s *sink) details(cores []*lcore.Core) map[string]any {
+	var r, e uint64
+	qs := make([]map[string]any, len(s.queues))
+	for i, q := range s.queues {
+		n, ne := q.received.Load(), q.errors.Load()
+		r, e = r+n, e+ne
+		qs[i] = map[string]any{"queue": i, "received": n, "errors": ne}
+		if i > 0 {
+			qs[i]["core"] = summarizeCore(cores[i-1])
+		}
+	}
+	return map[string]any{"received": r, "errors": e, "queues": qs}
+}
+
+// run receives on each queue with its core (the first runs the live
+// lines) until count frames came, ctx ends or a core fails.
+func (s *sink) run(ctx context.Context, cores []*lcore.Core, p *progress) error {
 	ctx, done := context.WithCancel(ctx)
 	defer done()
-	err := core.AddQueue(s.rx, func(_ nic.Queue, batch []nic.Completion) error {
-		refill := false
-		for i := range batch {
-			c := &batch[i]
-			if c.Err != nil {
-				// The driver took the buffer back into its pool.
-				s.errors++
-				refill = true
-				continue
-			}
-			s.received++
-			if err := s.rx.Repost(c.Buf, nil); err != nil {
-				return err
-			}
+	for i, q := range s.queues {
+		err := cores[i].AddQueue(q.rx, func(_ nic.Queue, batch []nic.Completion) error {
+			return s.handle(q, batch, done)
+		})
+		if err != nil {
+			return err
 		}
-		if s.count > 0 && s.received >= s.count {
-			done()
-		}
-		if refill {
-			return fillRx(s.rx)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
 	}
-	return runCore(ctx, core, p)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, c := range cores[1:] {
+		if err := c.Start(ctx); err != nil {
+			done()
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Wait(context.Background()); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				done() // one core failing stops them all
+			}
+		}()
+	}
+	err := runCore(ctx, cores[0], p)
+	done()
+	wg.Wait()
+	return errors.Join(append([]error{err}, errs...)...)
+}
+
+func (s *sink) handle(q *sinkQueue, batch []nic.Completion, done func()) error {
+	refill := false
+	var got, bad uint64
+	for i := range batch {
+		c := &batch[i]
+		if c.Err != nil {
+			// The driver took the buffer back into its pool.
+			bad++
+			refill = true
+			continue
+		}
+		got++
+		if err := q.rx.Repost(c.Buf, nil); err != nil {
+			return err
+		}
+	}
+	q.received.Add(got)
+	q.errors.Add(bad)
+	if s.total.Add(got) >= s.count && s.count > 0 {
+		done()
+	}
+	if refill {
+		return fillRx(q.rx)
+	}
+	return nil
 }

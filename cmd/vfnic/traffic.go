@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/vfio"
 )
 
 // deviceFlags are the flags every traffic command takes.
@@ -82,41 +86,120 @@ func (d *deviceFlags) check() error {
 // newCore checks the device flags and returns the polling core for -cpu,
 // -mode, -idle and -batch, not started. Commands call it before they open
 // the device, so that a bad flag binds nothing.
-func (d *deviceFlags) newCore() (*lcore.Core, error) {
+func (d *deviceFlags) newCore() (*lcore.Core, error) { return d.newCoreOn(d.cpu) }
+
+// cpuFor is the CPU of queue i's core: -cpu plus i, or none.
+func (d *deviceFlags) cpuFor(i int) int {
+	if d.cpu == lcore.AnyCPU {
+		return lcore.AnyCPU
+	}
+	return d.cpu + i
+}
+
+// newCoreOn is newCore for a core pinned to cpu (lcore.AnyCPU: none).
+func (d *deviceFlags) newCoreOn(cpu int) (*lcore.Core, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
 	switch {
-	case d.cpu < lcore.AnyCPU:
-		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, d.cpu)
+	case cpu < lcore.AnyCPU:
+		return nil, fmt.Errorf("%w: -cpu %d: CPUs are numbered from 0 (-1: not pinned)", errUsage, cpu)
 	case d.batch < 0 || d.batch > lcore.MaxBatch:
 		return nil, fmt.Errorf("%w: -batch %d: not a count from 0 to %d", errUsage, d.batch, lcore.MaxBatch)
 	}
-	c, err := lcore.New(lcore.Config{CPU: d.cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
+	c, err := lcore.New(lcore.Config{CPU: cpu, Mode: d.mode, IdleInterval: d.idle, Batch: d.batch})
 	if errors.Is(err, lcore.ErrCPU) {
 		allowed := ""
 		if cpus, aerr := lcore.AllowedCPUs(); aerr == nil {
 			allowed = fmt.Sprintf(" (this process may run on %v)", cpus)
 		}
-		return nil, fmt.Errorf("%w: -cpu %d: not a CPU this process may run on%s", errUsage, d.cpu, allowed)
+		what := fmt.Sprintf("-cpu %d", d.cpu)
+		if cpu != d.cpu {
+			what += fmt.Sprintf(" (CPU %d for a queue's core)", cpu)
+		}
+		return nil, fmt.Errorf("%w: %s: not a CPU this process may run on%s", errUsage, what, allowed)
 	}
 	return c, err
 }
 
-// open makes the polling core for -cpu and -mode, then opens the NIC, so
-// that a bad -cpu binds nothing. The caller closes the device, then the
-// core.
-func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (*lcore.Core, nic.Device, error) {
+// open makes the polling core for -cpu and -mode, then opens the NIC
+// named by the single address argument, so that a bad -cpu binds
+// nothing. The caller closes the device, then the core.
+func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
+	if fs.NArg() != 1 {
+		return nil, nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
+	}
+	return d.openAt(ctx, fs.Arg(0), cfg, warn)
+}
+
+// openAt is open for the NIC at addr. With -force it first warns on warn
+// what the kernel loses (forceWarning).
+func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
+	as, err := parseAddrs([]string{addr})
+	if err != nil {
+		return nil, nil, err
+	}
 	core, err := d.newCore()
 	if err != nil {
 		return nil, nil, err
 	}
-	dev, err := d.openOne(ctx, fs, cfg)
+	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
+	if d.force {
+		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
+			fmt.Fprintln(warn, w)
+		}
+	}
+	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
 		return nil, nil, err
 	}
 	return core, dev, nil
+}
+
+// openNIC is nic.Open with refusals that say how to go on: a NIC the
+// kernel uses gets bind's -force hint, and a NIC another process holds
+// is refused naming that process, as unbind does, where VFIO says only
+// "device or resource busy".
+func openNIC(ctx context.Context, addr string, cfg nic.Config) (nic.Device, error) {
+	dev, err := nic.Open(ctx, addr, cfg)
+	if err == nil {
+		return dev, nil
+	}
+	if a, perr := pci.ParseAddress(addr); perr == nil {
+		err = heldBy(a, err)
+	}
+	return nil, inUseHint(err)
+}
+
+// forceWarning says, before -force takes a NIC the kernel uses, what the
+// kernel loses: its interfaces go down with it, and come back on exit
+// without their addresses and routes. "" when the kernel does not use
+// it. ns nil means netlink.
+func forceWarning(sys pci.Sysfs, ns pci.NetState, a pci.Address) string {
+	reasons, err := sys.InUse(a, ns)
+	if err != nil || len(reasons) == 0 {
+		return ""
+	}
+	d, err := sys.Lookup(a)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit "+
+		"without their addresses and routes (add them again with 'ip addr add', 'ip route add')",
+		a, driverName(d.Driver), strings.Join(reasons, ", "))
+}
+
+// heldBy turns VFIO's "busy" for the device at a into the holder's name
+// and PID (pci.Sysfs.CheckHeld, which unbind uses), keeping err's text.
+func heldBy(a pci.Address, err error) error {
+	if !errors.Is(err, vfio.ErrBusy) && !errors.Is(err, syscall.EBUSY) {
+		return err
+	}
+	if herr := (pci.Sysfs{}).CheckHeld(a); errors.Is(herr, pci.ErrBusy) {
+		return fmt.Errorf("%w (%v)", herr, err)
+	}
+	return err
 }
 
 // housekeeping is how often runCore wakes a sleeping core, for progress
@@ -198,18 +281,6 @@ func (d *deviceFlags) human(o stdio) io.Writer {
 	return o.out
 }
 
-// openOne parses the single PCI address argument and opens the NIC there.
-func (d *deviceFlags) openOne(ctx context.Context, fs *flag.FlagSet, cfg nic.Config) (nic.Device, error) {
-	if fs.NArg() != 1 {
-		return nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
-	}
-	if _, err := parseAddrs(fs.Args()); err != nil {
-		return nil, err
-	}
-	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
-	return nic.Open(ctx, fs.Arg(0), cfg)
-}
-
 // withDuration bounds ctx by -duration when it is set.
 func (d *deviceFlags) withDuration(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d.duration > 0 {
@@ -283,6 +354,9 @@ type progress struct {
 	interval time.Duration
 	promisc  bool        // for the summary's device description
 	core     *lcore.Core // the polling core, for the summary (runCore sets it)
+	// extraCores poll the other queues (sink -queues): their interrupts
+	// count in the summary too.
+	extraCores []*lcore.Core
 }
 
 func newProgress(out io.Writer, dev nic.Device, interval time.Duration, extra func() string) *progress {
@@ -436,6 +510,10 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 	if p.core != nil {
 		// The core reads the queues' interrupt eventfds itself.
 		s.Rx.Interrupts, s.Tx.Interrupts = coreInterrupts(p.core, p.dev)
+		for _, c := range p.extraCores {
+			rx, tx := coreInterrupts(c, p.dev)
+			s.Rx.Interrupts, s.Tx.Interrupts = s.Rx.Interrupts+rx, s.Tx.Interrupts+tx
+		}
 	}
 	el := time.Since(p.start).Seconds()
 	fmt.Fprintf(p.out, "%s: %.2fs, rx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), tx %d frames (%d bytes, %.0f pps, %.2f Mbit/s), %s\n",

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
+
+	"github.com/vfnic/vfnic/nic"
 )
 
 // versionInfo is what 'vfnic version' reports.
@@ -15,11 +18,13 @@ type versionInfo struct {
 	Go       string            `json:"go"`
 	Platform string            `json:"platform"`
 	Settings map[string]string `json:"settings,omitempty"`
+	// Drivers are the NIC drivers compiled in (nic.Drivers).
+	Drivers []string `json:"drivers"`
 }
 
 func buildVersion() versionInfo {
 	v := versionInfo{Module: "github.com/vfnic/vfnic", Version: "(unknown)", Go: runtime.Version(),
-		Platform: runtime.GOOS + "/" + runtime.GOARCH}
+		Platform: runtime.GOOS + "/" + runtime.GOARCH, Drivers: nic.Drivers()}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
@@ -56,6 +61,7 @@ func runVersion(_ context.Context, args []string, o stdio) error {
 		return json.NewEncoder(o.out).Encode(v)
 	}
 	fmt.Fprintf(o.out, "vfnic %s %s (%s, %s)\n", v.Module, v.Version, v.Go, v.Platform)
+	fmt.Fprintf(o.out, "  drivers: %s\n", strings.Join(v.Drivers, ", "))
 	for _, k := range []string{"vcs.revision", "vcs.time", "vcs.modified", "CGO_ENABLED", "GOAMD64", "-tags"} {
 		if s, ok := v.Settings[k]; ok {
 			fmt.Fprintf(o.out, "  %s=%s\n", k, s)
