@@ -40,8 +40,9 @@ func kernelMaxFrame(a pci.Address) (max int, ok bool) {
 				mtu = 1500
 			}
 		case "igb":
-			// vfnic's igb driver sends standard frames only.
-			return min(mtu+nic.FrameOverhead, nic.MaxFrame), true
+			// vfnic's igb driver sends standard frames only: a
+			// 1500-byte payload with two VLAN tags (1522 bytes).
+			return min(mtu, 1500) + nic.FrameOverhead, true
 		}
 		return mtu + nic.FrameOverhead, true
 	}

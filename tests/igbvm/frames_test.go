@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/gopacket/pcapgo"
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/igb"
