@@ -12,6 +12,8 @@ need_apt=()
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx ping || need_apt+=(busybox-static)
 command -v cpio >/dev/null || need_apt+=(cpio)
+# tcpdump (libpcap) is the reference the capture filter compiler is checked against.
+[ -x /usr/bin/tcpdump ] || [ -x /usr/sbin/tcpdump ] || need_apt+=(tcpdump)
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v make >/dev/null || need_apt+=(make)
 # xz unpacks vmlinux for the fast PVH boot (the qemu package falls back without it).
