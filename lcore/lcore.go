@@ -115,7 +115,8 @@ type Config struct {
 	// a short one (WakeSlice; Linux 6.12 and later honour it), so that
 	// the interrupt that wakes it preempts the task running on its CPU
 	// rather than waiting for that task to sleep or use up its slice
-	// (see Core.Slice). The thread's share of the CPU is unchanged.
+	// (see Core.Slice). The thread's share of the CPU is unchanged; on a
+	// CPU it shares with busy tasks it runs in shorter turns.
 	KeepSlice bool
 }
 
