@@ -60,7 +60,8 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 
 echo "wake-up latency: eventfd write -> reader has the completion (ns)"
 echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs; kernel $(uname -r); load at start: $(load)"
-echo "$SAMPLES samples per run and mode, $REPEAT runs, C and Go alternating${BASE:+; base: $BASE, this: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . 2>/dev/null || echo '+changes')}"
+echo "$SAMPLES samples per run and mode, $REPEAT runs, C and Go alternating${BASE:+; base: $BASE, this: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . ':(exclude)*.md' 2>/dev/null || echo '+changes')}"
+failed=0
 for ((i = 0; i < REPEAT; i++)); do
 	order=$builds
 	[ $((i % 2)) = 1 ] && [ -n "$BASE" ] && order="this base"
@@ -69,7 +70,13 @@ for ((i = 0; i < REPEAT; i++)); do
 		[ "$p" = same ] && w=$READER
 		"$OUT/wakeup-c" -n "$SAMPLES" -r "$READER" -w "$w" | sed 's/^/build=c /' >"$tmp/out"
 		for b in $order; do
-			"$(bin "$b")" -n "$SAMPLES" -r "$READER" -w "$w" | sed "s/^/build=$b /" >>"$tmp/out"
+			# A run that fails (a reader that did not wake within 1 s) is
+			# reported and counted, and the others go on: its modes have
+			# one run fewer.
+			if ! "$(bin "$b")" -n "$SAMPLES" -r "$READER" -w "$w" 2>"$tmp/err" | sed "s/^/build=$b /" >>"$tmp/out"; then
+				echo "run.sh: round $((i + 1)), $p, build $b: $(cat "$tmp/err")" >&2
+				failed=$((failed + 1))
+			fi
 		done
 		while read -r line; do
 			b=$(field build "$line") m=$(field mode "$line")
@@ -82,9 +89,12 @@ for ((i = 0; i < REPEAT; i++)); do
 done
 printf '\n' >&2
 
+[ "$failed" = 0 ] || echo "run.sh: $failed Go runs failed (above); their modes have fewer runs" >&2
+
 # cell FILE-PREFIX C-PREFIX: "median p99 (ratio/C ratio/C)" over the runs
 cell() {
 	local mm mp cm cp
+	[ -s "$1.med" ] || { printf '%9s %9s %7s %7s' - - - -; return; }
 	mm=$(median <"$1.med") mp=$(median <"$1.p99") cm=$(median <"$2.med") cp=$(median <"$2.p99")
 	awk -v mm="$mm" -v mp="$mp" -v cm="$cm" -v cp="$cp" 'BEGIN {printf "%9.0f %9.0f %6.2fx %6.2fx", mm, mp, mm/cm, mp/cp}'
 }
