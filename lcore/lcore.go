@@ -110,6 +110,14 @@ type Config struct {
 	// (nic.InterruptSteerer) to its CPU when it starts, so that the
 	// interrupt wakes its thread where it sleeps (see Core.Steered).
 	KeepIRQAffinity bool
+	// KeepSlice leaves the scheduler slice of the core's thread as it
+	// is. By default a pinned Adaptive or Interrupt core asks Linux for
+	// a short one (WakeSlice; Linux 6.12 and later honour it), so that
+	// the interrupt that wakes it preempts the task running on its CPU
+	// rather than waiting for that task to sleep or use up its slice
+	// (see Core.Slice). The thread's share of the CPU is unchanged; on a
+	// CPU it shares with busy tasks it runs in shorter turns.
+	KeepSlice bool
 }
 
 // A Handler is given each batch of completions the core reads from q, on
@@ -165,8 +173,10 @@ type Core struct {
 	tid  atomic.Int64
 
 	mu       sync.Mutex
-	steered  int   // queues whose interrupt was steered to the CPU
-	steerErr error // why the others were not
+	steered  int           // queues whose interrupt was steered to the CPU
+	steerErr error         // why the others were not
+	slice    time.Duration // the slice the thread asked for, 0 if none
+	sliceErr error         // why it could not
 	started  bool
 	closed   bool
 	done     chan struct{} // closed when the loop has ended
@@ -330,6 +340,7 @@ func (c *Core) Run(ctx context.Context) (err error) {
 		c.end(err)
 		return err
 	}
+	sl := c.shortenSlice()
 	// Deferred, so that a Handler's panic does not leave the caller's
 	// thread locked and pinned, nor Close and Wait waiting for ever.
 	returned := false
@@ -339,9 +350,10 @@ func (c *Core) Run(ctx context.Context) (err error) {
 			r = recover()
 			err = abortErr(r)
 		}
-		if rerr := p.restore(c.cfg.CPU); rerr != nil {
+		if rerr := errors.Join(sl.restore(), p.restore(c.cfg.CPU)); rerr != nil {
 			// Keep the thread locked: the goroutine's exit will discard it
-			// rather than hand a pinned thread to other goroutines.
+			// rather than hand a pinned (or re-sliced) thread to other
+			// goroutines.
 			err = errors.Join(err, rerr)
 		} else {
 			runtime.UnlockOSThread()
@@ -386,9 +398,11 @@ func (c *Core) Start(ctx context.Context) error {
 		// exits, so the pinned thread does not outlive the core.
 		runtime.LockOSThread()
 		p, err := pin(c.cfg.CPU)
+		var sl slice
 		if err == nil {
 			c.tid.Store(int64(p.tid)) // ThreadID works once Start returns
 			c.steerInterrupts()       // and Steered
+			sl = c.shortenSlice()     // and Slice
 		}
 		ready <- err
 		if err != nil {
@@ -405,7 +419,7 @@ func (c *Core) Start(ctx context.Context) error {
 			if !returned {
 				err = errors.New("lcore: a Handler or Func panicked or called runtime.Goexit")
 			}
-			c.end(errors.Join(err, p.restore(c.cfg.CPU)))
+			c.end(errors.Join(err, sl.restore(), p.restore(c.cfg.CPU)))
 		}()
 		err = c.loop(ctx, p)
 		returned = true
@@ -435,6 +449,34 @@ func (c *Core) steerInterrupts() {
 	c.mu.Lock()
 	c.steered, c.steerErr = n, errors.Join(errs...)
 	c.mu.Unlock()
+}
+
+// shortenSlice asks for a short scheduler slice on the core's thread when
+// it is pinned and sleeps on interrupts (Config.KeepSlice), and records
+// the outcome for Slice.
+func (c *Core) shortenSlice() slice {
+	if c.cfg.CPU == AnyCPU || c.cfg.Mode == Busy || c.cfg.KeepSlice {
+		return slice{}
+	}
+	sl, err := shortenSlice()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sliceErr = err
+	if sl.set {
+		c.slice = WakeSlice
+	}
+	return sl
+}
+
+// Slice reports, once the core has started, the scheduler slice its
+// thread asked for (WakeSlice), or 0 when it asked for none: a busy or
+// unpinned core, Config.KeepSlice, a thread that is not SCHED_OTHER, or a
+// failure, whose error it returns (the core runs on regardless). The
+// thread gets its old slice back when the core stops.
+func (c *Core) Slice() (time.Duration, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.slice, c.sliceErr
 }
 
 // Steered reports, once the core has started, how many of its queues had

@@ -793,3 +793,73 @@ func TestAdaptiveWaitsForOwedSends(t *testing.T) {
 	n := c.Stats().Sleeps
 	require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > n }), "nothing owed: it sleeps again")
 }
+
+// threadSlice is the scheduler slice of the calling thread as
+// sched_getattr reports it (0 on kernels before EEVDF custom slices).
+func threadSlice(t *testing.T) time.Duration {
+	t.Helper()
+	a, err := unix.SchedGetAttr(0, 0)
+	require.NoError(t, err)
+	return time.Duration(a.Runtime)
+}
+
+// TestSleepingCoreShortensSlice: a pinned core that sleeps on interrupts
+// runs with WakeSlice (so that its wake-up preempts the task on its CPU)
+// and Run gives the caller's thread its slice back; busy, unpinned or
+// KeepSlice cores leave it alone.
+func TestSleepingCoreShortensSlice(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := threadSlice(t)
+	if before == 0 {
+		t.Skip("sched_getattr reports no slice for SCHED_OTHER: a kernel before Linux 6.12, which takes no slice request")
+	}
+	cpu := lastCPU(t)
+	for _, tc := range []struct {
+		cfg   Config
+		short bool
+	}{
+		{Config{CPU: cpu, Mode: Adaptive}, true},
+		{Config{CPU: cpu, Mode: Interrupt}, true},
+		{Config{CPU: cpu, Mode: Busy}, false},
+		{Config{CPU: AnyCPU, Mode: Interrupt}, false},
+		{Config{CPU: cpu, Mode: Adaptive, KeepSlice: true}, false},
+	} {
+		for _, run := range []bool{false, true} {
+			name := fmt.Sprintf("%+v run=%v", tc.cfg, run)
+			c, err := New(tc.cfg)
+			require.NoError(t, err)
+			require.NoError(t, c.AddQueue(newQueue(t, 0), nil))
+			var onCore atomic.Int64 // the slice the core's thread sees
+			require.NoError(t, c.AddFunc(func() (int, error) {
+				a, err := unix.SchedGetAttr(0, 0)
+				if err != nil {
+					return 0, err
+				}
+				onCore.Store(int64(a.Runtime))
+				return 0, nil
+			}))
+			done := make(chan error, 1)
+			if run {
+				// On this locked thread: Run must give it back as it was.
+				go func() { time.Sleep(50 * time.Millisecond); done <- c.Close() }()
+				require.NoError(t, c.Run(context.Background()), name)
+				require.NoError(t, <-done, name)
+				require.Equal(t, before, threadSlice(t), name+": Run restores the slice")
+			} else {
+				require.NoError(t, c.Start(context.Background()), name)
+				require.True(t, waitFor(5*time.Second, func() bool { return onCore.Load() != 0 }), name)
+				require.NoError(t, c.Close(), name)
+			}
+			got, err := c.Slice()
+			require.NoError(t, err, name)
+			if tc.short {
+				require.Equal(t, WakeSlice, got, name)
+				require.Equal(t, int64(WakeSlice), onCore.Load(), name)
+			} else {
+				require.Zero(t, got, name)
+				require.Equal(t, int64(before), onCore.Load(), name)
+			}
+		}
+	}
+}
