@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -117,6 +118,29 @@ func arpState(ifc, ip string) string {
 	return "none"
 }
 
+// arpDiscards is the count of packets Linux dropped while their
+// neighbour was unresolved (unresolved_discards of /proc/net/stat/arp_cache,
+// one line per CPU).
+func arpDiscards() int {
+	b, _ := os.ReadFile("/proc/net/stat/arp_cache")
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 2 {
+		return -1
+	}
+	col := slices.Index(strings.Fields(lines[0]), "unresolved_discards")
+	if col < 0 {
+		return -1
+	}
+	n := 0
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); col < len(f) {
+			v, _ := strconv.ParseUint(f[col], 16, 64)
+			n += int(v)
+		}
+	}
+	return n
+}
+
 func killRestart(t *testing.T, w killWire, rounds int) {
 	ifc := netIf(t, pciAddr(w.slots[2]))
 	ips := [2]string{w.subnet + ".1", w.subnet + ".2"}
@@ -178,6 +202,7 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 	time.Sleep(200 * time.Millisecond)
 
 	failed, partial := 0, 0
+	discards := arpDiscards()
 	states := map[string]int{}
 	var arps, pings, udps [2]int
 	for r := range rounds {
@@ -216,8 +241,10 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 			udps[i], _ = strconv.Atoi(m[3])
 		}
 	}
-	t.Logf("%s: %d kill-and-restart rounds under load, %d without an answer, %d with some of 5 pings lost; the peer's entry for the killed echo before its restart: %v; the last echoes answered arp %v icmp %v udp %v",
-		w.name, rounds, failed, partial, states, arps, pings, udps)
+	t.Logf("%s: %d kill-and-restart rounds under load, %d without an answer, %d with some of 5 pings lost "+
+		"(Linux dropped %d packets queued on an unresolved neighbour); the peer's entry for the killed echo before its restart: %v; "+
+		"the last echoes answered arp %v icmp %v udp %v",
+		w.name, rounds, failed, partial, arpDiscards()-discards, states, arps, pings, udps)
 	require.Zero(t, failed)
 	require.Equal(t, rounds, states["unresolved"], "every restart met a peer whose entry had failed")
 	require.Positive(t, arps[0]+arps[1], "the restarted echoes answered ARP")
