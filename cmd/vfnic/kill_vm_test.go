@@ -68,6 +68,8 @@ func TestVMKillRestart(t *testing.T) {
 	}
 	// A round takes 1 to 3 s on a loaded host.
 	guestTimeout := time.Minute + time.Duration(rounds*len(killWires))*5*time.Second
+	// OneTCGThread as the igb suite (qemu.Config.OneTCGThread);
+	// VFNIC_KILL_MTTCG=1 runs a thread per vCPU instead.
 	cfg := qemu.Config{NICs: nics, Timeout: guestTimeout + time.Minute, OneTCGThread: os.Getenv("VFNIC_KILL_MTTCG") == ""}
 	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestKillRestart$",
 		Env: env, Args: []string{"-test.timeout=" + guestTimeout.String()}})
@@ -141,6 +143,14 @@ func arpDiscards() int {
 	return n
 }
 
+// dmarFaults counts the DMA faults the guest kernel logged from the
+// vIOMMU: a device still running on a dead process's descriptors would
+// fault on its unmapped IOVAs.
+func dmarFaults() int {
+	out, _ := exec.Command("dmesg").Output()
+	return strings.Count(string(out), "DMAR: [DMA ")
+}
+
 func killRestart(t *testing.T, w killWire, rounds int) {
 	ifc := netIf(t, pciAddr(w.slots[2]))
 	ips := [2]string{w.subnet + ".1", w.subnet + ".2"}
@@ -202,7 +212,7 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 	time.Sleep(200 * time.Millisecond)
 
 	failed, partial := 0, 0
-	discards := arpDiscards()
+	discards, faults := arpDiscards(), dmarFaults()
 	states := map[string]int{}
 	var arps, pings, udps [2]int
 	for r := range rounds {
@@ -243,8 +253,8 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 	}
 	t.Logf("%s: %d kill-and-restart rounds under load, %d without an answer, %d with some of 5 pings lost "+
 		"(Linux dropped %d packets queued on an unresolved neighbour); the peer's entry for the killed echo before its restart: %v; "+
-		"the last echoes answered arp %v icmp %v udp %v",
-		w.name, rounds, failed, partial, arpDiscards()-discards, states, arps, pings, udps)
+		"the last echoes answered arp %v icmp %v udp %v; the guest's IOMMU reported %d DMA faults",
+		w.name, rounds, failed, partial, arpDiscards()-discards, states, arps, pings, udps, dmarFaults()-faults)
 	require.Zero(t, failed)
 	require.Equal(t, rounds, states["unresolved"], "every restart met a peer whose entry had failed")
 	require.Positive(t, arps[0]+arps[1], "the restarted echoes answered ARP")
