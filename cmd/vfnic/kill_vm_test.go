@@ -120,16 +120,17 @@ func arpState(ifc, ip string) string {
 	return "none"
 }
 
-// arpDiscards is the count of packets Linux dropped while their
-// neighbour was unresolved (unresolved_discards of /proc/net/stat/arp_cache,
-// one line per CPU).
-func arpDiscards() int {
+// arpStat sums a column of /proc/net/stat/arp_cache (one line per CPU):
+// unresolved_discards counts packets dropped because the queue of an
+// unresolved neighbour was full, res_failed the resolutions that failed
+// (their queued packets dropped).
+func arpStat(name string) int {
 	b, _ := os.ReadFile("/proc/net/stat/arp_cache")
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) < 2 {
 		return -1
 	}
-	col := slices.Index(strings.Fields(lines[0]), "unresolved_discards")
+	col := slices.Index(strings.Fields(lines[0]), name)
 	if col < 0 {
 		return -1
 	}
@@ -212,7 +213,7 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 	time.Sleep(200 * time.Millisecond)
 
 	failed, partial := 0, 0
-	discards, faults := arpDiscards(), dmarFaults()
+	discards, resFailed, faults := arpStat("unresolved_discards"), arpStat("res_failed"), dmarFaults()
 	states := map[string]int{}
 	var arps, pings, udps [2]int
 	for r := range rounds {
@@ -252,9 +253,9 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 		}
 	}
 	t.Logf("%s: %d kill-and-restart rounds under load, %d without an answer, %d with some of 5 pings lost "+
-		"(Linux dropped %d packets queued on an unresolved neighbour); the peer's entry for the killed echo before its restart: %v; "+
+		"(Linux: %d packets dropped from a full queue of an unresolved neighbour, %d resolutions failed); the peer's entry for the killed echo before its restart: %v; "+
 		"the last echoes answered arp %v icmp %v udp %v; the guest's IOMMU reported %d DMA faults",
-		w.name, rounds, failed, partial, arpDiscards()-discards, states, arps, pings, udps, dmarFaults()-faults)
+		w.name, rounds, failed, partial, arpStat("unresolved_discards")-discards, arpStat("res_failed")-resFailed, states, arps, pings, udps, dmarFaults()-faults)
 	require.Zero(t, failed)
 	require.Equal(t, rounds, states["unresolved"], "every restart met a peer whose entry had failed")
 	require.Positive(t, arps[0]+arps[1], "the restarted echoes answered ARP")
