@@ -35,7 +35,8 @@ var killWires = []killWire{
 	{"igb", qemu.IGB, false, [3]int{4, 6, 8}, "10.0.23"},
 }
 
-// killRoundsEnv sets the kill-and-restart rounds per wire.
+// killRounds is how many times an echo is killed and restarted on each
+// wire; VFNIC_KILL_ROUNDS sets another count.
 const (
 	killRoundsEnv = "VFNIC_KILL_ROUNDS"
 	killRounds    = 20
@@ -66,7 +67,7 @@ func TestVMKillRestart(t *testing.T) {
 		rounds = n
 		env = append(env, killRoundsEnv+"="+r)
 	}
-	// A round takes 1 to 3 s on a loaded host.
+	// A round took 2.5 to 4 s on the loaded 2-core host.
 	guestTimeout := time.Minute + time.Duration(rounds*len(killWires))*5*time.Second
 	// OneTCGThread as the igb suite (qemu.Config.OneTCGThread);
 	// VFNIC_KILL_MTTCG=1 runs a thread per vCPU instead.
@@ -209,7 +210,7 @@ func killRestart(t *testing.T, w killWire, rounds int) {
 		require.NoError(t, c.Start())
 		defer func() { _ = c.Wait() }()
 	}
-	defer stop()
+	defer stop() // before the Waits above: the load runs until canceled
 	time.Sleep(200 * time.Millisecond)
 
 	failed, partial := 0, 0
