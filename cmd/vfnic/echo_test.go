@@ -40,7 +40,13 @@ func pingFrame(t testing.TB, srcMAC net.HardwareAddr) []byte {
 }
 
 func arpFrame(t testing.TB, srcMAC net.HardwareAddr) []byte {
-	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: layers.EthernetBroadcast, EthernetType: layers.EthernetTypeARP}
+	return arpRequest(t, srcMAC, layers.EthernetBroadcast)
+}
+
+// arpRequest asks who has echoIP, sent to dstMAC: broadcast to resolve, or
+// the known MAC to confirm (the unicast probe of Linux's PROBE state).
+func arpRequest(t testing.TB, srcMAC, dstMAC net.HardwareAddr) []byte {
+	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: dstMAC, EthernetType: layers.EthernetTypeARP}
 	arp := &layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
 		Operation: layers.ARPRequest, SourceHwAddress: srcMAC, SourceProtAddress: peerIP,
 		DstHwAddress: make(net.HardwareAddr, 6), DstProtAddress: echoIP}
@@ -79,6 +85,7 @@ func TestEchoSafety(t *testing.T) {
 		{"ping", func(t *testing.T) []byte { return pingFrame(t, peerMAC) }, true, false},
 		{"ping from a broadcast MAC", func(t *testing.T) []byte { return pingFrame(t, layers.EthernetBroadcast) }, false, true},
 		{"arp", func(t *testing.T) []byte { return arpFrame(t, peerMAC) }, true, false},
+		{"arp unicast probe", func(t *testing.T) []byte { return arpRequest(t, peerMAC, echoMAC) }, true, false},
 		{"arp from a multicast MAC", func(t *testing.T) []byte { return arpFrame(t, mcastMAC) }, false, true},
 	}
 	for _, tc := range cases {
@@ -91,6 +98,12 @@ func TestEchoSafety(t *testing.T) {
 				p := gopacket.NewPacket(reply, layers.LayerTypeEthernet, gopacket.Default)
 				eth := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
 				require.Equal(t, peerMAC, eth.DstMAC, "the reply goes to the requester only")
+				if arp, ok := p.Layer(layers.LayerTypeARP).(*layers.ARP); ok {
+					require.Equal(t, uint16(layers.ARPReply), arp.Operation)
+					require.Equal(t, []byte(echoMAC), arp.SourceHwAddress)
+					require.Equal(t, []byte(echoIP), arp.SourceProtAddress)
+					require.Equal(t, []byte(peerIP), arp.DstProtAddress)
+				}
 				if udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
 					require.Equal(t, layers.UDPPort(40000), udp.DstPort)
 					require.Equal(t, []byte("hello"), udp.Payload)

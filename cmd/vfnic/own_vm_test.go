@@ -137,11 +137,15 @@ func driverOf(t *testing.T, addr string) string {
 	return filepath.Base(l)
 }
 
-// netIf waits for the kernel interface of a virtio-net NIC on Linux.
+// netIf waits for the kernel interface of a NIC on Linux: a virtio-net
+// interface hangs below the virtio device, others below the PCI device.
 func netIf(t *testing.T, addr string) string {
 	t.Helper()
 	for i := 0; i < 100; i++ {
 		m, _ := filepath.Glob("/sys/bus/pci/devices/" + addr + "/virtio*/net/*")
+		if len(m) == 0 {
+			m, _ = filepath.Glob("/sys/bus/pci/devices/" + addr + "/net/*")
+		}
 		if len(m) == 1 {
 			return filepath.Base(m[0])
 		}
