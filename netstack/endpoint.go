@@ -29,9 +29,10 @@ type endpoint struct {
 	rx []rxQueue
 	tx []txQueue
 
-	// dropEvery drops every dropEvery-th received frame (0: none): the
-	// test-only fault that makes TCP retransmit through a real NIC.
-	dropEvery uint64
+	// dropEvery drops every dropEvery-th frame received and sent (0:
+	// none): the test-only fault that makes TCP retransmit through a
+	// real NIC.
+	dropEvery atomic.Uint64
 
 	// closed is called (once) when a send finds the device closed or
 	// taken back: the Net wakes its polling cores, which then stop on
@@ -56,6 +57,7 @@ type rxQueue struct {
 type txQueue struct {
 	mu      sync.Mutex
 	q       nic.TxQueue
+	seen    uint64           // packets written, for dropEvery
 	scratch []byte           // one frame, gathered from the packet's views
 	comps   []nic.Completion // transmit completions reaped before sending
 }
@@ -68,11 +70,11 @@ const txWait = 20 * time.Millisecond
 func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
 	info := dev.Info()
 	e := &endpoint{
-		dev:       dev,
-		mac:       tcpip.LinkAddress(dev.MAC()),
-		caps:      stack.CapabilityResolutionRequired,
-		dropEvery: uint64(max(dropEvery, 0)),
+		dev:  dev,
+		mac:  tcpip.LinkAddress(dev.MAC()),
+		caps: stack.CapabilityResolutionRequired,
 	}
+	e.dropEvery.Store(uint64(max(dropEvery, 0)))
 	n := dev.QueuePairs()
 	if n < 1 {
 		return nil, errors.New("netstack: device has no queue pairs")
@@ -175,6 +177,7 @@ func (e *endpoint) SetOnCloseAction(func()) {}
 // sees it, so that the ring is refilled whatever the stack does.
 func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 	e := r.ep
+	drop := e.dropEvery.Load()
 	var d stack.NetworkDispatcher
 	if p := e.disp.Load(); p != nil {
 		d = p.d
@@ -194,7 +197,7 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 		switch {
 		case d == nil || len(data) < header.EthernetMinimumSize:
 			e.rxDropped.Add(1)
-		case e.dropEvery != 0 && r.seen%e.dropEvery == 0:
+		case drop != 0 && r.seen%drop == 0:
 			e.rxDropped.Add(1)
 		default:
 			v = buffer.NewViewWithData(data)
@@ -231,12 +234,20 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reap()
-	sent := 0
+	drop := e.dropEvery.Load()
+	// done counts the packets dealt with (posted, or dropped as the wire
+	// would drop them); the rest are dropped for an error and the stack
+	// told how many went.
+	done, posted := 0, 0
 	var terr tcpip.Error
 	for _, pkt := range list {
+		if t.seen++; drop != 0 && t.seen%drop == 0 {
+			done++
+			continue
+		}
 		n := gather(t.scratch, pkt)
 		if n < 0 {
-			e.txDropped.Add(1) // longer than the device's frames
+			done++ // longer than the device's frames: dropped
 			continue
 		}
 		err := t.q.Send(t.scratch[:n], nil)
@@ -252,14 +263,15 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			terr = e.txError(err)
 			break
 		}
-		sent++
+		done++
+		posted++
 	}
 	if err := t.q.Flush(); err != nil && terr == nil {
 		terr = e.txError(err)
 	}
-	e.txFrames.Add(uint64(sent))
-	e.txDropped.Add(uint64(len(list) - sent))
-	return sent, terr
+	e.txFrames.Add(uint64(posted))
+	e.txDropped.Add(uint64(len(list) - posted))
+	return done, terr
 }
 
 // gather copies pkt's bytes into dst and returns their length, or -1 when

@@ -76,9 +76,9 @@ type Config struct {
 	// losses faster.
 	DisableRACK bool
 
-	// DropEvery, for tests, drops every DropEvery-th received frame in
-	// the endpoint (0: none), to make TCP recover losses through a real
-	// NIC.
+	// DropEvery, for tests, drops every DropEvery-th frame received and
+	// every DropEvery-th frame sent in the endpoint (0: none), to make
+	// TCP recover losses through a real NIC. SetDropEvery changes it.
 	DropEvery int
 }
 
@@ -88,7 +88,7 @@ type Stats struct {
 	// no stack attached, or DropEvery); RxErrors were error completions.
 	RxFrames, RxDropped, RxErrors uint64
 	// TxFrames were posted to the device; TxDropped were not (a full ring
-	// after waiting, oversized, or a closed device).
+	// after waiting, oversized, a closed device, or DropEvery).
 	TxFrames, TxDropped uint64
 }
 
@@ -341,6 +341,10 @@ func (n *Net) Stats() Stats {
 		TxFrames: e.txFrames.Load(), TxDropped: e.txDropped.Load(),
 	}
 }
+
+// SetDropEvery, for tests, makes the endpoint drop every k-th frame it
+// receives and every k-th it sends (0: none; see Config.DropEvery).
+func (n *Net) SetDropEvery(k int) { n.ep.dropEvery.Store(uint64(max(k, 0))) }
 
 // MTU is the link MTU: the device's frame size less the Ethernet header
 // and VLAN tags (nic.FrameOverhead), capped by the device's MTU.

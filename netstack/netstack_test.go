@@ -255,7 +255,8 @@ func TestBadAddresses(t *testing.T) {
 }
 
 // TestDropRetransmit: with one received frame in 100 dropped in B's
-// endpoint, 8 MiB each way still arrive intact: TCP recovers the losses.
+// endpoint, received and sent, 8 MiB each way still arrive intact: TCP
+// recovers the losses.
 func TestDropRetransmit(t *testing.T) {
 	p := newPair(t, func(c *Config) { c.DropEvery = 100 })
 	l, err := p.b.Listen("tcp", ":7")
@@ -267,6 +268,7 @@ func TestDropRetransmit(t *testing.T) {
 	defer c.Close()
 	roundTrip(t, c, randBytes(t, 8<<20))
 	require.NotZero(t, p.b.Stats().RxDropped)
+	require.NotZero(t, p.b.Stats().TxDropped)
 	require.NotZero(t, p.a.Stack().Stats().TCP.Retransmits.Value())
 }
 
