@@ -58,6 +58,7 @@ type txQueue struct {
 	mu      sync.Mutex
 	q       nic.TxQueue
 	seen    uint64           // packets written, for dropEvery
+	limit   int              // sends outstanding before a write waits (half the ring; the rest is spare)
 	scratch []byte           // one frame, gathered from the packet's views
 	comps   []nic.Completion // transmit completions reaped before sending
 }
@@ -92,7 +93,8 @@ func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
 			return nil, err
 		}
 		e.rx[i] = rxQueue{ep: e, q: rq}
-		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64)}
+		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64),
+			limit: max(tq.Size()/2, 1)}
 		for _, m := range []int{rq.MaxFrame(), tq.MaxFrame()} {
 			if maxFrame < 0 || m < maxFrame {
 				maxFrame = m
@@ -185,10 +187,13 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 	for i := range batch {
 		c := &batch[i]
 		if c.Err != nil {
-			// The driver recycled the buffer; a removal's canceled
-			// operations end here too, and the core stops at its
-			// next flush or sleep with the device's error.
+			// The driver recycled the buffer into its pool: post a free
+			// one in its place, or the ring shrinks by one with each
+			// error. A removal's canceled operations end here too (the
+			// post fails), and the core stops at its next flush or
+			// sleep with the device's error.
 			e.rxErrors.Add(1)
+			_ = r.q.PostRecv(nil)
 			continue
 		}
 		data := c.Data
@@ -250,14 +255,22 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			done++ // longer than the device's frames: dropped
 			continue
 		}
-		err := t.q.Send(t.scratch[:n], nil)
-		if errors.Is(err, nic.ErrFull) {
+		var err error
+		if t.q.Outstanding() >= t.limit {
 			// The device has not sent what is queued: hand it what
-			// this batch posted so far, wait for completions, retry.
-			if err = t.q.Flush(); err == nil {
+			// this batch posted so far and wait for completions.
+			// Whether or not any came, the send below goes into the
+			// spare slots and its Flush notifies the device afresh,
+			// so that a notification the device missed cannot leave
+			// a full ring stuck for good (seen on a packed virtqueue:
+			// 256 sends outstanding, none completed, for minutes).
+			err = t.q.Flush()
+			if err == nil {
 				t.await()
-				err = t.q.Send(t.scratch[:n], nil)
 			}
+		}
+		if err == nil {
+			err = t.q.Send(t.scratch[:n], nil)
 		}
 		if err != nil {
 			terr = e.txError(err)

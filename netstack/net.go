@@ -90,6 +90,8 @@ type Stats struct {
 	// TxFrames were posted to the device; TxDropped were not (a full ring
 	// after waiting, oversized, a closed device, or DropEvery).
 	TxFrames, TxDropped uint64
+	// Cores are the polling cores' counters, one per queue pair.
+	Cores []lcore.Stats
 }
 
 // Net is gVisor's TCP/IP stack on a nic.Device, with the listen and dial
@@ -336,10 +338,16 @@ func (n *Net) Stack() *stack.Stack { return n.stack }
 // Stats returns the endpoint's frame counters.
 func (n *Net) Stats() Stats {
 	e := n.ep
-	return Stats{
+	st := Stats{
 		RxFrames: e.rxFrames.Load(), RxDropped: e.rxDropped.Load(), RxErrors: e.rxErrors.Load(),
 		TxFrames: e.txFrames.Load(), TxDropped: e.txDropped.Load(),
 	}
+	n.coresMu.Lock()
+	for _, c := range n.cores {
+		st.Cores = append(st.Cores, c.Stats())
+	}
+	n.coresMu.Unlock()
+	return st
 }
 
 // SetDropEvery, for tests, makes the endpoint drop every k-th frame it

@@ -35,10 +35,13 @@ type pair struct {
 }
 
 // newPair runs two stacks on the two ends of a wire; cfgB adjusts B's
-// config. Both are closed at the end of the test.
+// config. Both are closed at the end of the test. The rings are long: a
+// sender's burst (a window's worth, in batches of 47) overflowing a
+// 256-slot receive ring before the receiving core wakes up cost whole
+// retransmission timeouts, which made 1 MiB transfers take seconds.
 func newPair(t *testing.T, cfgB func(*Config)) *pair {
 	t.Helper()
-	devA, devB, err := wire.Pair(256)
+	devA, devB, err := wire.Pair(1024)
 	require.NoError(t, err)
 	ca := Config{Addrs: []netip.Prefix{addrA4, addrA6}}
 	cb := Config{Addrs: []netip.Prefix{addrB4, addrB6}}
@@ -56,6 +59,22 @@ func newPair(t *testing.T, cfgB func(*Config)) *pair {
 		_ = devB.Close()
 	})
 	return &pair{a: a, b: b, devA: devA, devB: devB}
+}
+
+// diag describes both ends, for a failure message.
+func (p *pair) diag() string {
+	d := func(n *Net, dev *wire.Device) string {
+		tcp := n.Stack().Stats().TCP
+		tx, _ := dev.Tx(0)
+		rx, _ := dev.Rx(0)
+		ip := n.Stack().Stats().IP
+		nic := n.Stack().NICInfo()[nicID].Stats
+		return fmt.Sprintf("%v; %+v; device %+v; rx outstanding %d, tx outstanding %d; tcp sent %d rcvd %d retrans %d timeouts %d senderr %d; ip sent %d errors %d; nic tx %d nobufspace %d",
+			dev, n.Stats(), dev.Stats(), rx.Outstanding(), tx.Outstanding(), tcp.SegmentsSent.Value(),
+			tcp.ValidSegmentsReceived.Value(), tcp.Retransmits.Value(), tcp.Timeouts.Value(), tcp.SegmentSendErrors.Value(),
+			ip.PacketsSent.Value(), ip.OutgoingPacketErrors.Value(), nic.Tx.Packets.Value(), nic.TxPacketsDroppedNoBufferSpace.Value())
+	}
+	return "A: " + d(p.a, p.devA) + "\nB: " + d(p.b, p.devB)
 }
 
 func randBytes(t *testing.T, n int) []byte {
@@ -169,9 +188,9 @@ func TestHTTP(t *testing.T) {
 	for _, u := range []string{"http://10.9.0.2/", "http://[fd00:9::2]/"} {
 		for range 3 {
 			resp, err := cl.Get(u)
-			require.NoError(t, err)
+			require.NoError(t, err, p.diag())
 			got, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
+			require.NoError(t, err, p.diag())
 			require.NoError(t, resp.Body.Close())
 			require.True(t, bytes.Equal(body, got))
 		}

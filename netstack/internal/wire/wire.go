@@ -406,3 +406,11 @@ var (
 	_ nic.RxQueue = (*queue)(nil)
 	_ nic.TxQueue = (*queue)(nil)
 )
+
+// String describes the receive queue's state, for a test's failure message.
+func (d *Device) String() string {
+	q := d.rx
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return fmt.Sprintf("rx posted %d ready %d free %d armed %v", len(q.posted), len(q.ready), len(q.free), q.armed)
+}
