@@ -20,8 +20,10 @@
 // discipline with one dispatcher per transmit queue, which hands the
 // endpoint batches of up to 47 packets; each batch is gathered frame by
 // frame into the queue's DMA buffers (nic.TxQueue.Send) and handed to the
-// device with one Flush. Neither path allocates per frame beyond gVisor's
-// own buffer pool.
+// device with one Flush. A write that finds half the ring outstanding
+// flushes, waits briefly for completions, and sends on into the other
+// half, so that each write after a stall posts and notifies the device.
+// Neither path allocates per frame beyond gVisor's own buffer pool.
 //
 // TCP runs with SACK, RACK loss detection and receive buffer moderation on;
 // buffer sizes are settable (Config.TCPSendBuffer, TCPReceiveBuffer).
