@@ -2,13 +2,15 @@
 // (virtio-net, or the Intel 82576 with -nic igb) on one emulated wire and
 // runs vfnic against real traffic in it: 'vfnic echo' drives one NIC
 // through VFIO, the guest's Linux pings it and sends UDP from the other
-// with its own driver (virtio_net, igb). 'make demo' runs it ('make demo
+// with its own driver (virtio_net, igb); then examples/httpd serves HTTP
+// and DNS from Go servers on the same NIC (package netstack), and the
+// guest's Linux fetches a page and resolves a name from them. 'make demo' runs it ('make demo
 // NIC=igb' for igb). It lives apart from cmd/vfnic so that the operator's
 // binary carries no VM harness.
 //
 //	vfnic-demo [-console] [-nic virtio|igb] [-split]
 //
-// Exit status: 0 when every ping and datagram was answered, 1 otherwise,
+// Exit status: 0 when every ping, datagram, page and name was answered, 1 otherwise,
 // 2 for a malformed command line.
 package main
 
@@ -34,25 +36,32 @@ const (
 	demoVfnicAddr = "0000:00:04.0"
 	demoVfnicIP   = "10.0.0.1"
 	demoLinuxIP   = "10.0.0.2/24"
+	demoName      = "demo.vfnic"
 )
 
 // demoScript runs in the guest: vfnic echo on one NIC; busybox ping and
-// vfnic udpping (a client of the kernel's stack) on the other.
+// vfnic udpping (a client of the kernel's stack) on the other. Then
+// examples/httpd takes the same NIC (net/http and a DNS server on
+// package netstack), and busybox nslookup and wget ask it from Linux.
 const demoScript = `#!/bin/sh
 V=/vfnic/bin/vfnic
+# ready NAME PID LOG: wait until the program at PID says "ready" in LOG.
+ready() {
+	i=0
+	while ! grep -q ready "$3" 2>/dev/null; do
+		i=$((i+1))
+		if [ $i -gt 200 ] || ! kill -0 "$2" 2>/dev/null; then
+			echo "$1 did not start:"; cat "$3"; exit 1
+		fi
+		sleep 0.1
+	done
+}
 echo '$ vfnic list'
 $V list
 echo '$ vfnic echo -ip ` + demoVfnicIP + ` ` + demoVfnicAddr + ` &'
 $V echo -ip ` + demoVfnicIP + ` -progress 1s ` + demoVfnicAddr + ` >/tmp/echo.log 2>&1 &
 pid=$!
-i=0
-while ! grep -q ready /tmp/echo.log 2>/dev/null; do
-	i=$((i+1))
-	if [ $i -gt 200 ] || ! kill -0 $pid 2>/dev/null; then
-		echo "vfnic echo did not start:"; cat /tmp/echo.log; exit 1
-	fi
-	sleep 0.1
-done
+ready 'vfnic echo' $pid /tmp/echo.log
 echo '$ ping -c 20 -i 0.2 ` + demoVfnicIP + `   (the Linux driver on the other NIC)'
 ping -c 20 -i 0.2 ` + demoVfnicIP + `
 ping_status=$?
@@ -65,7 +74,25 @@ echo_status=$?
 echo '--- vfnic echo output (progress every second, then its summary and counters):'
 sed 's/^/[vfnic echo] /' /tmp/echo.log
 echo "ping exit $ping_status, udpping exit $udp_status, vfnic echo exit $echo_status"
-[ $ping_status = 0 ] && [ $udp_status = 0 ] && [ $echo_status = 0 ]
+mkdir -p /tmp/www
+echo 'hello from net/http on vfnic + netstack' >/tmp/www/index.html
+echo '$ httpd -pci ` + demoVfnicAddr + ` -addr ` + demoVfnicIP + `/24 -dir /tmp/www -dns ` + demoName + `=` + demoVfnicIP + ` &   (Go servers on gVisor netstack on vfnic)'
+/vfnic/bin/httpd -pci ` + demoVfnicAddr + ` -addr ` + demoVfnicIP + `/24 -dir /tmp/www -dns ` + demoName + `=` + demoVfnicIP + ` >/tmp/httpd.log 2>&1 &
+hpid=$!
+ready httpd $hpid /tmp/httpd.log
+echo '$ nslookup ` + demoName + ` ` + demoVfnicIP + `   (busybox, through the Linux stack)'
+nslookup ` + demoName + ` ` + demoVfnicIP + `
+ns_status=$?
+echo '$ wget -q -O - http://` + demoVfnicIP + `/'
+wget -q -O - http://` + demoVfnicIP + `/
+wget_status=$?
+kill -INT $hpid
+wait $hpid
+httpd_status=$?
+echo '--- httpd output:'
+sed 's/^/[httpd] /' /tmp/httpd.log
+echo "nslookup exit $ns_status, wget exit $wget_status, httpd exit $httpd_status"
+[ $ping_status = 0 ] && [ $udp_status = 0 ] && [ $echo_status = 0 ] && [ $ns_status = 0 ] && [ $wget_status = 0 ] && [ $httpd_status = 0 ]
 `
 
 // errUsage marks a malformed command line: exit status 2.
@@ -120,11 +147,16 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if err := qemu.Available(ctx); err != nil {
 		return err
 	}
-	bin, cleanup, err := guestBinary(ctx)
+	bin, cleanup, err := guestBinary(ctx, "github.com/vfnic/vfnic/cmd/vfnic", "vfnic")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
+	httpd, cleanupHTTPD, err := guestBinary(ctx, "github.com/vfnic/vfnic/examples/httpd", "httpd")
+	if err != nil {
+		return err
+	}
+	defer cleanupHTTPD()
 	dir, err := os.MkdirTemp("", "vfnic-demo-")
 	if err != nil {
 		return err
@@ -142,6 +174,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		},
 		Files: []qemu.File{
 			{Host: bin, Guest: "/vfnic/bin/vfnic", Mode: 0o755},
+			{Host: httpd, Guest: "/vfnic/bin/httpd", Mode: 0o755},
 			{Host: script, Guest: "/vfnic/demo.sh", Mode: 0o755},
 		},
 		Output:  prefixWriter(out, "guest| "),
@@ -160,6 +193,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "  %s driven by vfnic through VFIO (%s), answering for %s\n", demoVfnicAddr, how, demoVfnicIP)
 	fmt.Fprintf(out, "  %s left to the guest's Linux %s driver, %s\n", cfg.NICs[1].GuestAddr(), linux, demoLinuxIP)
+	fmt.Fprintf(out, "  then examples/httpd on %s: net/http and a DNS server on gVisor's netstack, asked by busybox wget and nslookup\n", demoVfnicAddr)
 	res, err := qemu.Run(ctx, cfg, qemu.Command{GuestPath: "/bin/sh", Args: []string{"/vfnic/demo.sh"}})
 	if res != nil {
 		fmt.Fprintf(out, "vfnic demo: guest kernel %s, boot %v, whole run %v, exit status %d\n",
@@ -168,16 +202,16 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	return err
 }
 
-// guestBinary builds a static (CGO_ENABLED=0) vfnic for the guest.
-func guestBinary(ctx context.Context) (string, func(), error) {
+// guestBinary builds a static (CGO_ENABLED=0) binary of pkg for the guest.
+func guestBinary(ctx context.Context, pkg, name string) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "vfnic-demo-")
 	if err != nil {
 		return "", nil, err
 	}
-	bin := filepath.Join(dir, "vfnic")
-	if err := qemu.BuildBinary(ctx, "github.com/vfnic/vfnic/cmd/vfnic", bin); err != nil {
+	bin := filepath.Join(dir, name)
+	if err := qemu.BuildBinary(ctx, pkg, bin); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("build a static vfnic for the guest (run from the source tree): %w", err)
+		return "", nil, fmt.Errorf("build a static %s for the guest (run from the source tree): %w", name, err)
 	}
 	return bin, func() { os.RemoveAll(dir) }, nil
 }

@@ -11,7 +11,8 @@ import (
 // TestVMDemo runs vfnic-demo as a newcomer would, with vfnic on packed
 // and then on split virtqueues, then on igb: Linux's ping and a UDP client on one NIC
 // talk to vfnic echo on the other, through an emulated wire. Every ping
-// must be answered and every datagram echoed intact.
+// must be answered and every datagram echoed intact; then busybox wget
+// and nslookup get a page and a name from examples/httpd on that NIC.
 func TestVMDemo(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side")
@@ -38,6 +39,9 @@ func TestVMDemo(t *testing.T) {
 			require.Contains(t, s, "answered arp")
 			require.Contains(t, s, "icmp 20 udp 20")
 			require.Contains(t, s, "ping exit 0, udpping exit 0, vfnic echo exit 0")
+			require.Contains(t, s, "hello from net/http on vfnic + netstack", "wget fetched the page from httpd")
+			require.Regexp(t, `Name:\s+demo\.vfnic\s+(guest\| )?Address:? 10\.0\.0\.1`, s, "nslookup resolved the name from httpd's DNS server")
+			require.Contains(t, s, "nslookup exit 0, wget exit 0, httpd exit 0")
 			require.Regexp(t, `guest kernel \S+, boot`, s)
 		})
 	}

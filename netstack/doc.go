@@ -1,0 +1,36 @@
+// Package netstack runs gVisor's TCP/IP stack (gvisor.dev/gvisor/pkg/tcpip)
+// on a vfnic nic.Device, and gives Go programs the listen and dial
+// functions of package net over it, in the shape of wireguard-go's
+// tun/netstack: Listen, ListenTCP, ListenPacket, ListenUDP, Dial and
+// DialContext return values that satisfy net.Listener, net.Conn and
+// net.PacketConn, with deadlines and context cancellation, so that an
+// unmodified net/http, DNS or QUIC server runs on a userspace NIC.
+//
+// The stack has static IPv4 and IPv6 addresses, on-link routes for their
+// prefixes, further routes and default gateways (Config); ARP and NDP are
+// the stack's own. There is no name resolution: addresses are IP literals.
+//
+// The link endpoint frames Ethernet itself. Its MTU is the device's
+// longest frame less nic.FrameOverhead (the Ethernet header and two VLAN
+// tags), capped by the device's MTU. Each queue pair has a receive loop on
+// a polling core (package lcore; Adaptive by default): each received frame
+// is copied into a buffer from gVisor's pool and its DMA buffer reposted
+// at once, before the stack processes the frame (gVisor's buffers cannot
+// wrap foreign memory). Transmit goes through gVisor's fifo queueing
+// discipline with one dispatcher per transmit queue, which hands the
+// endpoint batches of up to 47 packets; each batch is gathered frame by
+// frame into the queue's DMA buffers (nic.TxQueue.Send) and handed to the
+// device with one Flush. A write that finds half the ring outstanding
+// flushes, waits briefly for completions, and sends on into the other
+// half, so that each write after a stall posts and notifies the device.
+// Neither path allocates per frame beyond gVisor's own buffer pool.
+//
+// TCP runs with SACK, RACK loss detection and receive buffer moderation on;
+// buffer sizes are settable (Config.TCPSendBuffer, TCPReceiveBuffer).
+//
+// A Net stops on Close, or by itself when the kernel takes the device back
+// (nic.ErrRemoved): blocked calls return, and the errors of its listeners
+// and connections then match net.ErrClosed or nic.ErrRemoved (Net.Err says
+// which). Every goroutine it started has ended when Close returns. The
+// device is the caller's to close, after the Net.
+package netstack

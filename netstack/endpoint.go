@@ -1,0 +1,342 @@
+package netstack
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/vfnic/vfnic/nic"
+)
+
+// endpoint is the stack's link endpoint on a nic.Device: Ethernet framing,
+// a receive handler per receive queue (run by a polling core), and
+// transmit batches written by the fifo qdisc's dispatchers, one per
+// transmit queue.
+type endpoint struct {
+	dev  nic.Device
+	mtu  uint32
+	mac  tcpip.LinkAddress
+	caps stack.LinkEndpointCapabilities
+
+	disp atomic.Pointer[dispatcher]
+
+	rx []rxQueue
+	tx []txQueue
+
+	// dropEvery drops every dropEvery-th frame received and sent (0:
+	// none): the test-only fault that makes TCP retransmit through a
+	// real NIC.
+	dropEvery atomic.Uint64
+
+	// closed is called (once) when a send finds the device closed or
+	// taken back: the Net wakes its polling cores, which then stop on
+	// the closed queues even if they slept (closing a queue's eventfd
+	// does not wake a core asleep in epoll on it).
+	closed     func()
+	closedOnce sync.Once
+
+	rxFrames, rxDropped, rxErrors atomic.Uint64
+	txFrames, txDropped           atomic.Uint64
+}
+
+// dispatcher boxes the stack's NetworkDispatcher for an atomic pointer.
+type dispatcher struct{ d stack.NetworkDispatcher }
+
+type rxQueue struct {
+	ep   *endpoint
+	q    nic.RxQueue
+	seen uint64 // frames seen, for dropEvery (the core's thread only)
+}
+
+type txQueue struct {
+	mu      sync.Mutex
+	q       nic.TxQueue
+	seen    uint64           // packets written, for dropEvery
+	limit   int              // sends outstanding before a write waits (half the ring; the rest is spare)
+	scratch []byte           // one frame, gathered from the packet's views
+	comps   []nic.Completion // transmit completions reaped before sending
+}
+
+// txWait bounds how long a write waits for the device to complete sends
+// when its ring is full, before it drops the rest of the batch (TCP
+// retransmits; UDP loses datagrams, as on a full Linux qdisc).
+const txWait = 20 * time.Millisecond
+
+func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
+	info := dev.Info()
+	e := &endpoint{
+		dev:  dev,
+		mac:  tcpip.LinkAddress(dev.MAC()),
+		caps: stack.CapabilityResolutionRequired,
+	}
+	e.dropEvery.Store(uint64(max(dropEvery, 0)))
+	n := dev.QueuePairs()
+	if n < 1 {
+		return nil, errors.New("netstack: device has no queue pairs")
+	}
+	maxFrame := -1
+	e.rx = make([]rxQueue, n)
+	e.tx = make([]txQueue, n)
+	for i := 0; i < n; i++ {
+		rq, err := dev.Rx(i)
+		if err != nil {
+			return nil, err
+		}
+		tq, err := dev.Tx(i)
+		if err != nil {
+			return nil, err
+		}
+		e.rx[i] = rxQueue{ep: e, q: rq}
+		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64),
+			limit: max(tq.Size()/2, 1)}
+		for _, m := range []int{rq.MaxFrame(), tq.MaxFrame()} {
+			if maxFrame < 0 || m < maxFrame {
+				maxFrame = m
+			}
+		}
+	}
+	// The link MTU leaves room for the Ethernet header and the VLAN tags
+	// the queues' MaxFrame allows for; the device's own MTU caps it.
+	mtu := maxFrame - nic.FrameOverhead
+	if info.MTU > 0 && info.MTU < mtu {
+		mtu = info.MTU
+	}
+	if mtu < header.IPv4MinimumMTU {
+		return nil, errors.New("netstack: device frames too short for IPv4")
+	}
+	e.mtu = uint32(mtu)
+	return e, nil
+}
+
+// MTU implements stack.LinkEndpoint.
+func (e *endpoint) MTU() uint32 { return e.mtu }
+
+// SetMTU implements stack.LinkEndpoint: the device's frame size is fixed.
+func (e *endpoint) SetMTU(uint32) {}
+
+// MaxHeaderLength implements stack.LinkEndpoint.
+func (e *endpoint) MaxHeaderLength() uint16 { return header.EthernetMinimumSize }
+
+// LinkAddress implements stack.LinkEndpoint.
+func (e *endpoint) LinkAddress() tcpip.LinkAddress { return e.mac }
+
+// SetLinkAddress implements stack.LinkEndpoint: the device's MAC is fixed.
+func (e *endpoint) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Capabilities implements stack.LinkEndpoint.
+func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
+
+// Attach implements stack.LinkEndpoint. The receive handlers deliver to
+// the dispatcher; nil (the NIC being removed) makes them drop frames.
+func (e *endpoint) Attach(d stack.NetworkDispatcher) {
+	if d == nil {
+		e.disp.Store(nil)
+		return
+	}
+	e.disp.Store(&dispatcher{d})
+}
+
+// IsAttached implements stack.LinkEndpoint.
+func (e *endpoint) IsAttached() bool { return e.disp.Load() != nil }
+
+// Wait implements stack.LinkEndpoint: the polling cores belong to the
+// Net, which stops them.
+func (e *endpoint) Wait() {}
+
+// ARPHardwareType implements stack.LinkEndpoint.
+func (e *endpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
+
+// AddHeader implements stack.LinkEndpoint.
+func (e *endpoint) AddHeader(pkt *stack.PacketBuffer) {
+	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
+	eth.Encode(&header.EthernetFields{
+		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
+		DstAddr: pkt.EgressRoute.RemoteLinkAddress,
+		Type:    pkt.NetworkProtocolNumber,
+	})
+}
+
+// ParseHeader implements stack.LinkEndpoint.
+func (e *endpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+	_, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	return ok
+}
+
+// Close implements stack.LinkEndpoint.
+func (e *endpoint) Close() {}
+
+// SetOnCloseAction implements stack.LinkEndpoint.
+func (e *endpoint) SetOnCloseAction(func()) {}
+
+// handle is the receive queue's lcore.Handler: each frame is copied into
+// a view from gVisor's pool and its DMA buffer reposted before the stack
+// sees it, so that the ring is refilled whatever the stack does.
+func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
+	e := r.ep
+	drop := e.dropEvery.Load()
+	var d stack.NetworkDispatcher
+	if p := e.disp.Load(); p != nil {
+		d = p.d
+	}
+	for i := range batch {
+		c := &batch[i]
+		if c.Err != nil {
+			// The driver recycled the buffer into its pool: post a free
+			// one in its place, or the ring shrinks by one with each
+			// error. A removal's canceled operations end here too (the
+			// post fails), and the core stops at its next flush or
+			// sleep with the device's error.
+			e.rxErrors.Add(1)
+			_ = r.q.PostRecv(nil)
+			continue
+		}
+		data := c.Data
+		var v *buffer.View
+		r.seen++
+		switch {
+		case d == nil || len(data) < header.EthernetMinimumSize:
+			e.rxDropped.Add(1)
+		case drop != 0 && r.seen%drop == 0:
+			e.rxDropped.Add(1)
+		default:
+			v = buffer.NewViewWithData(data)
+		}
+		if err := r.q.Repost(c.Buf, nil); err != nil {
+			if v != nil {
+				v.Release()
+			}
+			return err
+		}
+		if v == nil {
+			continue
+		}
+		e.rxFrames.Add(1)
+		proto := header.Ethernet(v.AsSlice()).Type()
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
+		if e.ParseHeader(pkt) {
+			d.DeliverNetworkPacket(proto, pkt)
+		}
+		pkt.DecRef()
+	}
+	return nil
+}
+
+// WritePackets implements stack.LinkWriter. The fifo qdisc calls it from
+// the dispatcher of one transmit queue with up to fifo.BatchSize packets
+// of that queue's hash class; they go to the device with one Flush.
+func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	list := pkts.AsSlice()
+	if len(list) == 0 {
+		return 0, nil
+	}
+	t := &e.tx[int(list[0].Hash)%len(e.tx)]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reap()
+	drop := e.dropEvery.Load()
+	// done counts the packets dealt with (posted, or dropped as the wire
+	// would drop them); the rest are dropped for an error and the stack
+	// told how many went.
+	done, posted := 0, 0
+	var terr tcpip.Error
+	for _, pkt := range list {
+		if t.seen++; drop != 0 && t.seen%drop == 0 {
+			done++
+			continue
+		}
+		n := gather(t.scratch, pkt)
+		if n < 0 {
+			done++ // longer than the device's frames: dropped
+			continue
+		}
+		var err error
+		if t.q.Outstanding() >= t.limit {
+			// The device has not sent what is queued: hand it what
+			// this batch posted so far and wait for completions.
+			// Whether or not any came, the send below goes into the
+			// spare slots and its Flush notifies the device afresh,
+			// so that a notification the device missed cannot leave
+			// a full ring stuck for good (seen on a packed virtqueue:
+			// 256 sends outstanding, none completed, for minutes).
+			err = t.q.Flush()
+			if err == nil {
+				t.await()
+			}
+		}
+		if err == nil {
+			err = t.q.Send(t.scratch[:n], nil)
+		}
+		if err != nil {
+			terr = e.txError(err)
+			break
+		}
+		done++
+		posted++
+	}
+	if err := t.q.Flush(); err != nil && terr == nil {
+		terr = e.txError(err)
+	}
+	e.txFrames.Add(uint64(posted))
+	e.txDropped.Add(uint64(len(list) - posted))
+	return done, terr
+}
+
+// gather copies pkt's bytes into dst and returns their length, or -1 when
+// they do not fit.
+func gather(dst []byte, pkt *stack.PacketBuffer) int {
+	if pkt.Size() > len(dst) {
+		return -1
+	}
+	views, off := pkt.AsViewList()
+	n := 0
+	for v := views.Front(); v != nil; v = v.Next() {
+		b := v.AsSlice()
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		n += copy(dst[n:], b[off:])
+		off = 0
+	}
+	return n
+}
+
+// reap reads the transmit completions that are ready, freeing their
+// descriptors. Only the writer holding t.mu reads the queue.
+func (t *txQueue) reap() {
+	for t.q.Poll(t.comps) == len(t.comps) {
+	}
+}
+
+// await waits up to txWait for at least one transmit completion.
+func (t *txQueue) await() {
+	deadline := time.Now().Add(txWait)
+	for {
+		if t.q.Poll(t.comps) > 0 {
+			t.reap()
+			return
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// txError maps a queue's error to the stack's: a closed or removed device
+// is closed for sending, anything else a dropped batch.
+func (e *endpoint) txError(err error) tcpip.Error {
+	if errors.Is(err, nic.ErrClosed) || errors.Is(err, nic.ErrRemoved) {
+		if e.closed != nil {
+			e.closedOnce.Do(e.closed)
+		}
+		return &tcpip.ErrClosedForSend{}
+	}
+	return &tcpip.ErrNoBufferSpace{}
+}

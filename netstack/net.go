@@ -1,0 +1,669 @@
+package netstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/vfnic/vfnic/lcore"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// nicID is the stack's one NIC.
+const nicID tcpip.NICID = 1
+
+// DefaultQueueLen is the default length of the qdisc queue of each
+// transmit queue, in packets (Linux's txqueuelen).
+const DefaultQueueLen = 1000
+
+// Route sends packets for Dst through Gateway (an on-link route when
+// Gateway is the zero Addr).
+type Route struct {
+	Dst     netip.Prefix
+	Gateway netip.Addr
+}
+
+// BufferSizes is a TCP buffer size range in bytes; zero fields keep
+// gVisor's values (min 4 KiB, default 1 MiB, max 4 MiB).
+type BufferSizes struct {
+	Min, Default, Max int
+}
+
+// Config says how a Net is set up on a device.
+type Config struct {
+	// Addrs are the static addresses with their prefix lengths (IPv4 and
+	// IPv6); each prefix also becomes an on-link route. An IPv6
+	// link-local address derived from the MAC is added as Linux does.
+	Addrs []netip.Prefix
+	// Gateway4 and Gateway6 are the default gateways (zero: none).
+	Gateway4, Gateway6 netip.Addr
+	// Routes are further routes.
+	Routes []Route
+
+	// CPUs pins the polling core of queue pair i to CPUs[i]; pairs beyond
+	// its length (all, when empty) run on a core locked to a thread but
+	// not pinned (lcore.AnyCPU).
+	CPUs []int
+	// Mode is the polling cores' mode; the zero value is lcore.Adaptive.
+	Mode lcore.Mode
+	// QueueLen is the qdisc queue length per transmit queue in packets;
+	// 0 means DefaultQueueLen.
+	QueueLen int
+
+	// TCPSendBuffer and TCPReceiveBuffer set TCP's buffer ranges.
+	TCPSendBuffer, TCPReceiveBuffer BufferSizes
+	// DisableRACK turns off RACK loss detection, which is on by default
+	// (with SACK, which RACK needs). Only for comparisons: RACK recovers
+	// losses faster.
+	DisableRACK bool
+
+	// DropEvery, for tests, drops every DropEvery-th frame received and
+	// every DropEvery-th frame sent in the endpoint (0: none), to make
+	// TCP recover losses through a real NIC. SetDropEvery changes it.
+	DropEvery int
+}
+
+// Stats are the endpoint's frame counters.
+type Stats struct {
+	// RxFrames were delivered to the stack; RxDropped dropped (too short,
+	// no stack attached, or DropEvery); RxErrors were error completions.
+	RxFrames, RxDropped, RxErrors uint64
+	// TxFrames were posted to the device; TxDropped were not (a full ring
+	// after waiting, oversized, a closed device, or DropEvery).
+	TxFrames, TxDropped uint64
+	// Cores are the polling cores' counters, one per queue pair.
+	Cores []lcore.Stats
+}
+
+// Net is gVisor's TCP/IP stack on a nic.Device, with the listen and dial
+// functions of package net. Create it with New; Close stops it.
+type Net struct {
+	dev   nic.Device
+	ep    *endpoint
+	stack *stack.Stack
+	cores []*lcore.Core // appended under coresMu while New runs; fixed after
+
+	coresMu sync.Mutex
+
+	once    sync.Once
+	cause   atomic.Pointer[error] // why the Net stopped, once it has
+	done    chan struct{}
+	watched sync.WaitGroup
+}
+
+// ErrNotIPLiteral means an address named a host rather than an IP
+// address: the Net resolves no names.
+var ErrNotIPLiteral = errors.New("netstack: address is not an IP literal (no name resolution)")
+
+// New runs a TCP/IP stack on dev, which must be open and whose queues
+// nothing else uses: it posts every receive buffer, starts one polling
+// core per queue pair and attaches the stack. The device stays the
+// caller's: close it after the Net. If the kernel takes the device back,
+// the Net stops by itself: its connections fail with errors that match
+// nic.ErrRemoved, and Done is closed.
+func New(dev nic.Device, cfg Config) (*Net, error) {
+	if dev == nil {
+		return nil, fmt.Errorf("%w: netstack: nil device", os.ErrInvalid)
+	}
+	if cfg.QueueLen < 0 || cfg.DropEvery < 0 {
+		return nil, fmt.Errorf("%w: netstack: negative QueueLen or DropEvery", os.ErrInvalid)
+	}
+	if cfg.QueueLen == 0 {
+		cfg.QueueLen = DefaultQueueLen
+	}
+	ep, err := newEndpoint(dev, cfg.DropEvery)
+	if err != nil {
+		return nil, err
+	}
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4, icmp.NewProtocol6},
+		HandleLocal:        true,
+	})
+	n := &Net{dev: dev, ep: ep, stack: s, done: make(chan struct{})}
+	fail := func(err error) (*Net, error) {
+		for _, c := range n.cores {
+			_ = c.Close()
+		}
+		s.Destroy()
+		return nil, err
+	}
+	if err := n.configureTCP(cfg); err != nil {
+		return fail(err)
+	}
+	ep.closed = n.wakeCores
+	qd := fifo.New(ep, len(ep.tx), cfg.QueueLen)
+	if terr := s.CreateNICWithOptions(nicID, ep, stack.NICOptions{QDisc: qd}); terr != nil {
+		qd.Close()
+		return fail(fmt.Errorf("netstack: create NIC: %s", terr))
+	}
+	if err := n.configureAddrs(cfg); err != nil {
+		return fail(err)
+	}
+	for i := range ep.rx {
+		r := &ep.rx[i]
+		if err := fill(r.q); err != nil {
+			return fail(err)
+		}
+		cpu := lcore.AnyCPU
+		if i < len(cfg.CPUs) {
+			cpu = cfg.CPUs[i]
+		}
+		core, err := lcore.New(lcore.Config{CPU: cpu, Mode: cfg.Mode})
+		if err != nil {
+			return fail(err)
+		}
+		n.coresMu.Lock()
+		n.cores = append(n.cores, core)
+		n.coresMu.Unlock()
+		if err := core.AddQueue(r.q, r.handle); err != nil {
+			return fail(err)
+		}
+		if err := core.Start(context.Background()); err != nil {
+			return fail(err)
+		}
+	}
+	for i, c := range n.cores {
+		n.watched.Add(1)
+		go n.watch(c, ep.rx[i].q)
+	}
+	return n, nil
+}
+
+// fill posts every free receive buffer of q.
+func fill(q nic.RxQueue) error {
+	for {
+		err := q.PostRecv(nil)
+		if errors.Is(err, nic.ErrFull) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("netstack: post receive buffers: %w", err)
+		}
+	}
+	if err := q.Flush(); err != nil {
+		return fmt.Errorf("netstack: post receive buffers: %w", err)
+	}
+	return nil
+}
+
+// wakeCores makes each polling core run a round, in which a core whose
+// queues were closed stops.
+func (n *Net) wakeCores() {
+	n.coresMu.Lock()
+	defer n.coresMu.Unlock()
+	for _, c := range n.cores {
+		_ = c.Wake()
+	}
+}
+
+// watch stops the Net when a polling core stops by itself: the device
+// failed or was taken back.
+func (n *Net) watch(c *lcore.Core, q nic.RxQueue) {
+	defer n.watched.Done()
+	err := c.Wait(context.Background())
+	if n.cause.Load() != nil {
+		return // Close stopped it
+	}
+	// The core reports what failed first (often the interrupt eventfd
+	// the removal closed); the queue says why.
+	if qerr := q.Flush(); qerr != nil && !errors.Is(err, nic.ErrRemoved) {
+		err = errors.Join(qerr, err)
+	}
+	if err == nil {
+		err = nic.ErrClosed
+	}
+	n.stop(fmt.Errorf("netstack: device stopped: %w", err))
+}
+
+func (n *Net) configureTCP(cfg Config) error {
+	set := func(opt tcpip.SettableTransportProtocolOption) error {
+		if terr := n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, opt); terr != nil {
+			return fmt.Errorf("%w: netstack: TCP option %T: %s", os.ErrInvalid, opt, terr)
+		}
+		return nil
+	}
+	sack := tcpip.TCPSACKEnabled(true)
+	if err := set(&sack); err != nil {
+		return err
+	}
+	rec := tcpip.TCPRACKLossDetection
+	if cfg.DisableRACK {
+		rec = 0
+	}
+	if err := set(&rec); err != nil {
+		return err
+	}
+	mod := tcpip.TCPModerateReceiveBufferOption(true)
+	if err := set(&mod); err != nil {
+		return err
+	}
+	var snd tcpip.TCPSendBufferSizeRangeOption
+	if terr := n.stack.TransportProtocolOption(tcp.ProtocolNumber, &snd); terr != nil {
+		return fmt.Errorf("netstack: %s", terr)
+	}
+	merge(&snd.Min, &snd.Default, &snd.Max, cfg.TCPSendBuffer)
+	if err := set(&snd); err != nil {
+		return err
+	}
+	var rcv tcpip.TCPReceiveBufferSizeRangeOption
+	if terr := n.stack.TransportProtocolOption(tcp.ProtocolNumber, &rcv); terr != nil {
+		return fmt.Errorf("netstack: %s", terr)
+	}
+	merge(&rcv.Min, &rcv.Default, &rcv.Max, cfg.TCPReceiveBuffer)
+	return set(&rcv)
+}
+
+func merge(lo, def, hi *int, b BufferSizes) {
+	if b.Min > 0 {
+		*lo = b.Min
+	}
+	if b.Default > 0 {
+		*def = b.Default
+	}
+	if b.Max > 0 {
+		*hi = b.Max
+	}
+}
+
+func (n *Net) configureAddrs(cfg Config) error {
+	ll := netip.PrefixFrom(netip.AddrFrom16(header.LinkLocalAddr(n.ep.mac).As16()), 64)
+	addrs := append([]netip.Prefix{ll}, cfg.Addrs...)
+	for _, p := range addrs {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: netstack: address %v", os.ErrInvalid, p)
+		}
+		a := p.Addr().Unmap()
+		proto := ipv4.ProtocolNumber
+		if a.Is6() {
+			proto = ipv6.ProtocolNumber
+		}
+		awp := tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(a.AsSlice()), PrefixLen: p.Bits()}
+		if terr := n.stack.AddProtocolAddress(nicID, tcpip.ProtocolAddress{Protocol: proto, AddressWithPrefix: awp}, stack.AddressProperties{}); terr != nil {
+			return fmt.Errorf("%w: netstack: address %v: %s", os.ErrInvalid, p, terr)
+		}
+		n.stack.AddRoute(tcpip.Route{Destination: awp.Subnet(), NIC: nicID})
+	}
+	routes := cfg.Routes
+	if cfg.Gateway4.IsValid() {
+		routes = append(routes, Route{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), Gateway: cfg.Gateway4})
+	}
+	if cfg.Gateway6.IsValid() {
+		routes = append(routes, Route{Dst: netip.PrefixFrom(netip.IPv6Unspecified(), 0), Gateway: cfg.Gateway6})
+	}
+	for _, r := range routes {
+		if !r.Dst.IsValid() {
+			return fmt.Errorf("%w: netstack: route to %v", os.ErrInvalid, r.Dst)
+		}
+		d := r.Dst.Masked()
+		sub, err := tcpip.NewSubnet(tcpip.AddrFromSlice(d.Addr().AsSlice()), tcpip.MaskFromBytes(net.CIDRMask(d.Bits(), d.Addr().BitLen())))
+		if err != nil {
+			return fmt.Errorf("%w: netstack: route to %v: %v", os.ErrInvalid, r.Dst, err)
+		}
+		rt := tcpip.Route{Destination: sub, NIC: nicID}
+		if r.Gateway.IsValid() {
+			if r.Gateway.Is4() != d.Addr().Is4() {
+				return fmt.Errorf("%w: netstack: route to %v through %v", os.ErrInvalid, r.Dst, r.Gateway)
+			}
+			rt.Gateway = tcpip.AddrFromSlice(r.Gateway.AsSlice())
+		}
+		n.stack.AddRoute(rt)
+	}
+	return nil
+}
+
+// Stack is the underlying gVisor stack, for settings this package does
+// not cover.
+func (n *Net) Stack() *stack.Stack { return n.stack }
+
+// Stats returns the endpoint's frame counters.
+func (n *Net) Stats() Stats {
+	e := n.ep
+	st := Stats{
+		RxFrames: e.rxFrames.Load(), RxDropped: e.rxDropped.Load(), RxErrors: e.rxErrors.Load(),
+		TxFrames: e.txFrames.Load(), TxDropped: e.txDropped.Load(),
+	}
+	n.coresMu.Lock()
+	for _, c := range n.cores {
+		st.Cores = append(st.Cores, c.Stats())
+	}
+	n.coresMu.Unlock()
+	return st
+}
+
+// SetDropEvery, for tests, makes the endpoint drop every k-th frame it
+// receives and every k-th it sends (0: none; see Config.DropEvery).
+func (n *Net) SetDropEvery(k int) { n.ep.dropEvery.Store(uint64(max(k, 0))) }
+
+// MTU is the link MTU: the device's frame size less the Ethernet header
+// and VLAN tags (nic.FrameOverhead), capped by the device's MTU.
+func (n *Net) MTU() int { return int(n.ep.mtu) }
+
+// Done is closed once the Net has stopped (Close, or the device failing
+// or being taken back); Err then says why.
+func (n *Net) Done() <-chan struct{} { return n.done }
+
+// Err is nil while the Net runs, then why it stopped: an error matching
+// net.ErrClosed after Close, nic.ErrRemoved when the kernel took the
+// device back.
+func (n *Net) Err() error {
+	if p := n.cause.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Close stops the stack: listeners and connections fail with errors that
+// match net.ErrClosed, the polling cores stop and every goroutine of the
+// Net ends before Close returns. The device stays open (it is the
+// caller's). Close is safe to call more than once.
+func (n *Net) Close() error {
+	n.stop(fmt.Errorf("netstack: %w", net.ErrClosed))
+	n.watched.Wait()
+	<-n.done
+	return nil
+}
+
+// stop tears the stack down once, recording cause first so that the
+// errors of the connections it aborts carry it.
+func (n *Net) stop(cause error) {
+	n.once.Do(func() {
+		n.cause.Store(&cause)
+		// Aborting the endpoints wakes every blocked Accept, Read and
+		// Write (and sends resets while the device still works).
+		n.stack.Close()
+		for _, c := range n.cores {
+			_ = c.Close() // the device's error is already the cause
+		}
+		// Removing the NIC stops the qdisc's dispatchers.
+		_ = n.stack.RemoveNIC(nicID)
+		n.stack.Wait()
+		close(n.done)
+	})
+}
+
+// wrap gives the error of an operation on a stopped Net its cause.
+func (n *Net) wrap(err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	// gonet's timeout is its own type: give deadlines the standard
+	// library's error, as *net.TCPConn does.
+	if oe, ok := err.(*net.OpError); ok && oe.Timeout() && !errors.Is(err, os.ErrDeadlineExceeded) {
+		c := *oe
+		c.Err = os.ErrDeadlineExceeded
+		return &c
+	}
+	if p := n.cause.Load(); p != nil && !errors.Is(err, *p) {
+		return fmt.Errorf("%w (%v)", *p, err)
+	}
+	return err
+}
+
+// fullAddr converts an address for the stack and says which network
+// protocol it belongs to; an unspecified address with dual set listens
+// on IPv6 and, v4-mapped, IPv4.
+func fullAddr(ap netip.AddrPort, v6 bool) (tcpip.FullAddress, tcpip.NetworkProtocolNumber) {
+	a := ap.Addr()
+	fa := tcpip.FullAddress{NIC: nicID, Port: ap.Port()}
+	if a.Is4In6() {
+		a = a.Unmap()
+	}
+	switch {
+	case !a.IsValid() || a.IsUnspecified():
+		if v6 || a.Is6() {
+			return fa, ipv6.ProtocolNumber
+		}
+		return fa, ipv4.ProtocolNumber
+	case a.Is4():
+		fa.Addr = tcpip.AddrFromSlice(a.AsSlice())
+		return fa, ipv4.ProtocolNumber
+	default:
+		fa.Addr = tcpip.AddrFromSlice(a.AsSlice())
+		return fa, ipv6.ProtocolNumber
+	}
+}
+
+// parse splits a "host:port" of network into an address, with the
+// network's family rules: "tcp4" and "udp4" only IPv4, "tcp6" and "udp6"
+// only IPv6; an empty host is the unspecified address of the family
+// ("tcp": IPv6 with IPv4 mapped in).
+func parse(network, address string) (ap netip.AddrPort, kind string, v6 bool, err error) {
+	var fam byte
+	switch network {
+	case "tcp", "udp":
+		kind = network
+	case "tcp4", "udp4", "tcp6", "udp6":
+		kind, fam = network[:3], network[3]
+	default:
+		return ap, "", false, net.UnknownNetworkError(network)
+	}
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return ap, "", false, err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return ap, "", false, fmt.Errorf("%w: netstack: port %q", os.ErrInvalid, port)
+	}
+	var a netip.Addr
+	if host != "" {
+		if a, err = netip.ParseAddr(host); err != nil {
+			return ap, "", false, fmt.Errorf("%w: %q", ErrNotIPLiteral, host)
+		}
+		a = a.WithZone("")
+	}
+	switch {
+	case fam == '4' && a.IsValid() && !a.Unmap().Is4(), fam == '6' && a.Is4():
+		return ap, "", false, fmt.Errorf("%w: netstack: %s address %v", os.ErrInvalid, network, a)
+	}
+	return netip.AddrPortFrom(a, uint16(p)), kind, fam != '4', nil
+}
+
+// Listen announces on the local address: network "tcp", "tcp4" or
+// "tcp6", address "host:port" with an IP literal or an empty host. It
+// returns a *TCPListener.
+func (n *Net) Listen(network, address string) (net.Listener, error) {
+	ap, kind, v6, err := parse(network, address)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	if kind != "tcp" {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	return n.listenTCP(ap, v6)
+}
+
+// ListenTCP announces on addr (a nil addr or nil IP: every address, IPv4
+// and IPv6).
+func (n *Net) ListenTCP(addr *net.TCPAddr) (*TCPListener, error) {
+	var ap netip.AddrPort
+	if addr != nil {
+		ap = addr.AddrPort()
+	}
+	return n.listenTCP(ap, true)
+}
+
+// ListenTCPAddrPort announces on addr.
+func (n *Net) ListenTCPAddrPort(addr netip.AddrPort) (*TCPListener, error) {
+	return n.listenTCP(addr, true)
+}
+
+func (n *Net) listenTCP(ap netip.AddrPort, v6 bool) (*TCPListener, error) {
+	if err := n.Err(); err != nil {
+		return nil, &net.OpError{Op: "listen", Net: "tcp", Err: err}
+	}
+	fa, proto := fullAddr(ap, v6)
+	l, err := gonet.ListenTCP(n.stack, fa, proto)
+	if err != nil {
+		return nil, n.wrap(err)
+	}
+	return &TCPListener{l: l, n: n}, nil
+}
+
+// ListenPacket listens on the local address: network "udp", "udp4" or
+// "udp6". It returns a *UDPConn.
+func (n *Net) ListenPacket(network, address string) (net.PacketConn, error) {
+	ap, kind, v6, err := parse(network, address)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	if kind != "udp" {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	return n.listenUDP(ap, v6)
+}
+
+// ListenUDP listens on addr (nil or a nil IP: every address).
+func (n *Net) ListenUDP(addr *net.UDPAddr) (*UDPConn, error) {
+	var ap netip.AddrPort
+	if addr != nil {
+		ap = addr.AddrPort()
+	}
+	return n.listenUDP(ap, true)
+}
+
+// ListenUDPAddrPort listens on addr.
+func (n *Net) ListenUDPAddrPort(addr netip.AddrPort) (*UDPConn, error) {
+	return n.listenUDP(addr, true)
+}
+
+func (n *Net) listenUDP(ap netip.AddrPort, v6 bool) (*UDPConn, error) {
+	if err := n.Err(); err != nil {
+		return nil, &net.OpError{Op: "listen", Net: "udp", Err: err}
+	}
+	fa, proto := fullAddr(ap, v6)
+	c, err := gonet.DialUDP(n.stack, &fa, nil, proto)
+	if err != nil {
+		return nil, n.wrap(err)
+	}
+	return &UDPConn{UDPConn: c, n: n}, nil
+}
+
+// Dial is DialContext with a background context.
+func (n *Net) Dial(network, address string) (net.Conn, error) {
+	return n.DialContext(context.Background(), network, address)
+}
+
+// DialContext connects to address ("host:port", host an IP literal) on
+// network "tcp", "tcp4", "tcp6", "udp", "udp4" or "udp6". A TCP dial
+// ends when ctx does, with ctx's error. It returns a *TCPConn or a
+// *UDPConn.
+func (n *Net) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	ap, kind, _, err := parse(network, address)
+	if err == nil && !ap.Addr().IsValid() {
+		err = fmt.Errorf("%w: netstack: no host to dial in %q", os.ErrInvalid, address)
+	}
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	if err := n.Err(); err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	fa, proto := fullAddr(ap, false)
+	if kind == "udp" {
+		c, err := gonet.DialUDP(n.stack, nil, &fa, proto)
+		if err != nil {
+			return nil, n.wrap(err)
+		}
+		return &UDPConn{UDPConn: c, n: n}, nil
+	}
+	c, err := gonet.DialContextTCP(ctx, n.stack, fa, proto)
+	if err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("%w (%v)", ctx.Err(), err)}
+		}
+		return nil, n.wrap(err)
+	}
+	return &TCPConn{TCPConn: c, n: n}, nil
+}
+
+// TCPListener is a TCP listener on a Net (a net.Listener).
+type TCPListener struct {
+	l *gonet.TCPListener
+	n *Net
+}
+
+// Accept waits for the next connection and returns a *TCPConn.
+func (l *TCPListener) Accept() (net.Conn, error) {
+	c, err := l.l.Accept()
+	if err != nil {
+		return nil, l.n.wrap(err)
+	}
+	return &TCPConn{TCPConn: c.(*gonet.TCPConn), n: l.n}, nil
+}
+
+// Close stops listening.
+func (l *TCPListener) Close() error { return l.l.Close() }
+
+// Addr is the listening address.
+func (l *TCPListener) Addr() net.Addr { return l.l.Addr() }
+
+// TCPConn is a TCP connection on a Net (a net.Conn with deadlines). Once
+// the Net stops, its errors carry the reason (Net.Err).
+type TCPConn struct {
+	*gonet.TCPConn
+	n *Net
+}
+
+// Read implements net.Conn.
+func (c *TCPConn) Read(b []byte) (int, error) {
+	k, err := c.TCPConn.Read(b)
+	return k, c.n.wrap(err)
+}
+
+// Write implements net.Conn.
+func (c *TCPConn) Write(b []byte) (int, error) {
+	k, err := c.TCPConn.Write(b)
+	return k, c.n.wrap(err)
+}
+
+// UDPConn is a UDP socket on a Net (a net.PacketConn and net.Conn with
+// deadlines). Once the Net stops, its errors carry the reason.
+type UDPConn struct {
+	*gonet.UDPConn
+	n *Net
+}
+
+// ReadFrom implements net.PacketConn.
+func (c *UDPConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	k, a, err := c.UDPConn.ReadFrom(b)
+	return k, a, c.n.wrap(err)
+}
+
+// WriteTo implements net.PacketConn.
+func (c *UDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	k, err := c.UDPConn.WriteTo(b, addr)
+	return k, c.n.wrap(err)
+}
+
+// Read implements net.Conn.
+func (c *UDPConn) Read(b []byte) (int, error) {
+	k, err := c.UDPConn.Read(b)
+	return k, c.n.wrap(err)
+}
+
+// Write implements net.Conn.
+func (c *UDPConn) Write(b []byte) (int, error) {
+	k, err := c.UDPConn.Write(b)
+	return k, c.n.wrap(err)
+}

@@ -1,0 +1,431 @@
+package netstack
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/netstack/internal/wire"
+	"github.com/vfnic/vfnic/nic"
+)
+
+var (
+	addrA4 = netip.MustParsePrefix("10.9.0.1/24")
+	addrB4 = netip.MustParsePrefix("10.9.0.2/24")
+	addrA6 = netip.MustParsePrefix("fd00:9::1/64")
+	addrB6 = netip.MustParsePrefix("fd00:9::2/64")
+)
+
+type pair struct {
+	a, b       *Net
+	devA, devB *wire.Device
+}
+
+// newPair runs two stacks on the two ends of a wire; cfgB adjusts B's
+// config. Both are closed at the end of the test. The rings are long: a
+// sender's burst (a window's worth, in batches of 47) overflowing a
+// 256-slot receive ring before the receiving core wakes up cost whole
+// retransmission timeouts, which made 1 MiB transfers take seconds.
+func newPair(t *testing.T, cfgB func(*Config)) *pair {
+	t.Helper()
+	devA, devB, err := wire.Pair(1024)
+	require.NoError(t, err)
+	ca := Config{Addrs: []netip.Prefix{addrA4, addrA6}}
+	cb := Config{Addrs: []netip.Prefix{addrB4, addrB6}}
+	if cfgB != nil {
+		cfgB(&cb)
+	}
+	a, err := New(devA, ca)
+	require.NoError(t, err)
+	b, err := New(devB, cb)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+		_ = devA.Close()
+		_ = devB.Close()
+	})
+	return &pair{a: a, b: b, devA: devA, devB: devB}
+}
+
+// diag describes both ends, for a failure message.
+func (p *pair) diag() string {
+	d := func(n *Net, dev *wire.Device) string {
+		tcp := n.Stack().Stats().TCP
+		tx, _ := dev.Tx(0)
+		rx, _ := dev.Rx(0)
+		ip := n.Stack().Stats().IP
+		nic := n.Stack().NICInfo()[nicID].Stats
+		return fmt.Sprintf("%v; %+v; device %+v; rx outstanding %d, tx outstanding %d; tcp sent %d rcvd %d retrans %d timeouts %d senderr %d; ip sent %d errors %d; nic tx %d nobufspace %d",
+			dev, n.Stats(), dev.Stats(), rx.Outstanding(), tx.Outstanding(), tcp.SegmentsSent.Value(),
+			tcp.ValidSegmentsReceived.Value(), tcp.Retransmits.Value(), tcp.Timeouts.Value(), tcp.SegmentSendErrors.Value(),
+			ip.PacketsSent.Value(), ip.OutgoingPacketErrors.Value(), nic.Tx.Packets.Value(), nic.TxPacketsDroppedNoBufferSpace.Value())
+	}
+	return "A: " + d(p.a, p.devA) + "\nB: " + d(p.b, p.devB)
+}
+
+func randBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return b
+}
+
+// echo serves one connection of l: it copies what it reads back.
+func echo(l net.Listener) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+}
+
+// roundTrip writes body on c (from a goroutine) and reads the echo.
+func roundTrip(t *testing.T, c net.Conn, body []byte) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(body)
+		errc <- err
+	}()
+	got := make([]byte, len(body))
+	_, err := io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.NoError(t, <-errc)
+	require.Equal(t, sha256.Sum256(body), sha256.Sum256(got))
+}
+
+func TestTCPEcho(t *testing.T) {
+	p := newPair(t, nil)
+	l, err := p.b.Listen("tcp", ":7")
+	require.NoError(t, err)
+	defer l.Close()
+	echo(l)
+	body := randBytes(t, 4<<20)
+	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
+		t.Run(dst, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := p.a.DialContext(ctx, "tcp", dst)
+			require.NoError(t, err)
+			defer c.Close()
+			roundTrip(t, c, body)
+		})
+	}
+	st := p.a.Stats()
+	require.NotZero(t, st.RxFrames)
+	require.NotZero(t, st.TxFrames)
+	require.Equal(t, 1500, p.a.MTU())
+}
+
+func TestUDP(t *testing.T) {
+	p := newPair(t, nil)
+	pc, err := p.b.ListenPacket("udp", ":53")
+	require.NoError(t, err)
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if _, err := pc.WriteTo(buf[:n], from); err != nil {
+				return
+			}
+		}
+	}()
+	for _, dst := range []string{"10.9.0.2:53", "[fd00:9::2]:53"} {
+		c, err := p.a.Dial("udp", dst)
+		require.NoError(t, err)
+		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+		for i := range 20 {
+			msg := []byte(fmt.Sprintf("datagram %d to %s", i, dst))
+			_, err := c.Write(msg)
+			require.NoError(t, err)
+			buf := make([]byte, 100)
+			n, err := c.Read(buf)
+			require.NoError(t, err)
+			require.Equal(t, msg, buf[:n])
+		}
+		require.NoError(t, c.Close())
+	}
+}
+
+func TestHTTP(t *testing.T) {
+	p := newPair(t, nil)
+	body := randBytes(t, 1<<20)
+	l, err := p.b.Listen("tcp", ":80")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(body)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	tr := &http.Transport{DialContext: p.a.DialContext}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	for _, u := range []string{"http://10.9.0.2/", "http://[fd00:9::2]/"} {
+		for range 3 {
+			resp, err := cl.Get(u)
+			require.NoError(t, err, p.diag())
+			got, err := io.ReadAll(resp.Body)
+			require.NoError(t, err, p.diag())
+			require.NoError(t, resp.Body.Close())
+			require.True(t, bytes.Equal(body, got))
+		}
+	}
+}
+
+// TestDeadlines: read and accept deadlines end with os.ErrDeadlineExceeded
+// (a net.Error whose Timeout is true), as on *net.TCPConn.
+func TestDeadlines(t *testing.T) {
+	p := newPair(t, nil)
+	l, err := p.b.ListenTCP(&net.TCPAddr{Port: 9})
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	c, err := p.a.Dial("tcp", "10.9.0.2:9")
+	require.NoError(t, err)
+	defer c.Close()
+	sc := <-accepted
+	defer sc.Close()
+
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	require.True(t, ne.Timeout())
+	// Clearing the deadline makes reads work again.
+	require.NoError(t, c.SetReadDeadline(time.Time{}))
+	_, err = sc.Write([]byte("x"))
+	require.NoError(t, err)
+	b := make([]byte, 1)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+
+	pc, err := p.b.ListenUDP(nil)
+	require.NoError(t, err)
+	defer pc.Close()
+	require.NoError(t, pc.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+	_, _, err = pc.ReadFrom(make([]byte, 10))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}
+
+// TestDialCancel: a dial whose SYNs are lost ends when its context does.
+func TestDialCancel(t *testing.T) {
+	p := newPair(t, nil)
+	p.devA.SetDrop(true)
+	defer p.devA.SetDrop(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := p.a.DialContext(ctx, "tcp", "10.9.0.2:80")
+	require.ErrorIs(t, err, context.Canceled)
+	require.Less(t, time.Since(start), 10*time.Second)
+
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	_, err = p.a.DialContext(ctx2, "tcp6", "[fd00:9::2]:80")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestBadAddresses(t *testing.T) {
+	p := newPair(t, nil)
+	_, err := p.a.Dial("tcp", "example.com:80")
+	require.ErrorIs(t, err, ErrNotIPLiteral)
+	_, err = p.a.Dial("tcp4", "[fd00:9::2]:80")
+	require.ErrorIs(t, err, os.ErrInvalid)
+	_, err = p.a.Listen("udp", ":1")
+	require.Error(t, err)
+	_, err = p.a.ListenPacket("ip", ":1")
+	require.Error(t, err)
+	_, err = p.a.Dial("tcp", ":80")
+	require.ErrorIs(t, err, os.ErrInvalid)
+	_, err = New(nil, Config{})
+	require.ErrorIs(t, err, os.ErrInvalid)
+}
+
+// TestDropRetransmit: with one received frame in 100 dropped in B's
+// endpoint, received and sent, 8 MiB each way still arrive intact: TCP
+// recovers the losses.
+func TestDropRetransmit(t *testing.T) {
+	p := newPair(t, func(c *Config) { c.DropEvery = 100 })
+	l, err := p.b.Listen("tcp", ":7")
+	require.NoError(t, err)
+	defer l.Close()
+	echo(l)
+	c, err := p.a.Dial("tcp", "10.9.0.2:7")
+	require.NoError(t, err)
+	defer c.Close()
+	roundTrip(t, c, randBytes(t, 8<<20))
+	require.NotZero(t, p.b.Stats().RxDropped)
+	require.NotZero(t, p.b.Stats().TxDropped)
+	require.NotZero(t, p.a.Stack().Stats().TCP.Retransmits.Value())
+}
+
+// goroutinesSettle waits until the goroutine count is back to n.
+func goroutinesSettle(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > n {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines, %d before:\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestClose: Close wakes a blocked Accept and Read with errors matching
+// net.ErrClosed, later calls fail the same way, and every goroutine of
+// the Net ends.
+func TestClose(t *testing.T) {
+	base := runtime.NumGoroutine()
+	devA, devB, err := wire.Pair(64)
+	require.NoError(t, err)
+	a, err := New(devA, Config{Addrs: []netip.Prefix{addrA4}})
+	require.NoError(t, err)
+	b, err := New(devB, Config{Addrs: []netip.Prefix{addrB4}})
+	require.NoError(t, err)
+	l, err := b.Listen("tcp4", "10.9.0.2:80")
+	require.NoError(t, err)
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	c, err := a.Dial("tcp", "10.9.0.2:80")
+	require.NoError(t, err)
+	sc := <-accepted
+
+	errs := make(chan error, 2)
+	go func() { _, err := sc.Read(make([]byte, 10)); errs <- err }()
+	go func() { _, err := l.Accept(); errs <- err }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, b.Close())
+	for range 2 {
+		select {
+		case err := <-errs:
+			require.ErrorIs(t, err, net.ErrClosed)
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not wake a blocked call")
+		}
+	}
+	<-b.Done()
+	require.ErrorIs(t, b.Err(), net.ErrClosed)
+	_, err = b.Listen("tcp", ":81")
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = b.Dial("tcp", "10.9.0.1:80")
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.NoError(t, b.Close(), "a second Close")
+	_ = c.Close()
+	require.NoError(t, a.Close())
+	require.NoError(t, devA.Close())
+	require.NoError(t, devB.Close())
+	goroutinesSettle(t, base)
+}
+
+// TestRemoved: the device taken back under load stops the Net by itself;
+// the server's connection fails with an error matching nic.ErrRemoved,
+// and no goroutine is left.
+func TestRemoved(t *testing.T) {
+	base := runtime.NumGoroutine()
+	devA, devB, err := wire.Pair(64)
+	require.NoError(t, err)
+	a, err := New(devA, Config{Addrs: []netip.Prefix{addrA4}})
+	require.NoError(t, err)
+	b, err := New(devB, Config{Addrs: []netip.Prefix{addrB4}})
+	require.NoError(t, err)
+	l, err := b.Listen("tcp", ":80")
+	require.NoError(t, err)
+	werr := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			werr <- err
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				werr <- err
+				return
+			}
+		}
+	}()
+	c, err := a.Dial("tcp", "10.9.0.2:80")
+	require.NoError(t, err)
+	_, err = io.CopyN(io.Discard, c, 1<<20) // under load
+	require.NoError(t, err)
+	devB.Remove()
+	select {
+	case err := <-werr:
+		require.ErrorIs(t, err, nic.ErrRemoved)
+		t.Logf("server write after removal: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's write did not fail after the removal")
+	}
+	select {
+	case <-b.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Net did not stop")
+	}
+	require.ErrorIs(t, b.Err(), nic.ErrRemoved)
+	_, err = l.Accept()
+	require.ErrorIs(t, err, nic.ErrRemoved)
+	require.NoError(t, b.Close())
+	_ = c.Close()
+	require.NoError(t, a.Close())
+	require.NoError(t, devA.Close())
+	goroutinesSettle(t, base)
+}
+
+func TestConfigErrors(t *testing.T) {
+	devA, _, err := wire.Pair(16)
+	require.NoError(t, err)
+	for _, cfg := range []Config{
+		{QueueLen: -1},
+		{Addrs: []netip.Prefix{{}}},
+		{Routes: []Route{{Dst: netip.MustParsePrefix("10.0.0.0/8"), Gateway: netip.MustParseAddr("fd00::1")}}},
+	} {
+		_, err := New(devA, cfg)
+		require.ErrorIs(t, err, os.ErrInvalid, "%+v", cfg)
+	}
+	_, err = New(devA, Config{CPUs: []int{1 << 20}})
+	require.Error(t, err)
+	require.NoError(t, devA.Close())
+	_, err = New(devA, Config{})
+	require.ErrorIs(t, err, nic.ErrClosed)
+	_ = errors.New
+}
