@@ -954,7 +954,7 @@ func TestGuestCLIInfo(t *testing.T) {
 		{cliNIC, "virtio", "virtio-net", cliMTU, cliMTU + nic.FrameOverhead, []string{"VERSION_1", "RING_PACKED", "MTU", "ACCESS_PLATFORM"}, nil,
 			[]string{`(?m)^0000:00:04.0: virtio-net.* \(virtio driver\)$`, `(?m)^  MTU              9000 \(frames up to 9022 bytes sent`,
 				`(?m)^  features         .*RING_PACKED`}},
-		{cliIGB, "igb", "82576", 1500, nic.MaxFrame, []string{"advanced-descriptors", "msix"}, []string{"tx IPv4/TCP/UDP checksum"},
+		{cliIGB, "igb", "82576", 1500, 1500 + nic.FrameOverhead, []string{"advanced-descriptors", "msix"}, []string{"tx IPv4/TCP/UDP checksum"},
 			[]string{`(?m)^0000:00:08.0: Intel 82576 \(igb driver\)$`, `(?m)^  link             (up, \d+ Mbit/s|down)`,
 				`(?m)^  offloads         .*tx IPv4/TCP/UDP checksum`}},
 	} {
