@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
-	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -925,15 +924,15 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	}
 	for _, q := range qs {
 		s := &cqSource{q: q, dev: d}
-		if err := cqring.Bind(c); err != nil {
+		if err := c.Driver().Bind(); err != nil {
 			return err
 		}
-		if err := cqring.AddSource(c, s.source()); err != nil {
-			cqring.Unbind(c)
+		if err := c.Driver().AddSource(s.source()); err != nil {
+			c.Driver().Unbind()
 			return err
 		}
 		d.bound = append(d.bound, c)
-		s.irq = cqring.Interrupt(c)
+		s.irq = c.Driver().Interrupt()
 		q.mu.Lock()
 		q.src = s
 		q.disarm()
@@ -1063,7 +1062,7 @@ func (d *Device) teardown(why error) error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		cqring.Unbind(c)
+		c.Driver().Unbind()
 	}
 	d.bound = nil
 	return errors.Join(errs...)

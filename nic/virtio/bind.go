@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -33,11 +32,11 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		}
 	}
 	for _, s := range srcs {
-		if err := ring.Bind(c); err != nil {
+		if err := c.Driver().Bind(); err != nil {
 			return err
 		}
-		if err := ring.AddSource(c, s.source()); err != nil {
-			ring.Unbind(c)
+		if err := c.Driver().AddSource(s.source()); err != nil {
+			c.Driver().Unbind()
 			return err
 		}
 		d.bound = append(d.bound, c)
@@ -45,7 +44,7 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		s.q.src = s
 		s.q.vq.disarm()
 		s.q.mu.Unlock()
-		s.irq = ring.Interrupt(c)
+		s.irq = c.Driver().Interrupt()
 		if efd := s.irq; efd != nil && s.q.vector >= 0 {
 			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
 				return err

@@ -13,7 +13,6 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -809,7 +808,7 @@ func (d *Device) teardown(why error) error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		ring.Unbind(c) // the CQ may close now; its sources read nothing more
+		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
 	}
 	d.bound = nil
 	return errors.Join(errs...)
