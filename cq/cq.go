@@ -296,7 +296,7 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 
 // StrError describes a provider error number with its error data
 // (fi_cq_strerror).
-func (c *CQ) StrError(provErrno int, errData []byte) string {
+func (c *CQ) StrError(provErrno ProvErrno, errData []byte) string {
 	if s, ok := provText[provErrno]; ok {
 		return "cq: " + s
 	}

@@ -52,7 +52,7 @@ type Source interface {
 	Arm(solicitedOnly bool, threshold int) error
 	// StrError describes a provider error number (and error data) that this
 	// source produced; ok is false when it does not know the number.
-	StrError(provErrno int, errData []byte) (s string, ok bool)
+	StrError(provErrno ProvErrno, errData []byte) (s string, ok bool)
 	// Close releases the ring; the CQ calls it from Close.
 	Close() error
 }

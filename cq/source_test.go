@@ -48,8 +48,8 @@ func (s *fakeSource) Arm(_ bool, thr int) error {
 	return nil
 }
 
-func (s *fakeSource) StrError(int, []byte) (string, bool) { return "", false }
-func (s *fakeSource) Close() error                        { return nil }
+func (s *fakeSource) StrError(ProvErrno, []byte) (string, bool) { return "", false }
+func (s *fakeSource) Close() error                              { return nil }
 
 func (s *fakeSource) armedWith() []int {
 	s.mu.Lock()

@@ -20,7 +20,7 @@ type QueueReader interface {
 	// Arm asks for the queue's interrupt (cq.Source.Arm).
 	Arm(solicitedOnly bool, threshold int) error
 	// StrError describes a device status value (cq.Source.StrError).
-	StrError(provErrno int, errData []byte) (string, bool)
+	StrError(provErrno cq.ProvErrno, errData []byte) (string, bool)
 	// Unbind gives the queue its own completions back (cq.Source.Close).
 	Unbind() error
 }
@@ -166,7 +166,7 @@ func (s *QueueSource) Arm(solicitedOnly bool, threshold int) error {
 }
 
 // StrError implements cq.Source.
-func (s *QueueSource) StrError(provErrno int, errData []byte) (string, bool) {
+func (s *QueueSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	return s.r.StrError(provErrno, errData)
 }
 

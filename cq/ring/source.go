@@ -285,7 +285,7 @@ type Completion struct {
 	// Context, Flags and Buf are set when the entry named an outstanding
 	// operation, which is then complete.
 	Err  cq.Errno
-	Prov int
+	Prov cq.ProvErrno
 	// OLen is the number of bytes the device reported beyond the posted
 	// buffer, for a status that says so.
 	OLen int
@@ -419,7 +419,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	case !sc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadStatus
 	case sc.err != 0:
-		c.Err, c.Prov = sc.err, int(status)
+		c.Err, c.Prov = sc.err, cq.ProvErrno(status)
 		if ln > s.len {
 			c.OLen = int(ln - s.len)
 		}
@@ -669,7 +669,7 @@ func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
 
 // StrError implements cq.Source: the device's status names, with the vendor
 // syndrome taken from the raw entry in errData.
-func (q *RingSource) StrError(provErrno int, errData []byte) (string, bool) {
+func (q *RingSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	if provErrno < 0 {
 		return "", false
 	}

@@ -152,7 +152,7 @@ func TestSourceRefusesBadEntries(t *testing.T) {
 	type tc struct {
 		name     string
 		entry    func(h *harness, id uint32) rawEntry
-		prov     int
+		prov     cq.ProvErrno
 		context  bool // the error carries the posted context (slot released)
 		posted   int  // outstanding after the error
 		errnoVal cq.Errno
@@ -263,7 +263,7 @@ func TestReadErrData(t *testing.T) {
 	require.Equal(t, cq.ETRUNC, ee.Err)
 	require.Equal(t, 12, ee.OLen, "olen = reported - posted")
 	require.Equal(t, 8, ee.Len)
-	require.Equal(t, 1, ee.ProvErrno)
+	require.Equal(t, cq.ProvErrno(1), ee.ProvErrno)
 
 	var held cq.ErrEntry
 	require.NoError(t, h.c.ReadErr(&held))

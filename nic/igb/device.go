@@ -44,7 +44,7 @@ type Config struct {
 	Moderation time.Duration
 	// LongFrames accepts frames longer than a receive buffer (RLPML up
 	// to 16383 bytes). This driver does not reassemble them: each buffer
-	// of such a frame completes with ErrMultiBuffer (cq.ETRUNC). Off, the
+	// of such a frame completes with cq.ProvMultiBuffer (cq.ETRUNC). Off, the
 	// device takes frames of up to MTU + nic.FrameOverhead bytes (1522: a
 	// full-size frame with two VLAN tags, as Linux igb) and drops longer
 	// ones.

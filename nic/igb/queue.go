@@ -29,11 +29,11 @@ var (
 	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 	errClosed    = nic.ErrClosed
 
-	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
-	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", nic.ErrBadLen)
-	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
-	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
-	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
+	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", cq.ProvBadID)
+	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", cq.ProvBadLen)
+	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", cq.ProvBadPhase)
+	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", cq.ProvMultiBuffer)
+	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write (%w)", cq.ProvBadStatus, nic.ErrDeviceFailed)
 	errRxError     = fmt.Errorf("%w: igb: write-back with RXE (a frame received in error, which the driver does not ask the device to store)", nic.ErrDeviceStatus)
 )
 
@@ -470,7 +470,7 @@ func (q *queue) finish(n, errs int, bytes uint64) {
 
 // errOf maps the code of a refused completion to the nic error it carries
 // (prepared errors: nothing is allocated).
-func errOf(prov int) error {
+func errOf(prov cq.ProvErrno) error {
 	switch prov {
 	case cq.ProvBadID, cq.ProvBadQueue:
 		return errBadID

@@ -17,15 +17,15 @@ import (
 // of the write-back status): DD is always set on an entry the reader
 // takes, so only these two can occur.
 const (
-	rxStatusDone    = rxdStatusDD | rxdStatusEOP
-	rxStatusNoEOP   = rxdStatusDD // frame continues in the next buffer
-	provMultiBuffer = rxStatusNoEOP
+	rxStatusDone                 = rxdStatusDD | rxdStatusEOP
+	rxStatusNoEOP                = rxdStatusDD // frame continues in the next buffer
+	provMultiBuffer cq.ProvErrno = rxStatusNoEOP
 	// provRxError is the provider error number of a frame whose
 	// write-back has RXE (bit 31, the top bit of its error byte, here
 	// over DD|EOP). The Status field does not cover the bit, so no entry
 	// reads as this value: the queue refuses such a frame itself
 	// (queue.next), and rxCodes names the value for StrError.
-	provRxError = rxStatusDone | rxdErrRXE>>24
+	provRxError cq.ProvErrno = rxStatusDone | rxdErrRXE>>24
 )
 
 // rxLayout is the advanced receive descriptor in write-back form
@@ -62,7 +62,7 @@ func txLayout(n int) cqring.Layout {
 var rxCodes = cqring.Codes{Statuses: []cqring.Status{
 	{Value: rxStatusDone, Name: "DD|EOP"},
 	{Value: rxStatusNoEOP, Err: cq.ETRUNC, Name: "DD without EOP (frame spans buffers)"},
-	{Value: provRxError, Err: cq.EIO, Name: "RXE (frame received in error)"},
+	{Value: uint32(provRxError), Err: cq.EIO, Name: "RXE (frame received in error)"},
 }}
 
 // ring is a queue's descriptor ring seen by cq: the validating reader over
@@ -116,7 +116,9 @@ func (r *ring) post(ctx any, buf uintptr, length int, recv bool) (uint32, error)
 func (r *ring) pending(max int) int { return r.src.Pending(max) }
 
 // strError names the device status values of error entries.
-func (r *ring) strError(prov int, data []byte) (string, bool) { return r.src.StrError(prov, data) }
+func (r *ring) strError(prov cq.ProvErrno, data []byte) (string, bool) {
+	return r.src.StrError(prov, data)
+}
 
 // cqSource is an igb queue as the cq.CQ it feeds reads it (BindCQ): the
 // QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
@@ -211,7 +213,7 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 
 // StrError implements cqring.QueueReader: the device's status values, and
 // 0 for a flushed operation.
-func (s *cqSource) StrError(prov int, data []byte) (string, bool) {
+func (s *cqSource) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
 	if prov == 0 {
 		return "igb " + s.q.name + ": " + canceled.Flushed, true
 	}

@@ -164,7 +164,7 @@ func (q *RxQueue) errOf(c *cqring.Completion) error {
 	if c.Prov == cq.ProvMultiBuffer && q.mbErr != nil {
 		return q.mbErr
 	}
-	return nic.CompletionError(c.Prov, c.Err)
+	return completionError(c)
 }
 
 // next takes the next receive completion into c, for Poll and for the CQ
@@ -173,7 +173,7 @@ func (q *RxQueue) errOf(c *cqring.Completion) error {
 // on that copy: the length must cover the virtio-net header and an
 // Ethernet header (cq.ProvBadLen), and num_buffers, read once from the
 // header the device wrote, must be 1 (a frame spanning buffers completes
-// with ErrMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
+// with cq.ProvMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
 // the caller, with c.Buf and c.Len the frame's (past the header); the
 // buffer of a refused one is recycled (c.Buf is then 0). Called locked.
 func (q *RxQueue) next(c *cqring.Completion) bool {
@@ -237,7 +237,7 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: nic.CompletionError(c.Prov, c.Err)}
+			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: completionError(&c)}
 			errs++
 			break
 		}
@@ -361,7 +361,7 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 
 // StrError implements cqring.QueueReader: virtio reports only cq's own
 // codes, which the CQ describes itself, and 0 for a flushed operation.
-func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
+func (s *cqSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	if provErrno == 0 {
 		return "virtio " + s.q.vq.name + ": " + canceled.Flushed, true
 	}
@@ -371,3 +371,19 @@ func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
 // Unbind implements cqring.QueueReader: the queue reads its own
 // completions again, with its own interrupt, if the device is still open.
 func (s *cqSource) Unbind() error { return s.dev.unbind(s) }
+
+// completionError is the queue API's error for a completion the ring
+// reader refused (its cq.Prov* code) or the device failed (a status of
+// its own), prepared: nothing is allocated.
+func completionError(c *cqring.Completion) error {
+	if err := c.Prov.Refusal(); err != nil {
+		return err
+	}
+	if c.Err == cq.ETRUNC {
+		return errMultiBuffer
+	}
+	return nic.ErrDeviceStatus
+}
+
+// errMultiBuffer is a truncated frame's error: the code as an error.
+var errMultiBuffer = cq.ProvMultiBuffer.Refusal()

@@ -34,10 +34,10 @@ func (q *queue) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, _ *ring.Complet
 	q.n -= k
 	return k, false
 }
-func (q *queue) Pending(max int) int               { return min(q.n, max) }
-func (*queue) Arm(bool, int) error                 { return nil }
-func (*queue) StrError(int, []byte) (string, bool) { return "", false }
-func (*queue) Unbind() error                       { return nil }
+func (q *queue) Pending(max int) int                        { return min(q.n, max) }
+func (*queue) Arm(bool, int) error                          { return nil }
+func (*queue) StrError(cq.ProvErrno, []byte) (string, bool) { return "", false }
+func (*queue) Unbind() error                                { return nil }
 
 // A NIC CQ honours IgnoreOverrun: it reads the queues' own rings, so more
 // completions than its size are read, with no overrun.
