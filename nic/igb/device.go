@@ -648,9 +648,9 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if err != nil {
 		return 0, err
 	}
-	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.Name, q.Pair, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
-	q.vector, q.vdev = vec, d.vdev
+	q.Vector, q.VDev = vec, d.vdev
 	if vec < 0 {
 		return mem.IOVA, nil // polling only: no vector, no eventfd
 	}
@@ -915,12 +915,12 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		bound := q.src != nil
 		q.mu.Unlock()
 		if bound {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.name)
+			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.Name)
 		}
 	}
 	if d.vmode == perPair && len(qs) == 1 {
 		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
-			nic.ErrNotSupported, d.name, i, i, qs[0].vector)
+			nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
 	}
 	for _, q := range qs {
 		s := &cqSource{q: q, dev: d}
@@ -937,8 +937,8 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		q.src = s
 		q.disarm()
 		q.mu.Unlock()
-		if efd := s.irq; efd != nil && q.vector >= 0 {
-			if err := d.wire(q.vector, efd.Fd()); err != nil {
+		if efd := s.irq; efd != nil && q.Vector >= 0 {
+			if err := d.wire(q.Vector, efd.Fd()); err != nil {
 				return err
 			}
 		}
@@ -959,15 +959,15 @@ func (d *Device) unbind(s *cqSource) error {
 		q.flushed.Drop()
 	}
 	q.mu.Unlock()
-	if d.closed || q.vector < 0 || q.efd == nil {
+	if d.closed || q.Vector < 0 || q.efd == nil {
 		return nil
 	}
 	if q.shared != nil {
 		// The vector goes back to the pair's eventfd once neither
 		// queue feeds the CQ any more.
-		other := &d.tx[q.index].queue
+		other := &d.tx[q.Pair].queue
 		if !q.rx {
-			other = &d.rx[q.index].queue
+			other = &d.rx[q.Pair].queue
 		}
 		other.mu.Lock()
 		stillBound := other.src != nil
@@ -976,7 +976,7 @@ func (d *Device) unbind(s *cqSource) error {
 			return nil
 		}
 	}
-	return d.wire(q.vector, q.efd.Fd())
+	return d.wire(q.Vector, q.efd.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one call

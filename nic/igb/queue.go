@@ -17,8 +17,8 @@ import (
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/canceled"
 	"github.com/vfnic/vfnic/nic/internal/irq"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
-	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path, prepared once so returning them does
@@ -42,23 +42,21 @@ var (
 // of it is guarded by mu, whichever way the queue is read (Poll, or the
 // CQ it feeds).
 type queue struct {
-	mu    sync.Mutex
-	name  string
-	index int    // queue pair
-	qnum  uint32 // 2*index for receive, 2*index+1 for transmit (cq.Entry.Queue)
-	rx    bool
-	n     uint32
-	desc  []byte // n descriptors in DMA memory
-	r     *ring
-	tail  uint32 // position of the next descriptor to post
-	out   int    // descriptors posted and not yet completed
-	db    *doorbell.Doorbell
+	qcore.Core // name, pair index, vector, counters
+
+	mu   sync.Mutex
+	qnum uint32 // 2*index for receive, 2*index+1 for transmit (cq.Entry.Queue)
+	rx   bool
+	n    uint32
+	desc []byte // n descriptors in DMA memory
+	r    *ring
+	tail uint32 // position of the next descriptor to post
+	out  int    // descriptors posted and not yet completed
+	db   *doorbell.Doorbell
 
 	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
 	eicr       doorbell.Reg32 // interrupt causes (write 1 to clear)
 	vbit       uint32         // the vector's bit in EIMS/EIMC
-	vector     int            // MSI-X vector, -1 for none
-	vdev       *vfio.Device   // the device's, to steer the vector; nil without vfio
 	armed      bool
 	efd        *eventfd.FD
 	// shared is the vector the queue shares with the other queue of its
@@ -89,17 +87,6 @@ type queue struct {
 	// flushed are the operations outstanding when the queue closed while
 	// it fed a CQ, which reads each as a flushed error completion.
 	flushed canceled.List
-
-	packets, bytes, errs, interrupts atomic.Uint64
-	notifies                         atomic.Uint64
-}
-
-// Index implements nic.Queue.
-func (q *queue) Index() int { return q.index }
-
-// SteerInterrupt implements nic.InterruptSteerer.
-func (q *queue) SteerInterrupt(cpu int) error {
-	return irq.Steer(q.vdev, q.vector, cpu, q.name)
 }
 
 // Size implements nic.Queue.
@@ -139,7 +126,7 @@ func (q *queue) Flush() error {
 	before := q.db.Rings()
 	q.db.Ring(q.tail)
 	if q.db.Rings() != before {
-		q.notifies.Add(1)
+		q.Notifies.Add(1)
 	}
 	return nil
 }
@@ -267,7 +254,7 @@ func takeUpTo(c *atomic.Uint64, n uint64) uint64 {
 // tookIRQs counts n interrupts taken from the queue's eventfd, and passes
 // them on when the vector is shared.
 func (q *queue) tookIRQs(n uint64) {
-	q.interrupts.Add(n)
+	q.Interrupts.Add(n)
 	if q.shared != nil && n > 0 {
 		q.shared.took(q.slot, n)
 	}
@@ -297,7 +284,7 @@ func (q *queue) Arm(threshold int) error {
 
 // noInterrupt is the error of a wait on a queue without a vector.
 func (q *queue) noInterrupt() error {
-	return fmt.Errorf("%w: queue %s has no interrupt (NoQueueInterrupts: read it by polling)", nic.ErrNotSupported, q.name)
+	return fmt.Errorf("%w: queue %s has no interrupt (NoQueueInterrupts: read it by polling)", nic.ErrNotSupported, q.Name)
 }
 
 // Interrupt implements nic.Queue: nil without a vector
@@ -318,7 +305,7 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	bound := q.src != nil
 	q.mu.Unlock()
 	if bound {
-		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
+		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.Name)
 	}
 	var took atomic.Uint64
 	err := irq.Wait(ctx, q.efd, deadline, &took)
@@ -329,12 +316,6 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 		return cmp.Or(q.closeErr, err)
 	}
 	return err
-}
-
-// Stats implements nic.Queue.
-func (q *queue) Stats() nic.QueueStats {
-	return nic.QueueStats{Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
-		Notifies: q.notifies.Load(), Interrupts: q.interrupts.Load()}
 }
 
 // close marks the queue closed; later operations return why (nic.ErrClosed,
@@ -391,7 +372,7 @@ func (q *queue) keepFlushed() {
 	}
 	for _, ctx := range ctxs {
 		if ctx != any(ctxSlot) {
-			q.flushed.Add(ctx, q.index, cq.ECANCELED)
+			q.flushed.Add(ctx, q.Pair, cq.ECANCELED)
 		}
 	}
 }
@@ -461,11 +442,7 @@ func (q *queue) finish(n, errs int, bytes uint64) {
 	if q.src == nil {
 		q.disarm()
 	}
-	q.packets.Add(uint64(n - errs))
-	q.bytes.Add(bytes)
-	if errs > 0 {
-		q.errs.Add(uint64(errs))
-	}
+	q.Count(n, errs, bytes)
 }
 
 // errOf maps the code of a refused completion to the nic error it carries
@@ -495,11 +472,11 @@ func (q *queue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index, Err: errOf(c.Prov)}
+			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair, Err: errOf(c.Prov)}
 			errs++
 			break
 		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
 		if q.rx {
 			o.Buf = c.Buf
 			o.Data = q.bufs.Bytes(c.Buf, c.Len)
@@ -520,7 +497,7 @@ func (q *queue) Poll(out []nic.Completion) int {
 	case q.src != nil && len(out) > 0:
 		// A bound queue says so, instead of an empty read that looks
 		// like an idle queue.
-		out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+		out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
 		return 1
 	}
 	return q.poll(out)
@@ -532,7 +509,7 @@ func (q *queue) SRead(ctx context.Context, out []nic.Completion, threshold int, 
 	bound := q.src != nil
 	q.mu.Unlock()
 	if bound {
-		return 0, fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
+		return 0, fmt.Errorf("%w (queue %s)", nic.ErrBound, q.Name)
 	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
@@ -544,7 +521,7 @@ func (q *queue) postTail(ctx any, buf uintptr, length int) error {
 	pos, err := q.r.post(ctx, buf, length, q.rx)
 	if err == nil && pos != q.tail {
 		q.broken = true
-		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, pos, q.tail)
+		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.Name, pos, q.tail)
 	}
 	return err
 }

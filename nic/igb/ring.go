@@ -137,7 +137,7 @@ var _ cqring.QueueReader = (*cqSource)(nil)
 
 // source wraps s for a CQ.
 func (s *cqSource) source() *cqring.QueueSource {
-	return cqring.NewQueueSource(s, s.q.name, s.q.qnum)
+	return cqring.NewQueueSource(s, s.q.Name, s.q.qnum)
 }
 
 // ReadBatch implements cqring.QueueReader.
@@ -215,7 +215,7 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 // 0 for a flushed operation.
 func (s *cqSource) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
 	if prov == 0 {
-		return "igb " + s.q.name + ": " + canceled.Flushed, true
+		return "igb " + s.q.Name + ": " + canceled.Flushed, true
 	}
 	return s.q.r.strError(prov, data)
 }

@@ -45,8 +45,8 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		s.q.vq.disarm()
 		s.q.mu.Unlock()
 		s.irq = c.Driver().Interrupt()
-		if efd := s.irq; efd != nil && s.q.vector >= 0 {
-			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
+		if efd := s.irq; efd != nil && s.q.Vector >= 0 {
+			if err := d.wire(s.q.Vector, efd.Fd()); err != nil {
 				return err
 			}
 		}
@@ -66,10 +66,10 @@ func (d *Device) unbind(s *cqSource) error {
 		s.q.canceled.Drop()
 	}
 	s.q.mu.Unlock()
-	if d.closed || s.q.vector < 0 || s.q.efd == nil {
+	if d.closed || s.q.Vector < 0 || s.q.efd == nil {
 		return nil
 	}
-	return d.wire(s.q.vector, s.q.efd.Fd())
+	return d.wire(s.q.Vector, s.q.efd.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one SET_IRQS

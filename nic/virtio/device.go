@@ -538,7 +538,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.vdev = int(s.vector), d.vdev
+			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.rx = append(d.rx, q)
 		case "tx":
 			pool, err := dma.NewPool(region, s.size, txBuf)
@@ -549,7 +549,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.vdev = int(s.vector), d.vdev
+			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.tx = append(d.tx, q)
 		default:
 			buf, err := region.Carve(ctrlBufLen, 64)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
@@ -16,8 +15,8 @@ import (
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/canceled"
 	"github.com/vfnic/vfnic/nic/internal/irq"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
-	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path are prepared once so that returning
@@ -31,9 +30,10 @@ var (
 // queue is what receive and transmit queues share: the ring, its lock,
 // its interrupt and its counters.
 type queue struct {
+	qcore.Core // name, pair index, vector, counters
+
 	mu     sync.Mutex
 	vq     *vq
-	index  int
 	efd    *eventfd.FD // nil when the queue has no interrupt
 	closed bool
 	// closeErr is what operations return once closed: nic.ErrClosed, or
@@ -46,19 +46,12 @@ type queue struct {
 	// for a queue that feeds none, those the kernel's taking the device
 	// back canceled (Poll). One error completion per read.
 	canceled canceled.List
-	vector   int          // MSI-X vector, -1 for none
-	vdev     *vfio.Device // the device's, to steer the vector; nil without vfio
-
-	packets, bytes, errs, interrupts atomic.Uint64
-	notifies, suppressed             atomic.Uint64
 }
 
-// Index implements nic.Queue.
-func (q *queue) Index() int { return q.index }
-
-// SteerInterrupt implements nic.InterruptSteerer.
-func (q *queue) SteerInterrupt(cpu int) error {
-	return irq.Steer(q.vdev, q.vector, cpu, q.vq.name)
+// newQueue is the part of a queue both directions share, over v: no
+// vector until the device assigns one.
+func newQueue(v *vq, index int, efd *eventfd.FD) queue {
+	return queue{Core: qcore.Core{Name: v.name, Pair: index, Vector: -1}, vq: v, efd: efd}
 }
 
 // Size implements nic.Queue.
@@ -81,10 +74,10 @@ func (q *queue) Flush() error {
 	n0, s0 := q.vq.notifies, q.vq.suppressed
 	q.vq.flush()
 	if q.vq.notifies != n0 {
-		q.notifies.Add(1)
+		q.Notifies.Add(1)
 	}
 	if q.vq.suppressed != s0 {
-		q.suppressed.Add(1)
+		q.Suppressed.Add(1)
 	}
 	return nil
 }
@@ -107,7 +100,7 @@ func (q *queue) Ready(max int) int {
 // Arm implements nic.Queue.
 func (q *queue) Arm(threshold int) error {
 	if q.efd != nil {
-		irq.TakeLeft(q.efd, &q.interrupts) // outside the lock: it may make a system call
+		irq.TakeLeft(q.efd, &q.Interrupts) // outside the lock: it may make a system call
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -138,7 +131,7 @@ func (q *queue) boundError(out []nic.Completion) int {
 	if len(out) == 0 {
 		return 0
 	}
-	out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+	out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
 	return 1
 }
 
@@ -153,21 +146,13 @@ func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	if q.isBound() {
 		return q.errBound()
 	}
-	err := irq.Wait(ctx, q.efd, deadline, &q.interrupts)
+	err := irq.Wait(ctx, q.efd, deadline, &q.Interrupts)
 	if err == nic.ErrClosed {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		return cmp.Or(q.closeErr, err)
 	}
 	return err
-}
-
-// Stats implements nic.Queue.
-func (q *queue) Stats() nic.QueueStats {
-	return nic.QueueStats{
-		Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
-		Notifies: q.notifies.Load(), Suppressed: q.suppressed.Load(), Interrupts: q.interrupts.Load(),
-	}
 }
 
 // finishPoll updates the counters and turns notifications off again after
@@ -181,11 +166,7 @@ func (q *queue) finishPoll(n int, bytes uint64, errs int) {
 	if q.vq.armed && q.src == nil {
 		q.vq.disarm()
 	}
-	q.packets.Add(uint64(n - errs))
-	q.bytes.Add(bytes)
-	if errs > 0 {
-		q.errs.Add(uint64(errs))
-	}
+	q.Count(n, errs, bytes)
 }
 
 // usable returns why the queue cannot take an operation, or nil. Called
@@ -242,7 +223,7 @@ func (q *queue) close(why error) {
 		return
 	}
 	for _, ctx := range q.vq.outstanding() {
-		q.canceled.Add(ctx, q.index, err)
+		q.canceled.Add(ctx, q.Pair, err)
 	}
 	if q.src != nil && q.canceled.Len() > 0 && q.src.irq != nil {
 		// As a last interrupt would: a reader asleep on the CQ wakes to
@@ -281,7 +262,7 @@ func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) (*R
 	if err := v.setReader(usedRx); err != nil {
 		return nil, err
 	}
-	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1},
+	q := &RxQueue{queue: newQueue(v, index, efd),
 		bufs: rxbuf.New(pool, netHdrLen), bufSize: uint32(pool.BufSize()), mrg: mrg}
 	return q, nil
 }
@@ -432,7 +413,7 @@ func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*Tx
 	if pool.Cap() < int(v.size) {
 		return nil, fmt.Errorf("%w: %s: %d transmit buffers for %d descriptors", nic.ErrInvalid, v.name, pool.Cap(), v.size)
 	}
-	return &TxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
+	return &TxQueue{queue: newQueue(v, index, efd), pool: pool,
 		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.FrameOverhead)}, nil
 }
 

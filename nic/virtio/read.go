@@ -144,12 +144,12 @@ func (q *RxQueue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: q.errOf(&c)}
+			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: q.errOf(&c)}
 			errs++
 			break
 		}
 		frame := q.bufs.Bytes(c.Buf, c.Len)
-		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.Pair}
 		bytes += uint64(c.Len)
 	}
 	q.vq.publishUsed()
@@ -237,11 +237,11 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: completionError(&c)}
+			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: completionError(&c)}
 			errs++
 			break
 		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
 		bytes += uint64(c.Len)
 	}
 	q.vq.publishUsed()
