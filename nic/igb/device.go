@@ -649,6 +649,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 		return 0, err
 	}
 	q.Name, q.Pair, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.NoIRQHint = " (NoQueueInterrupts: read it by polling)"
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
 	q.Vector, q.VDev = vec, d.vdev
 	if vec < 0 {
@@ -663,7 +664,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if q.eicr, err = d.win.Reg32(regEICR); err != nil {
 		return 0, err
 	}
-	q.vbit, q.efd = 1<<vec, d.efds[vec]
+	q.vbit, q.EFD = 1<<vec, d.efds[vec]
 	if d.vmode == perPair {
 		// The pair's receive queue is made first and makes the vector
 		// both share.
@@ -671,8 +672,9 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 		if tx {
 			q.slot, q.shared = slotTx, d.rx[i].shared
 		} else {
-			q.shared = &sharedVec{bit: q.vbit, efd: q.efd, eims: q.eims, eimc: q.eimc, eicr: q.eicr}
+			q.shared = &sharedVec{bit: q.vbit, efd: q.EFD, eims: q.eims, eimc: q.eimc, eicr: q.eicr}
 		}
+		q.OnTook = q.tookShared
 	}
 	if tx {
 		q.silent = make([]bool, n)
@@ -911,9 +913,9 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		qs = append(qs, &d.tx[i].queue)
 	}
 	for _, q := range qs {
-		q.mu.Lock()
-		bound := q.src != nil
-		q.mu.Unlock()
+		q.Mu.Lock()
+		bound := q.Src != nil
+		q.Mu.Unlock()
 		if bound {
 			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.Name)
 		}
@@ -933,10 +935,10 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		}
 		d.bound = append(d.bound, c)
 		s.irq = c.Driver().Interrupt()
-		q.mu.Lock()
-		q.src = s
+		q.Mu.Lock()
+		q.Src = s
 		q.disarm()
-		q.mu.Unlock()
+		q.Mu.Unlock()
 		if efd := s.irq; efd != nil && q.Vector >= 0 {
 			if err := d.wire(q.Vector, efd.Fd()); err != nil {
 				return err
@@ -951,15 +953,15 @@ func (d *Device) unbind(s *cqSource) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q := s.q
-	q.mu.Lock()
-	if q.src == s {
-		q.src = nil
+	q.Mu.Lock()
+	if q.Src == s {
+		q.Src = nil
 		// Flushed completions the CQ did not read go with it (a closed
 		// CQ loses what it held).
 		q.flushed.Drop()
 	}
-	q.mu.Unlock()
-	if d.closed || q.Vector < 0 || q.efd == nil {
+	q.Mu.Unlock()
+	if d.closed || q.Vector < 0 || q.EFD == nil {
 		return nil
 	}
 	if q.shared != nil {
@@ -969,14 +971,14 @@ func (d *Device) unbind(s *cqSource) error {
 		if !q.rx {
 			other = &d.rx[q.Pair].queue
 		}
-		other.mu.Lock()
-		stillBound := other.src != nil
-		other.mu.Unlock()
+		other.Mu.Lock()
+		stillBound := other.Src != nil
+		other.Mu.Unlock()
 		if stillBound {
 			return nil
 		}
 	}
-	return d.wire(q.Vector, q.efd.Fd())
+	return d.wire(q.Vector, q.EFD.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one call

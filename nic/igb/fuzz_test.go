@@ -230,8 +230,8 @@ func (s *fuzzSide) accounted(t *testing.T, posts int) {
 	q := s.q
 	out := q.Outstanding()
 	require.LessOrEqual(t, out, posts)
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	require.Equal(t, out, q.r.tab.Outstanding(), "the table holds exactly the operations outstanding")
 	if !q.rx {
 		return
@@ -262,12 +262,12 @@ func readFuzzedWriteBack(t *testing.T, data []byte, tx bool) []wbEvent {
 		s.accounted(t, in.posts)
 	}
 	require.Equal(t, direct.q.Outstanding(), viaCQ.q.Outstanding())
-	direct.q.mu.Lock()
+	direct.q.Mu.Lock()
 	broken := direct.q.broken
-	direct.q.mu.Unlock()
-	viaCQ.q.mu.Lock()
+	direct.q.Mu.Unlock()
+	viaCQ.q.Mu.Lock()
 	require.Equal(t, broken, viaCQ.q.broken, "both queues broken, or neither")
-	viaCQ.q.mu.Unlock()
+	viaCQ.q.Mu.Unlock()
 	// Kept buffers go back exactly once.
 	for _, s := range []*fuzzSide{direct, viaCQ} {
 		rx := (*RxQueue)(unsafe.Pointer(s.q))

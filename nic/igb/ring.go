@@ -143,12 +143,12 @@ func (s *cqSource) source() *cqring.QueueSource {
 // ReadBatch implements cqring.QueueReader.
 func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		// A source unbound before the close has none (they went to
 		// the one bound then, or nowhere).
-		return 0, q.src == s && q.flushed.Next(bad, s.flags())
+		return 0, q.Src == s && q.flushed.Next(bad, s.flags())
 	}
 	n, errs := 0, 0
 	var bytes uint64
@@ -179,10 +179,10 @@ func (s *cqSource) flags() cq.Flags {
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		if q.src != s {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
+		if q.Src != s {
 			return 0
 		}
 		return min(q.flushed.Len(), max)
@@ -199,13 +199,13 @@ func (s *cqSource) Pending(max int) int {
 // is solicited.
 func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
 	if !q.eims.Valid() {
-		return q.noInterrupt()
+		return q.NoInterrupt()
 	}
 	q.arm()
 	return nil

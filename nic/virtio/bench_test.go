@@ -63,6 +63,6 @@ func benchBind(b *testing.B, rx *RxQueue) *cq.CQ {
 	if err := c.Driver().AddSource(s.source()); err != nil {
 		b.Fatal(err)
 	}
-	rx.src = s
+	rx.Src = s
 	return c
 }

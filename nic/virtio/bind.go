@@ -24,9 +24,9 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	}
 	for _, s := range srcs {
 		s.qnum = uint32(s.q.vq.qidx)
-		s.q.mu.Lock()
-		bound := s.q.src != nil
-		s.q.mu.Unlock()
+		s.q.Mu.Lock()
+		bound := s.q.Src != nil
+		s.q.Mu.Unlock()
 		if bound {
 			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, s.q.vq.name)
 		}
@@ -40,10 +40,10 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 			return err
 		}
 		d.bound = append(d.bound, c)
-		s.q.mu.Lock()
-		s.q.src = s
+		s.q.Mu.Lock()
+		s.q.Src = s
 		s.q.vq.disarm()
-		s.q.mu.Unlock()
+		s.q.Mu.Unlock()
 		s.irq = c.Driver().Interrupt()
 		if efd := s.irq; efd != nil && s.q.Vector >= 0 {
 			if err := d.wire(s.q.Vector, efd.Fd()); err != nil {
@@ -58,18 +58,18 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 func (d *Device) unbind(s *cqSource) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.q.mu.Lock()
-	if s.q.src == s {
-		s.q.src = nil
+	s.q.Mu.Lock()
+	if s.q.Src == s {
+		s.q.Src = nil
 		// Flushed completions the CQ did not read go with it (a closed
 		// CQ loses what it held); Poll must not report them instead.
 		s.q.canceled.Drop()
 	}
-	s.q.mu.Unlock()
-	if d.closed || s.q.Vector < 0 || s.q.efd == nil {
+	s.q.Mu.Unlock()
+	if d.closed || s.q.Vector < 0 || s.q.EFD == nil {
 		return nil
 	}
-	return d.wire(s.q.Vector, s.q.efd.Fd())
+	return d.wire(s.q.Vector, s.q.EFD.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one SET_IRQS

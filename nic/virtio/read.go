@@ -283,9 +283,9 @@ func (s *cqSource) next(c *cqring.Completion) bool {
 // ReadBatch implements cqring.QueueReader.
 func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return 0, s.flushed(bad)
 	}
 	n, errs := 0, 0
@@ -314,7 +314,7 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 // none: the queue's canceled operations are for its own Poll. Called
 // locked, closed.
 func (s *cqSource) flushed(bad *cqring.Completion) bool {
-	return s.q.src == s && s.q.canceled.Next(bad, s.flags())
+	return s.q.Src == s && s.q.canceled.Next(bad, s.flags())
 }
 
 // flags are those the queue's operations are posted with (RxQueue.post,
@@ -328,10 +328,10 @@ func (s *cqSource) flags() cq.Flags {
 
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
-	s.q.mu.Lock()
-	defer s.q.mu.Unlock()
-	if s.q.closed {
-		if s.q.src != s {
+	s.q.Mu.Lock()
+	defer s.q.Mu.Unlock()
+	if s.q.Closed {
+		if s.q.Src != s {
 			return 0
 		}
 		return min(s.q.canceled.Len(), max)
@@ -344,8 +344,8 @@ func (s *cqSource) Pending(max int) int {
 // threshold, else used-buffer notifications on. solicitedOnly has no
 // virtio equivalent: every completion is solicited.
 func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
-	s.q.mu.Lock()
-	defer s.q.mu.Unlock()
+	s.q.Mu.Lock()
+	defer s.q.Mu.Unlock()
 	if err := s.q.usable(); err != nil {
 		return err
 	}

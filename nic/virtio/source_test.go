@@ -24,7 +24,7 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 		s.tx = pq
 	}
 	require.NoError(t, c.Driver().AddSource(s.source()))
-	q.src = s
+	q.Src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
 }
