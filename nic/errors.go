@@ -101,3 +101,7 @@ func (e *MultiBufferError) Is(target error) bool { return target == error(cq.Pro
 // ErrDeviceStatus is the Err of a completion whose device status reports
 // an error of the device's own (cq.ErrEntry.ProvErrno holds the status).
 var ErrDeviceStatus = errors.New("nic: the device reported an error status")
+
+// ErrRemovedClosed is what a driver's queues return once the kernel took
+// the device back: it matches both ErrClosed and ErrRemoved.
+var ErrRemovedClosed = fmt.Errorf("%w: %w", ErrClosed, ErrRemoved)

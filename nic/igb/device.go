@@ -14,6 +14,8 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/owner"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
@@ -88,7 +90,7 @@ func (m mmio) write(off, v uint32)    { _ = m.w.Write32(uintptr(off), v) }
 
 // Device is an igb NIC driven through VFIO (nic.Device).
 type Device struct {
-	own *nic.Owner // the hold on the PCI device: its driver, giving it back
+	own *owner.Owner // the hold on the PCI device: its driver, giving it back
 
 	name  string
 	mac   *mac
@@ -161,7 +163,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("igb: open %s: %w", name, err)
 	}
-	own, err := nic.TakeDevice(ctx, "igb", a, cfg.Config)
+	own, err := owner.TakeDevice(ctx, "igb", a, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -788,12 +790,12 @@ func (d *Device) Tx(i int) (nic.TxQueue, error) {
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
-	return nic.QueueAt(d.rx, i, d.name, "receive")
+	return qcore.QueueAt(d.rx, i, d.name, "receive")
 }
 
 // TxQueue returns transmit queue i as its concrete type.
 func (d *Device) TxQueue(i int) (*TxQueue, error) {
-	return nic.QueueAt(d.tx, i, d.name, "transmit")
+	return qcore.QueueAt(d.tx, i, d.name, "transmit")
 }
 
 // Link implements nic.Device: STATUS.LU, FD and SPEED.
@@ -902,7 +904,7 @@ func (d *Device) Stats() nic.Stats {
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
 		return err
 	}
 	var qs []*queue

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // BindCQ implements nic.Device. Entry.Queue is the virtqueue index: 2i
@@ -12,7 +13,7 @@ import (
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
 		return err
 	}
 	var srcs []*cqSource
