@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/vfnic/vfnic/cq/internal/provider"
 	"github.com/vfnic/vfnic/eventfd"
 )
 
@@ -23,7 +22,7 @@ type CQ struct {
 	// of a SingleThreaded CQ, which take no lock, read them while a
 	// driver adds one (verbs creates QPs on a CQ that others poll).
 	// Never nil after New, so that a read loads it and nothing more.
-	srcs   atomic.Pointer[[]source]
+	srcs   atomic.Pointer[[]Source]
 	closed bool
 	fatal  bool
 	bound  int
@@ -41,7 +40,7 @@ type CQ struct {
 }
 
 // New makes a CQ with attr resolved against the provider's limits (actual
-// size, default format). A device's BindCQ (or a driver through cq/ring)
+// size, default format). A device's BindCQ (or a driver through Driver)
 // then feeds it from the device's completion rings.
 func New(attr Attr, lim Limits) (*CQ, error) {
 	a, err := lim.Resolve(attr)
@@ -65,41 +64,9 @@ func New(attr Attr, lim Limits) (*CQ, error) {
 // format.
 func (c *CQ) Attr() Attr { return c.attr }
 
-// source is a device completion ring feeding the CQ: cq/ring.Source,
-// which documents the methods. The CQ calls it once per batch, never per
-// entry, and serialises the calls.
-type source interface {
-	Attach(f Format) error
-	Poll(ents []Entry, addrs []Addr) (int, provider.State)
-	Pending(max int) int
-	ReadErr(e *ErrEntry) (data []byte, ok bool)
-	Arm(solicitedOnly bool, threshold int) error
-	StrError(provErrno int, errData []byte) (s string, ok bool)
-	Close() error
-}
-
-// The driver side of a CQ, reached through cq/ring (AddSource, Bind,
-// Unbind, Bound, Interrupt) so that it is not part of the consumer API.
-func init() {
-	provider.CQ = provider.Hooks{
-		AddSource: func(c, s any) error {
-			src, ok := s.(source)
-			if !ok || s == nil {
-				return fmt.Errorf("%w: not a completion source: %T", ErrInvalid, s)
-			}
-			return c.(*CQ).addSource(src)
-		},
-		Bind:      func(c any) error { return c.(*CQ).bind() },
-		Unbind:    func(c any) { c.(*CQ).unbind() },
-		Bound:     func(c any) int { return c.(*CQ).boundCount() },
-		Interrupt: func(c any) *eventfd.FD { return c.(*CQ).wait },
-		Pending:   func(c any, max int) int { return c.(*CQ).pending(max) },
-	}
-}
-
 // addSource attaches a device ring to the CQ. Sources are polled in the
 // order they were added.
-func (c *CQ) addSource(s source) error {
+func (c *CQ) addSource(s Source) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -116,10 +83,10 @@ func (c *CQ) addSource(s source) error {
 
 // sources returns the published sources, which nobody alters: one load,
 // without c.mu.
-func (c *CQ) sources() []source { return *c.srcs.Load() }
+func (c *CQ) sources() []Source { return *c.srcs.Load() }
 
 // noSources is the sources of a new or closed CQ.
-var noSources []source
+var noSources []Source
 
 // bind records an endpoint (a device queue) that reports to this CQ; Close
 // fails with ErrBusy until it is unbound.
@@ -192,7 +159,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	// One source, the common case: what readAll does, with nothing but c
 	// to keep across the call.
 	n, st := srcs[0].Poll(ents, addrs)
-	if st == provider.StateOverrun && n == 0 {
+	if st == SourceOverrun && n == 0 {
 		c.fatal = true
 	}
 	fatal := c.fatal
@@ -202,7 +169,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 	switch {
 	case n > 0:
 		return n, nil
-	case st == provider.StateError:
+	case st == SourceError:
 		return 0, ErrAvail
 	case fatal:
 		return 0, ErrOverrun
@@ -212,7 +179,7 @@ func (c *CQ) read(ents []Entry, addrs []Addr) (int, error) {
 
 // readAll is read for a closed CQ, a zero-count read and any number of
 // sources, srcs, as read loaded them. Called locked; it unlocks.
-func (c *CQ) readAll(ents []Entry, addrs []Addr, srcs []source) (int, error) {
+func (c *CQ) readAll(ents []Entry, addrs []Addr, srcs []Source) (int, error) {
 	if c.closed {
 		c.unlock()
 		return 0, ErrClosed
@@ -231,11 +198,11 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr, srcs []source) (int, error) {
 		}
 		k, st := s.Poll(ents[n:], a)
 		n += k
-		if st == provider.StateError {
+		if st == SourceError {
 			errHead = true
 			break
 		}
-		if st == provider.StateOverrun {
+		if st == SourceOverrun {
 			over = true
 		}
 		if n == len(ents) {
@@ -260,13 +227,13 @@ func (c *CQ) readAll(ents []Entry, addrs []Addr, srcs []source) (int, error) {
 
 // probe is a zero-count read of srcs: progress and state only. Called
 // locked.
-func (c *CQ) probe(srcs []source) error {
+func (c *CQ) probe(srcs []Source) error {
 	ready, over := false, false
 	for _, s := range srcs {
 		switch _, st := s.Poll(nil, nil); st {
-		case provider.StateError:
+		case SourceError:
 			return ErrAvail
-		case provider.StateOverrun:
+		case SourceOverrun:
 			over = true
 			continue
 		}
@@ -329,7 +296,7 @@ func (c *CQ) ReadErr(e *ErrEntry) error {
 
 // StrError describes a provider error number with its error data
 // (fi_cq_strerror).
-func (c *CQ) StrError(provErrno int, errData []byte) string {
+func (c *CQ) StrError(provErrno ProvErrno, errData []byte) string {
 	if s, ok := provText[provErrno]; ok {
 		return "cq: " + s
 	}

@@ -22,6 +22,7 @@
 // SRead one matching both ErrAgain and os.ErrDeadlineExceeded, a bad
 // argument os.ErrInvalid, as in Go's os and net packages.
 //
-// Drivers feed a CQ through package cq/ring, which describes and reads
-// their completion rings.
+// Drivers feed a CQ by implementing Source (package cq/ring has one for
+// each ring convention) and attaching it through the CQ's Driver side;
+// package cq/ring describes and reads their completion rings.
 package cq

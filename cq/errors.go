@@ -213,40 +213,50 @@ func ErrnoOf(err error) Errno {
 	return EOTHER
 }
 
-// Provider error numbers (ErrEntry.ProvErrno) for entries that the ring
-// reader itself refused. Device-reported failures carry the device's own
-// status value instead, which is never negative.
+// ProvErrno is a provider error number (ErrEntry.ProvErrno): the
+// device's own status value (0 and up), or one of the Prov* codes (below
+// 0) of an entry that the ring reader itself refused. It is an error, and
+// the codes are the one vocabulary of refusals for every API over a ring:
+// the error a NIC queue's completion carries for a refused entry matches
+// its code with errors.Is (errors.Is(c.Err, cq.ProvBadLen)), as
+// ErrEntry.ProvErrno equals it.
+type ProvErrno int
+
+// Provider error numbers for entries that the ring reader refused.
+// Device-reported failures carry the device's own status value instead,
+// which is never negative.
 const (
 	// ProvBadID: the entry names an operation that is not outstanding
 	// (never posted, already completed, or a stale generation).
-	ProvBadID = -1
-	// ProvBadLen: the entry reports more bytes than the posted buffer holds.
-	ProvBadLen = -2
+	ProvBadID ProvErrno = -1
+	// ProvBadLen: the entry reports more bytes than the posted buffer
+	// holds (or, for a NIC, fewer than its headers).
+	ProvBadLen ProvErrno = -2
 	// ProvBadStatus: the entry's status is not one the device defines.
-	ProvBadStatus = -3
+	ProvBadStatus ProvErrno = -3
 	// ProvBadOpcode: the entry's opcode is not one the device defines.
-	ProvBadOpcode = -4
+	ProvBadOpcode ProvErrno = -4
 	// ProvBadPhase: the entry's ownership bit is wrong while later entries
 	// are valid; its contents were not read.
-	ProvBadPhase = -5
+	ProvBadPhase ProvErrno = -5
 	// ProvBadQueue: the entry names a queue that is not bound to this ring.
-	ProvBadQueue = -6
+	ProvBadQueue ProvErrno = -6
 	// ProvBadIndex: the device published a producer index further ahead
 	// than the ring holds, or beyond what the driver handed it (a split
 	// virtqueue's used index past its available index); nothing it wrote
 	// can be trusted and the queue stops.
-	ProvBadIndex = -7
+	ProvBadIndex ProvErrno = -7
 	// ProvMultiBuffer: a received frame spans several buffers, which the
 	// queue does not join: each part completes with ETRUNC.
-	ProvMultiBuffer = -8
+	ProvMultiBuffer ProvErrno = -8
 	// ProvBadOp: the entry's opcode is one the device defines, but for
 	// another kind of operation than the one posted under its id (a
 	// receive reported for a posted send, a send for a posted receive).
 	// The operation completes with this error.
-	ProvBadOp = -9
+	ProvBadOp ProvErrno = -9
 )
 
-var provText = map[int]string{
+var provText = map[ProvErrno]string{
 	ProvBadID:       "completion for an operation that is not outstanding (bad or stale id)",
 	ProvBadLen:      "completion reports more bytes than the posted buffer holds",
 	ProvBadStatus:   "completion carries a status the device does not define",
@@ -256,4 +266,27 @@ var provText = map[int]string{
 	ProvBadIndex:    "device index beyond the ring or beyond what it was given (queue stopped)",
 	ProvMultiBuffer: "frame spans several receive buffers (part dropped)",
 	ProvBadOp:       "completion's opcode is for another kind of operation than the one posted",
+}
+
+// refusals are the codes as errors, converted once: a code held in a
+// variable would allocate when made an error.
+var refusals = [...]error{ProvBadID, ProvBadLen, ProvBadStatus, ProvBadOpcode,
+	ProvBadPhase, ProvBadQueue, ProvBadIndex, ProvMultiBuffer, ProvBadOp}
+
+// Error returns the refusal's text, or the device status's number.
+func (p ProvErrno) Error() string {
+	if s, ok := provText[p]; ok {
+		return "cq: " + s
+	}
+	return "cq: provider error " + strconv.Itoa(int(p))
+}
+
+// Refusal returns p as an error when it is a refusal code, without
+// allocating, and nil for a device status (0 and up), which only the
+// driver can name.
+func (p ProvErrno) Refusal() error {
+	if p < 0 && int(-p) <= len(refusals) {
+		return refusals[-p-1]
+	}
+	return nil
 }

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/vfnic/vfnic/cq/internal/provider"
 )
 
 // fakeSource is a device completion ring for this package's tests:
@@ -25,12 +23,12 @@ type fakeSource struct {
 
 func (s *fakeSource) Attach(Format) error { return nil }
 
-func (s *fakeSource) Poll(ents []Entry, _ []Addr) (int, provider.State) {
+func (s *fakeSource) Poll(ents []Entry, _ []Addr) (int, SourceState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := min(len(ents), s.ready)
 	s.ready -= n
-	return n, provider.StateOK
+	return n, SourceOK
 }
 
 func (s *fakeSource) Pending(max int) int {
@@ -50,8 +48,8 @@ func (s *fakeSource) Arm(_ bool, thr int) error {
 	return nil
 }
 
-func (s *fakeSource) StrError(int, []byte) (string, bool) { return "", false }
-func (s *fakeSource) Close() error                        { return nil }
+func (s *fakeSource) StrError(ProvErrno, []byte) (string, bool) { return "", false }
+func (s *fakeSource) Close() error                              { return nil }
 
 func (s *fakeSource) armedWith() []int {
 	s.mu.Lock()

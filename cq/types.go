@@ -287,8 +287,8 @@ type ErrEntry struct {
 	// compare directly.
 	Err Errno
 	// ProvErrno is the provider's error number: the device's status value,
-	// or one of the Prov* constants when the reader refused the entry.
-	ProvErrno int
+	// or one of the Prov* codes when the reader refused the entry.
+	ProvErrno ProvErrno
 	// ErrData is provider data about the error (the raw device entry). On
 	// input, a non-nil ErrData is the caller's buffer: up to cap(ErrData)
 	// bytes are copied and ErrData is resliced to the count. A nil ErrData

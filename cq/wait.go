@@ -341,7 +341,7 @@ func (c *CQ) TryWait() error {
 // and reports whether entries are held, so that a caller polls them
 // instead of sleeping: the primitive under verbs' ibv_req_notify_cq, where
 // entries present at the arm raise no event. One interrupt per arm, on
-// the CQ's wait object (the eventfd of cq/ring.Interrupt); SRead and
+// the CQ's wait object (the eventfd of Driver.Interrupt); SRead and
 // TryWait must not be used on the same CQ, as they consume it.
 func (c *CQ) ReqNotify(solicitedOnly bool) (present bool, err error) {
 	c.lock()

@@ -47,44 +47,34 @@ var (
 	ErrDeviceFailed = errors.New("nic: device failed")
 )
 
-// Errors carried by error completions (Completion.Err). They describe a
-// device that wrote something the driver never posted; the entry is
-// consumed and the driver's state stays consistent.
+// Errors carried by error completions (Completion.Err). An entry that
+// the ring reader refused (the device wrote something the driver never
+// posted) carries an error matching its cq.Prov* code, the one vocabulary
+// of refusals for this API and a CQ's cq.ErrEntry.ProvErrno:
+// errors.Is(c.Err, cq.ProvBadID) for an id that is not outstanding,
+// cq.ProvBadLen for a length beyond the posted buffer or too short for the
+// headers, cq.ProvBadOp for another kind of operation than the one
+// posted, cq.ProvBadPhase for ownership bits the device may never write,
+// cq.ProvBadIndex for a completion index beyond the posted buffers (the
+// queue is unusable afterwards: reads return nothing and other operations
+// ErrBroken), cq.ProvMultiBuffer for each buffer of a received frame
+// that spans several (which the drivers do not reassemble; see
+// MultiBufferError). The entry is consumed and the driver's state stays
+// consistent.
 var (
-	// ErrBadID means the device completed a buffer id that is not
-	// outstanding (out of range, never posted, or already completed).
-	ErrBadID = errors.New("nic: completion names a buffer id that is not outstanding")
-	// ErrBadLen means the device reported a length larger than the posted
-	// buffer, or too short to hold the headers.
-	ErrBadLen = errors.New("nic: completion length does not fit the posted buffer")
-	// ErrBadOp means the device reported another kind of operation than
-	// the one posted under the completion's id (a receive for a send).
-	ErrBadOp = errors.New("nic: completion reports another operation than the one posted")
-	// ErrBadPhase means a descriptor's ownership bits are in a state the
-	// device may never write (for example a virtio packed descriptor whose
-	// USED bit matches the wrap counter while AVAIL does not).
-	ErrBadPhase = errors.New("nic: completion descriptor out of phase")
-	// ErrBadIndex means the device moved its completion index further than
-	// the number of outstanding buffers. The queue is unusable afterwards:
-	// reads return nothing and other operations ErrBroken.
-	ErrBadIndex = errors.New("nic: device index beyond the posted buffers")
-	// ErrMultiBuffer means a received frame spans several buffers, which
-	// this driver does not reassemble; every buffer of the frame completes
-	// with this error and is recycled.
-	ErrMultiBuffer = errors.New("nic: frame spans several receive buffers")
 	// ErrCanceled means the operation was still outstanding when the
 	// kernel took the device back (ErrRemoved): it never completed, and
 	// the completion carries only its Context (libfabric's FI_ECANCELED).
 	ErrCanceled = errors.New("nic: operation canceled: the device was taken back")
 	// ErrBroken is returned by the operations of a queue whose device
-	// reported an impossible completion index (ErrBadIndex); only closing
+	// reported an impossible completion index (cq.ProvBadIndex); only closing
 	// (and so resetting) the device recovers.
 	ErrBroken = errors.New("nic: queue broken by a misbehaving device")
 )
 
 // MultiBufferError is the Err of each receive completion of a frame that
 // spans several receive buffers, one completion per buffer: the frame was
-// longer than a buffer holds. errors.Is(err, ErrMultiBuffer) is true. The
+// longer than a buffer holds. errors.Is(err, cq.ProvMultiBuffer) is true. The
 // fields let a caller count such frames and say how long they were (the
 // sum of Bytes over Buffers completions).
 type MultiBufferError struct {
@@ -102,40 +92,16 @@ type MultiBufferError struct {
 
 // Error implements error.
 func (e *MultiBufferError) Error() string {
-	return fmt.Sprintf("%v: %s: buffer %d of %d (%d bytes)", ErrMultiBuffer, e.Queue, e.Buffer+1, e.Buffers, e.Bytes)
+	return fmt.Sprintf("%v: %s: buffer %d of %d (%d bytes)", cq.ProvMultiBuffer, e.Queue, e.Buffer+1, e.Buffers, e.Bytes)
 }
 
-// Is makes errors.Is(err, ErrMultiBuffer) true.
-func (e *MultiBufferError) Is(target error) bool { return target == ErrMultiBuffer }
+// Is makes errors.Is(err, cq.ProvMultiBuffer) true.
+func (e *MultiBufferError) Is(target error) bool { return target == error(cq.ProvMultiBuffer) }
 
 // ErrDeviceStatus is the Err of a completion whose device status reports
 // an error of the device's own (cq.ErrEntry.ProvErrno holds the status).
 var ErrDeviceStatus = errors.New("nic: the device reported an error status")
 
-// CompletionError is the Completion.Err for a completion that the ring
-// reader (cq/ring) refused with provider error number prov (a cq.Prov*
-// code, or the device's status value) and errno: the same code reaches a
-// cq.ErrEntry and a Completion. It returns one of this package's
-// sentinels and never allocates.
-func CompletionError(prov int, errno cq.Errno) error {
-	switch prov {
-	case cq.ProvBadID, cq.ProvBadQueue:
-		return ErrBadID
-	case cq.ProvBadLen:
-		return ErrBadLen
-	case cq.ProvBadOp:
-		return ErrBadOp
-	case cq.ProvBadPhase:
-		return ErrBadPhase
-	case cq.ProvBadIndex:
-		return ErrBadIndex
-	case cq.ProvMultiBuffer:
-		return ErrMultiBuffer
-	case cq.ProvBadStatus, cq.ProvBadOpcode:
-		return ErrDeviceFailed
-	}
-	if errno == cq.ETRUNC {
-		return ErrMultiBuffer
-	}
-	return ErrDeviceStatus
-}
+// ErrRemovedClosed is what a driver's queues return once the kernel took
+// the device back: it matches both ErrClosed and ErrRemoved.
+var ErrRemovedClosed = fmt.Errorf("%w: %w", ErrClosed, ErrRemoved)

@@ -49,8 +49,8 @@ type Completion struct {
 	Len int
 	// Queue is the index of the queue the completion came from.
 	Queue int
-	// Err is nil, or why the device's entry was refused (ErrBadID,
-	// ErrBadLen, ErrBadPhase, ErrBadIndex, ErrMultiBuffer).
+	// Err is nil, or why the device's entry was refused (cq.ProvBadID,
+	// cq.ProvBadLen, cq.ProvBadPhase, cq.ProvBadIndex, cq.ProvMultiBuffer).
 	Err error
 }
 
@@ -218,7 +218,7 @@ type Config struct {
 	// BufferSize is the size of a receive buffer, driver headers included;
 	// 0 means 2048, or enough for a tagged MTU-sized frame when the device
 	// offers an MTU above 1500. It must hold a MaxFrame frame; longer frames
-	// than a buffer holds complete with ErrMultiBuffer.
+	// than a buffer holds complete with cq.ProvMultiBuffer.
 	BufferSize int
 	// Promiscuous asks for every frame on the wire rather than those for
 	// the device's MAC, broadcast and multicast (where the device lets the

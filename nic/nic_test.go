@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vfnic/vfnic/cq"
 	"os"
 	"testing"
 	"time"
@@ -149,12 +150,12 @@ func TestSRead(t *testing.T) {
 	})
 	t.Run("error-completion-ends", func(t *testing.T) {
 		bad := comps(2)
-		bad[1].Err = ErrBadID
+		bad[1].Err = cq.ProvBadID
 		q := &fakeQueue{ready: bad}
 		n, err := SRead(ctx, q, out, 5, time.Second)
 		require.NoError(t, err)
 		require.Equal(t, 2, n)
-		require.ErrorIs(t, out[1].Err, ErrBadID)
+		require.ErrorIs(t, out[1].Err, cq.ProvBadID)
 	})
 	t.Run("cancel", func(t *testing.T) {
 		q := &fakeQueue{}

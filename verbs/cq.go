@@ -10,7 +10,6 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/eventfd"
 )
 
@@ -228,7 +227,7 @@ func CreateCQ(p Provider, attr CQInitAttr) (*CQ, error) {
 	c.c = fc
 	c.cqe.Store(int64(fc.Attr().Size))
 	if c.ch != nil {
-		irq := ring.Interrupt(fc)
+		irq := fc.Driver().Interrupt()
 		if irq == nil {
 			_ = fc.Close()
 			c.ch.unuse()
@@ -615,7 +614,7 @@ func (c *CQ) Destroy(ctx context.Context) error {
 	if c.destroyed {
 		return nil
 	}
-	if n := ring.Bound(c.c); n > 0 {
+	if n := c.c.Driver().Bound(); n > 0 {
 		return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", n)}
 	}
 	ch := c.ch
@@ -656,7 +655,7 @@ func (c *CQ) Destroy(ctx context.Context) error {
 	if err != nil {
 		c.revive()
 		if errors.Is(err, cq.ErrBusy) { // a queue bound since the check
-			return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", ring.Bound(c.c))}
+			return &busyError{fmt.Sprintf("verbs: destroy CQ: %d device queue(s) bound", c.c.Driver().Bound())}
 		}
 		return err
 	}

@@ -57,7 +57,7 @@ func (p *fuzzProvider) OpenCQ(entries, vector int, format cq.Format, single bool
 	if err != nil {
 		return nil, err
 	}
-	require.NoError(t, ring.AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	p.tabs = map[uint32]*ring.Table{}
 	for _, qn := range fuzzQueues {
 		tab, err := ring.NewTable(fuzzRing, 32)

@@ -152,7 +152,7 @@ func source(s *shm, c *cq.CQ) (*ring.RingSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	return src, ring.AddSource(c, src)
+	return src, c.Driver().AddSource(src)
 }
 
 func run(s *shm, batch int, check, single bool, timeout time.Duration) error {

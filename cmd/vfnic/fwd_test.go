@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
@@ -43,7 +44,7 @@ func TestForward(t *testing.T) {
 		rx, tx := &repostCounter{}, &sendRecorder{}
 		f := &forwarder{swap: swap}
 		in, out := &fwdPort{addr: "a", rx: rx}, &fwdPort{addr: "b", tx: tx}
-		batch := []nic.Completion{{Data: append([]byte(nil), frame...), Buf: 1}, {Err: nic.ErrBadLen}}
+		batch := []nic.Completion{{Data: append([]byte(nil), frame...), Buf: 1}, {Err: cq.ProvBadLen}}
 		require.NoError(t, f.forward(in, out, batch[:1]))
 		want := frame
 		if swap {

@@ -340,7 +340,7 @@ func TestCaptureCounts(t *testing.T) {
 		&nic.MultiBufferError{Buffer: 0, Buffers: 3, Bytes: 2036},
 		&nic.MultiBufferError{Buffer: 1, Buffers: 3, Bytes: 2036},
 		&nic.MultiBufferError{Buffer: 2, Buffers: 3, Bytes: 100},
-		nic.ErrBadID,
+		cq.ProvBadID,
 		&nic.MultiBufferError{Buffer: 0, Buffers: 2, Bytes: 2036},
 		&nic.MultiBufferError{Buffer: 1, Buffers: 2, Bytes: 1},
 	} {

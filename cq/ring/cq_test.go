@@ -167,7 +167,7 @@ func BenchmarkReadFilledPackedRing(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	if err := AddSource(c, src); err != nil {
+	if err := c.Driver().AddSource(src); err != nil {
 		b.Fatal(err)
 	}
 	tab, err := NewTable(lap, 16)
@@ -249,5 +249,5 @@ func TestErrorVocabulary(t *testing.T) {
 	_, err = c.SRead(context.Background(), ents, 0, time.Millisecond)
 	require.ErrorIs(t, err, os.ErrClosed)
 	require.ErrorIs(t, c.Signal(), os.ErrClosed)
-	require.ErrorIs(t, AddSource(c, &RingSource{}), os.ErrClosed)
+	require.ErrorIs(t, c.Driver().AddSource(&RingSource{}), os.ErrClosed)
 }

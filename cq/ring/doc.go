@@ -19,7 +19,12 @@
 //     no call per entry. A layout whose fields are byte-aligned is read by
 //     a loop compiled for the CQ's format and the fields' widths, chosen
 //     once (fast.go); any other by a generic loop.
-//   - Source, AddSource, Bind, Unbind, Interrupt: how a driver attaches a
-//     ring to a CQ (once per batch, never per entry), records the device
-//     queues bound to it, and wires its interrupts to the CQ's eventfd.
+//   - QueueSource: the cq.Source of a NIC driver's queue that reads its
+//     own ring.
+//
+// RingSource and QueueSource implement cq.Source, the interface package
+// cq declares for its sources; a driver attaches one with the CQ's
+// Driver().AddSource (once per batch, never per entry, the CQ calls it),
+// records the device queues bound to it (Driver().Bind) and wires its
+// interrupts to the CQ's eventfd (Driver().Interrupt).
 package ring

@@ -20,7 +20,7 @@ func TestDescriptorDoneRingThroughCQ(t *testing.T) {
 	c, err := cq.New(cq.Attr{Size: 8, Format: cq.FormatMsg}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	tab, err := NewTable(8, 3) // id bits == slot bits: ids are positions
 	require.NoError(t, err)
 	require.NoError(t, src.BindTable(0, tab))
@@ -62,7 +62,7 @@ func TestPackedRingThroughCQ(t *testing.T) {
 	c, err := cq.New(cq.Attr{Size: 16, Format: cq.FormatMsg}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	tab, err := NewTable(16, 16)
 	require.NoError(t, err)
 	require.NoError(t, src.BindTable(0, tab))

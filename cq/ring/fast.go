@@ -269,7 +269,7 @@ func (fp *fastPath) setFormat(f cq.Format) {
 	fp.run = loops[fp.sel]
 }
 
-// Poll implements Source. A Read (no addrs) on a source with a fast path,
+// Poll implements cq.Source. A Read (no addrs) on a source with a fast path,
 // when no error entry is staged and the ring did not overrun, is the fast
 // path, in this function so that it costs no call more; the rest is
 // pollOther. The fast path moves up to len(ents) completions into ents as
@@ -280,7 +280,7 @@ func (fp *fastPath) setFormat(f cq.Format) {
 // The per-entry loop (readPhaseRun) runs over segments of ents that end at
 // the end of the ring, so that it has no wrap test; this loop wraps the
 // ring.
-func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
+func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.SourceState) {
 	fp, r := q.fast, q.ring
 	if fp == nil || len(ents) == 0 || addrs != nil || q.staged || q.overrun {
 		return q.pollOther(ents, addrs)
@@ -346,7 +346,7 @@ func (q *RingSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 		if len(q.dirty) != 0 {
 			q.flushDirty()
 		}
-		return n, StateOK // nothing is staged and the ring did not overrun (above)
+		return n, cq.SourceOK // nothing is staged and the ring did not overrun (above)
 	}
 	fp.cur.leave(q)
 	return q.endBatch(n, why == runStopped, fp.tabs)

@@ -141,7 +141,7 @@ func newDiffSide(t *testing.T, l Layout, codes Codes, attr cq.Attr, generic bool
 	attr.Size = l.Entries
 	c, err := cq.New(attr, cq.Limits{MaxSize: 1 << 16})
 	require.NoError(t, err)
-	require.NoError(t, AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	t.Cleanup(func() { _ = c.Close() })
 	return &diffSide{c: c, src: src, dev: &fakeDev{mem: mem[4096:], l: l}, tabs: map[uint32]*Table{}, cons: cons, over: over, prod: regs.Producer}
 }
@@ -810,7 +810,7 @@ func BenchmarkReadTwoQueues(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	if err := AddSource(c, src); err != nil {
+	if err := c.Driver().AddSource(src); err != nil {
 		b.Fatal(err)
 	}
 	var tabs [2]*Table

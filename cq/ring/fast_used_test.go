@@ -46,7 +46,7 @@ func newUsedSide(t *testing.T, n int, f cq.Format, generic bool) *usedSide {
 	}
 	c, err := cq.New(cq.Attr{Size: n, Format: f}, cq.Limits{MaxSize: 1 << 16})
 	require.NoError(t, err)
-	require.NoError(t, AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	t.Cleanup(func() { _ = c.Close() })
 	tab, err := NewTable(n, 16)
 	require.NoError(t, err)

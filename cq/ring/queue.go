@@ -17,11 +17,11 @@ type QueueReader interface {
 	ReadBatch(qs *QueueSource, ents []cq.Entry, bad *Completion) (n int, refused bool)
 	// Pending counts, up to max, the entries ready (a refused one counts).
 	Pending(max int) int
-	// Arm asks for the queue's interrupt (Source.Arm).
+	// Arm asks for the queue's interrupt (cq.Source.Arm).
 	Arm(solicitedOnly bool, threshold int) error
-	// StrError describes a device status value (Source.StrError).
-	StrError(provErrno int, errData []byte) (string, bool)
-	// Unbind gives the queue its own completions back (Source.Close).
+	// StrError describes a device status value (cq.Source.StrError).
+	StrError(provErrno cq.ProvErrno, errData []byte) (string, bool)
+	// Unbind gives the queue its own completions back (cq.Source.Close).
 	Unbind() error
 }
 
@@ -48,7 +48,7 @@ type QueueSource struct {
 	closed bool
 }
 
-var _ Source = (*QueueSource)(nil)
+var _ cq.Source = (*QueueSource)(nil)
 
 // NewQueueSource makes the Source of a driver's queue named name, whose
 // completions report queue as cq.Entry.Queue.
@@ -62,7 +62,7 @@ func (s *QueueSource) Store(e *cq.Entry, c *Completion) {
 	*e = cq.Entry{Context: c.Context, Flags: c.Flags & s.mFlags, Len: c.Len & s.mLen, Buf: c.Buf & s.mBuf, Queue: s.queue}
 }
 
-// Attach implements Source.
+// Attach implements cq.Source.
 func (s *QueueSource) Attach(f cq.Format) error {
 	if s.attached {
 		return fmt.Errorf("%w: queue %s already feeds a CQ", cq.ErrInvalid, s.name)
@@ -77,14 +77,14 @@ func (s *QueueSource) Attach(f cq.Format) error {
 	return nil
 }
 
-// Poll implements Source: successful completions up to the first refused
+// Poll implements cq.Source: successful completions up to the first refused
 // entry, which is staged for ReadErr.
-func (s *QueueSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
+func (s *QueueSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, cq.SourceState) {
 	if len(ents) == 0 && !s.held {
 		s.peek() // a probe: stage an error entry at the head
 	}
 	if s.staged {
-		return 0, StateError
+		return 0, cq.SourceError
 	}
 	n := 0
 	if s.held && len(ents) > 0 {
@@ -103,9 +103,9 @@ func (s *QueueSource) Poll(ents []cq.Entry, addrs []cq.Addr) (int, State) {
 		addrs[i] = cq.AddrNotAvail
 	}
 	if s.staged {
-		return n, StateError
+		return n, cq.SourceError
 	}
-	return n, StateOK
+	return n, cq.SourceOK
 }
 
 // stage makes the refused completion in s.bad the pending error entry,
@@ -132,7 +132,7 @@ func (s *QueueSource) peek() {
 	}
 }
 
-// Pending implements Source.
+// Pending implements cq.Source.
 func (s *QueueSource) Pending(max int) int {
 	n := 0
 	if s.staged || s.held {
@@ -144,7 +144,7 @@ func (s *QueueSource) Pending(max int) int {
 	return min(n, max)
 }
 
-// ReadErr implements Source. When nothing is staged it reads one entry: an
+// ReadErr implements cq.Source. When nothing is staged it reads one entry: an
 // error is returned, a success is kept for the next Poll.
 func (s *QueueSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	if !s.held {
@@ -160,17 +160,17 @@ func (s *QueueSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	return nil, true
 }
 
-// Arm implements Source.
+// Arm implements cq.Source.
 func (s *QueueSource) Arm(solicitedOnly bool, threshold int) error {
 	return s.r.Arm(solicitedOnly, threshold)
 }
 
-// StrError implements Source.
-func (s *QueueSource) StrError(provErrno int, errData []byte) (string, bool) {
+// StrError implements cq.Source.
+func (s *QueueSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	return s.r.StrError(provErrno, errData)
 }
 
-// Close implements Source: the queue reads its own completions again.
+// Close implements cq.Source: the queue reads its own completions again.
 func (s *QueueSource) Close() error {
 	if s.closed {
 		return nil

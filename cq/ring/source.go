@@ -3,64 +3,12 @@ package ring
 import (
 	"fmt"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/internal/provider"
 	"io"
 	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 )
-
-// State is what a source reports after a poll.
-type State = provider.State
-
-// Source states.
-const (
-	// StateOK: the batch ended because the caller's buffer is full or no
-	// further entry is available.
-	StateOK = provider.StateOK
-	// StateError: an error completion waits at the head; ReadErr takes it.
-	StateError = provider.StateError
-	// StateOverrun: the device overran the ring and every valid entry has
-	// been read.
-	StateOverrun = provider.StateOverrun
-)
-
-// Source is one device completion ring feeding a CQ. The CQ calls it once
-// per batch, never per entry, and serialises the calls (one goroutine at a
-// time, under the CQ's lock). A driver normally uses RingSource; the
-// interface lets a layer with its own ring bookkeeping plug in. AddSource
-// attaches one to a CQ.
-type Source interface {
-	// Attach tells the source the format of the CQ it joins. It is called
-	// once, by CQ.AddSource.
-	Attach(f cq.Format) error
-	// Poll moves up to len(ents) successful completions into ents (and
-	// their source addresses into addrs when addrs is not nil), stopping
-	// before an error entry, and publishes the consumer index once.
-	// With no ents it consumes nothing but reports an error entry at the
-	// head (StateError) or an overrun (StateOverrun).
-	Poll(ents []cq.Entry, addrs []cq.Addr) (int, State)
-	// Pending counts the entries ready to be polled, up to max, without
-	// consuming them. An error entry counts; an overrun counts as max.
-	Pending(max int) int
-	// ReadErr takes the error completion at the head into e (all fields
-	// but ErrData) and returns its error data, which stays valid until the
-	// next Poll or ReadErr. ok is false when the head is not an error.
-	ReadErr(e *cq.ErrEntry) (data []byte, ok bool)
-	// Arm asks the device to interrupt when threshold entries are queued
-	// (solicitedOnly: only for solicited or error completions). One
-	// interrupt per Arm; arming again before it fires has no more effect.
-	// Threshold 0 asks for the next entry beyond those the ring holds now
-	// (verbs' ibv_req_notify_cq: entries present at the arm raise no
-	// interrupt).
-	Arm(solicitedOnly bool, threshold int) error
-	// StrError describes a provider error number (and error data) that this
-	// source produced; ok is false when it does not know the number.
-	StrError(provErrno int, errData []byte) (s string, ok bool)
-	// Close releases the ring; the CQ calls it from Close.
-	Close() error
-}
 
 // Notifier arms a device's completion interrupt, the device-specific part
 // of blocking: mlx5 writes an arm doorbell with the consumer index, virtio
@@ -284,7 +232,7 @@ func (q *RingSource) UnbindTable(queue uint32) {
 	q.tables.Store(&tabs)
 }
 
-// Attach implements Source.
+// Attach implements cq.Source.
 func (q *RingSource) Attach(f cq.Format) error {
 	if q == nil {
 		return fmt.Errorf("%w: nil ring source", cq.ErrInvalid)
@@ -311,7 +259,7 @@ func (q *RingSource) Attach(f cq.Format) error {
 // pollOther is Poll for all but a Read on the fast path: a probe (no
 // entries), ReadFrom (addrs), a source without a fast path, and a source
 // with an error entry staged or a ring overrun.
-func (q *RingSource) pollOther(ents []cq.Entry, addrs []cq.Addr) (int, State) {
+func (q *RingSource) pollOther(ents []cq.Entry, addrs []cq.Addr) (int, cq.SourceState) {
 	if len(ents) == 0 {
 		// A probe: stage an error entry at the head and notice an
 		// overrun, consuming nothing else (errOnly stores no entry, so
@@ -337,7 +285,7 @@ type Completion struct {
 	// Context, Flags and Buf are set when the entry named an outstanding
 	// operation, which is then complete.
 	Err  cq.Errno
-	Prov int
+	Prov cq.ProvErrno
 	// OLen is the number of bytes the device reported beyond the posted
 	// buffer, for a status that says so.
 	OLen int
@@ -471,7 +419,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	case !sc.known:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadStatus
 	case sc.err != 0:
-		c.Err, c.Prov = sc.err, int(status)
+		c.Err, c.Prov = sc.err, cq.ProvErrno(status)
 		if ln > s.len {
 			c.OLen = int(ln - s.len)
 		}
@@ -537,12 +485,12 @@ var decodeHook func(pos uint32)
 // poll reads one batch with the generic loop, through take. With errOnly
 // it consumes nothing but an error entry at the head (for ReadErr and a
 // Read of zero entries).
-func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, State) {
+func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, cq.SourceState) {
 	if q.staged {
-		return 0, StateError
+		return 0, cq.SourceError
 	}
 	if q.overrun {
-		return 0, StateOverrun
+		return 0, cq.SourceOverrun
 	}
 	tabs := *q.tables.Load()
 	n, stopped := 0, false
@@ -589,7 +537,7 @@ func (q *RingSource) store(e *cq.Entry, c *Completion) {
 // head from its own read (an error is staged, a hole consumed, a good
 // entry left for the next batch); then the overrun check, one doorbell
 // and the release of freed ids.
-func (q *RingSource) endBatch(n int, stopped bool, tabs []*Table) (int, State) {
+func (q *RingSource) endBatch(n int, stopped bool, tabs []*Table) (int, cq.SourceState) {
 	if stopped {
 		var c Completion
 		if q.take(tabs, &c, false) && c.Err != 0 {
@@ -604,15 +552,15 @@ func (q *RingSource) endBatch(n int, stopped bool, tabs []*Table) (int, State) {
 
 // finishBatch rings the doorbell once, publishes the released ids and
 // says how the batch ended.
-func (q *RingSource) finishBatch(n int) (int, State) {
+func (q *RingSource) finishBatch(n int) (int, cq.SourceState) {
 	q.Publish()
 	switch {
 	case q.staged:
-		return n, StateError
+		return n, cq.SourceError
 	case q.overrun && n == 0:
-		return 0, StateOverrun
+		return 0, cq.SourceOverrun
 	}
-	return n, StateOK
+	return n, cq.SourceOK
 }
 
 func (q *RingSource) markDirty(t *Table) {
@@ -670,7 +618,7 @@ func (q *RingSource) stage(c *Completion) {
 	q.staged = true
 }
 
-// Pending implements Source.
+// Pending implements cq.Source.
 func (q *RingSource) Pending(max int) int {
 	if q.staged {
 		return 1 + q.ring.pending(max-1)
@@ -688,7 +636,7 @@ func (q *RingSource) Pending(max int) int {
 	return n
 }
 
-// ReadErr implements Source.
+// ReadErr implements cq.Source.
 func (q *RingSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	if !q.staged {
 		// errOnly stops before an entry is stored, so scratch stays
@@ -705,7 +653,7 @@ func (q *RingSource) ReadErr(e *cq.ErrEntry) ([]byte, bool) {
 	return q.errData[:q.errLen], true
 }
 
-// Arm implements Source.
+// Arm implements cq.Source.
 func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
 	if q.notifier == nil {
 		return nil
@@ -719,9 +667,9 @@ func (q *RingSource) Arm(solicitedOnly bool, threshold int) error {
 	return q.notifier.Arm(q.ring.count, solicitedOnly, threshold)
 }
 
-// StrError implements Source: the device's status names, with the vendor
+// StrError implements cq.Source: the device's status names, with the vendor
 // syndrome taken from the raw entry in errData.
-func (q *RingSource) StrError(provErrno int, errData []byte) (string, bool) {
+func (q *RingSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	if provErrno < 0 {
 		return "", false
 	}
@@ -736,7 +684,7 @@ func (q *RingSource) StrError(provErrno int, errData []byte) (string, bool) {
 	return msg, true
 }
 
-// Close implements Source.
+// Close implements cq.Source.
 func (q *RingSource) Close() error {
 	if q.closed {
 		return nil

@@ -51,7 +51,7 @@ func (a *armRecorder) Arm(consumed uint32, _ bool, threshold int) error {
 }
 
 func (a *armRecorder) fireLocked() error {
-	if !a.armed || Interrupt(a.h.c) == nil || a.h.dev.prod-a.cons < a.thr {
+	if !a.armed || a.h.c.Driver().Interrupt() == nil || a.h.dev.prod-a.cons < a.thr {
 		return nil
 	}
 	a.armed = false
@@ -60,7 +60,7 @@ func (a *armRecorder) fireLocked() error {
 		a.lose--
 		return nil
 	}
-	return Interrupt(a.h.c).Add(1)
+	return a.h.c.Driver().Interrupt().Add(1)
 }
 
 // produce writes an entry from the device side and raises the interrupt if
@@ -91,7 +91,7 @@ func newHarness(t testing.TB, attr cq.Attr, entries, tableSize int) *harness {
 	attr.Size = entries
 	c, err := cq.New(attr, cq.Limits{MaxSize: 1 << 16, DefaultFormat: cq.FormatTagged})
 	require.NoError(t, err)
-	require.NoError(t, AddSource(c, src))
+	require.NoError(t, c.Driver().AddSource(src))
 	newTable := NewTable
 	if attr.SingleThreaded {
 		newTable = NewSingleThreadedTable
@@ -152,7 +152,7 @@ func TestSourceRefusesBadEntries(t *testing.T) {
 	type tc struct {
 		name     string
 		entry    func(h *harness, id uint32) rawEntry
-		prov     int
+		prov     cq.ProvErrno
 		context  bool // the error carries the posted context (slot released)
 		posted   int  // outstanding after the error
 		errnoVal cq.Errno
@@ -263,7 +263,7 @@ func TestReadErrData(t *testing.T) {
 	require.Equal(t, cq.ETRUNC, ee.Err)
 	require.Equal(t, 12, ee.OLen, "olen = reported - posted")
 	require.Equal(t, 8, ee.Len)
-	require.Equal(t, 1, ee.ProvErrno)
+	require.Equal(t, cq.ProvErrno(1), ee.ProvErrno)
 
 	var held cq.ErrEntry
 	require.NoError(t, h.c.ReadErr(&held))
@@ -424,13 +424,13 @@ func TestAddSourceNil(t *testing.T) {
 	c, err := cq.New(cq.Attr{}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close()
-	err = AddSource(c, nil)
+	err = c.Driver().AddSource(nil)
 	require.ErrorIs(t, err, cq.ErrInvalid)
 	// The message names what is missing, not the CQ's fields.
 	require.Equal(t, cq.ErrInvalid.Error()+": AddSource: nil source", err.Error())
 	_, err = c.Read(make([]cq.Entry, 1))
 	require.ErrorIs(t, err, cq.ErrAgain, "the CQ is unchanged")
-	err = AddSource(nil, &RingSource{})
+	err = (*cq.CQ)(nil).Driver().AddSource(&RingSource{})
 	require.ErrorIs(t, err, cq.ErrInvalid)
 	require.Equal(t, cq.ErrInvalid.Error()+": AddSource: nil CQ", err.Error())
 }

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"errors"
 	"fmt"
 	"github.com/vfnic/vfnic/cq"
 	"math/bits"
@@ -338,3 +339,6 @@ func (t *Table) EachID(f func(id uint32, ctx any)) {
 		}
 	}
 }
+
+// ErrFull means a posted-operation table has no free slot.
+var ErrFull = errors.New("cq/ring: no free slot for a posted operation")

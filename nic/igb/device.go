@@ -10,11 +10,12 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
-	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/owner"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
@@ -45,7 +46,7 @@ type Config struct {
 	Moderation time.Duration
 	// LongFrames accepts frames longer than a receive buffer (RLPML up
 	// to 16383 bytes). This driver does not reassemble them: each buffer
-	// of such a frame completes with ErrMultiBuffer (cq.ETRUNC). Off, the
+	// of such a frame completes with cq.ProvMultiBuffer (cq.ETRUNC). Off, the
 	// device takes frames of up to MTU + nic.FrameOverhead bytes (1522: a
 	// full-size frame with two VLAN tags, as Linux igb) and drops longer
 	// ones.
@@ -89,7 +90,7 @@ func (m mmio) write(off, v uint32)    { _ = m.w.Write32(uintptr(off), v) }
 
 // Device is an igb NIC driven through VFIO (nic.Device).
 type Device struct {
-	own *nic.Owner // the hold on the PCI device: its driver, giving it back
+	own *owner.Owner // the hold on the PCI device: its driver, giving it back
 
 	name  string
 	mac   *mac
@@ -162,7 +163,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("igb: open %s: %w", name, err)
 	}
-	own, err := nic.TakeDevice(ctx, "igb", a, cfg.Config)
+	own, err := owner.TakeDevice(ctx, "igb", a, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -649,9 +650,10 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if err != nil {
 		return 0, err
 	}
-	q.name, q.index, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.Name, q.Pair, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.NoIRQHint = " (NoQueueInterrupts: read it by polling)"
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
-	q.vector, q.vdev = vec, d.vdev
+	q.Vector, q.VDev = vec, d.vdev
 	if vec < 0 {
 		return mem.IOVA, nil // polling only: no vector, no eventfd
 	}
@@ -664,7 +666,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if q.eicr, err = d.win.Reg32(regEICR); err != nil {
 		return 0, err
 	}
-	q.vbit, q.efd = 1<<vec, d.efds[vec]
+	q.vbit, q.EFD = 1<<vec, d.efds[vec]
 	if d.vmode == perPair {
 		// The pair's receive queue is made first and makes the vector
 		// both share.
@@ -672,8 +674,9 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 		if tx {
 			q.slot, q.shared = slotTx, d.rx[i].shared
 		} else {
-			q.shared = &sharedVec{bit: q.vbit, efd: q.efd, eims: q.eims, eimc: q.eimc, eicr: q.eicr}
+			q.shared = &sharedVec{bit: q.vbit, efd: q.EFD, eims: q.eims, eimc: q.eimc, eicr: q.eicr}
 		}
+		q.OnTook = q.tookShared
 	}
 	if tx {
 		q.silent = make([]bool, n)
@@ -787,12 +790,12 @@ func (d *Device) Tx(i int) (nic.TxQueue, error) {
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
-	return nic.QueueAt(d.rx, i, d.name, "receive")
+	return qcore.QueueAt(d.rx, i, d.name, "receive")
 }
 
 // TxQueue returns transmit queue i as its concrete type.
 func (d *Device) TxQueue(i int) (*TxQueue, error) {
-	return nic.QueueAt(d.tx, i, d.name, "transmit")
+	return qcore.QueueAt(d.tx, i, d.name, "transmit")
 }
 
 // Link implements nic.Device: STATUS.LU, FD and SPEED.
@@ -901,7 +904,7 @@ func (d *Device) Stats() nic.Stats {
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
 		return err
 	}
 	var qs []*queue
@@ -912,34 +915,34 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 		qs = append(qs, &d.tx[i].queue)
 	}
 	for _, q := range qs {
-		q.mu.Lock()
-		bound := q.src != nil
-		q.mu.Unlock()
+		q.Mu.Lock()
+		bound := q.Src != nil
+		q.Mu.Unlock()
 		if bound {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.name)
+			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.Name)
 		}
 	}
 	if d.vmode == perPair && len(qs) == 1 {
 		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
-			nic.ErrNotSupported, d.name, i, i, qs[0].vector)
+			nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
 	}
 	for _, q := range qs {
 		s := &cqSource{q: q, dev: d}
-		if err := cqring.Bind(c); err != nil {
+		if err := c.Driver().Bind(); err != nil {
 			return err
 		}
-		if err := cqring.AddSource(c, s.source()); err != nil {
-			cqring.Unbind(c)
+		if err := c.Driver().AddSource(s.source()); err != nil {
+			c.Driver().Unbind()
 			return err
 		}
 		d.bound = append(d.bound, c)
-		s.irq = cqring.Interrupt(c)
-		q.mu.Lock()
-		q.src = s
+		s.irq = c.Driver().Interrupt()
+		q.Mu.Lock()
+		q.Src = s
 		q.disarm()
-		q.mu.Unlock()
-		if efd := s.irq; efd != nil && q.vector >= 0 {
-			if err := d.wire(q.vector, efd.Fd()); err != nil {
+		q.Mu.Unlock()
+		if efd := s.irq; efd != nil && q.Vector >= 0 {
+			if err := d.wire(q.Vector, efd.Fd()); err != nil {
 				return err
 			}
 		}
@@ -952,32 +955,32 @@ func (d *Device) unbind(s *cqSource) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q := s.q
-	q.mu.Lock()
-	if q.src == s {
-		q.src = nil
+	q.Mu.Lock()
+	if q.Src == s {
+		q.Src = nil
 		// Flushed completions the CQ did not read go with it (a closed
 		// CQ loses what it held).
 		q.flushed.Drop()
 	}
-	q.mu.Unlock()
-	if d.closed || q.vector < 0 || q.efd == nil {
+	q.Mu.Unlock()
+	if d.closed || q.Vector < 0 || q.EFD == nil {
 		return nil
 	}
 	if q.shared != nil {
 		// The vector goes back to the pair's eventfd once neither
 		// queue feeds the CQ any more.
-		other := &d.tx[q.index].queue
+		other := &d.tx[q.Pair].queue
 		if !q.rx {
-			other = &d.rx[q.index].queue
+			other = &d.rx[q.Pair].queue
 		}
-		other.mu.Lock()
-		stillBound := other.src != nil
-		other.mu.Unlock()
+		other.Mu.Lock()
+		stillBound := other.Src != nil
+		other.Mu.Unlock()
 		if stillBound {
 			return nil
 		}
 	}
-	return d.wire(q.vector, q.efd.Fd())
+	return d.wire(q.Vector, q.EFD.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one call
@@ -1063,7 +1066,7 @@ func (d *Device) teardown(why error) error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		cqring.Unbind(c)
+		c.Driver().Unbind()
 	}
 	d.bound = nil
 	return errors.Join(errs...)

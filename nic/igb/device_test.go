@@ -309,5 +309,5 @@ func TestMatch(t *testing.T) {
 		got := c.vendor == intelVendorID && m != nil && m.tested
 		require.Equal(t, c.ok, got, fmt.Sprintf("%04x:%04x", c.vendor, c.device))
 	}
-	require.True(t, errors.Is(errBadLen, nic.ErrBadLen))
+	require.True(t, errors.Is(errBadLen, cq.ProvBadLen))
 }

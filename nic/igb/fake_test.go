@@ -144,7 +144,7 @@ func (n *fakeNIC) buf(q *queue, iova uint64) []byte {
 		p = q.bufs.Pool
 	}
 	i, err := p.Index(iova)
-	require.NoError(n.t, err, "descriptor address %#x is not a buffer of %s", iova, q.name)
+	require.NoError(n.t, err, "descriptor address %#x is not a buffer of %s", iova, q.Name)
 	return p.Buf(i)
 }
 

@@ -221,8 +221,8 @@ func TestUnboundBeforeCloseFlushesNothing(t *testing.T) {
 		rx, tx := d.rx[0], d.tx[0]
 		fill(t, rx)
 		require.NoError(t, tx.Send(frameOf(1, 64), nil))
-		require.NoError(t, rx.src.Unbind()) // what the CQ's Close does
-		require.NoError(t, tx.src.Unbind())
+		require.NoError(t, rx.Src.Unbind()) // what the CQ's Close does
+		require.NoError(t, tx.Src.Unbind())
 		require.NoError(t, d.close(why))
 		_, err := c.Read(make([]cq.Entry, 4))
 		require.ErrorIs(t, err, cq.ErrAgain, "%v: nothing in the CQ", why)

@@ -25,12 +25,12 @@ func TestMisbehaveLengthBeyondBuffer(t *testing.T) {
 	out := make([]nic.Completion, 8)
 	n := rx.Poll(out)
 	require.Equal(t, 1, n, "an error completion ends the batch")
-	require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+	require.ErrorIs(t, out[0].Err, cq.ProvBadLen)
 	require.Nil(t, out[0].Data)
 	require.Equal(t, 0, out[0].Context)
 	n = rx.Poll(out)
 	require.Equal(t, 1, n)
-	require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+	require.ErrorIs(t, out[0].Err, cq.ProvBadLen)
 	n = rx.Poll(out)
 	require.Equal(t, 1, n)
 	require.NoError(t, out[0].Err)
@@ -56,7 +56,7 @@ func TestMisbehaveNeverPosted(t *testing.T) {
 	require.Equal(t, 3, n)
 	require.NoError(t, out[0].Err)
 	require.NoError(t, out[1].Err)
-	require.ErrorIs(t, out[2].Err, nic.ErrBadID)
+	require.ErrorIs(t, out[2].Err, cq.ProvBadID)
 	require.Nil(t, out[2].Context)
 	require.Zero(t, rx.Poll(out), "a broken queue reads nothing")
 	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
@@ -73,7 +73,7 @@ func TestMisbehaveNeverPosted(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.NoError(t, out[0].Err)
 	require.Equal(t, 0, out[0].Context)
-	require.ErrorIs(t, out[1].Err, nic.ErrBadID)
+	require.ErrorIs(t, out[1].Err, cq.ProvBadID)
 	require.ErrorIs(t, tx.Send(frameOf(1, 60), 1), nic.ErrBroken)
 }
 
@@ -86,7 +86,7 @@ func TestMisbehaveHole(t *testing.T) {
 	out := make([]nic.Completion, 8)
 	n := rx.Poll(out)
 	require.Equal(t, 1, n)
-	require.ErrorIs(t, out[0].Err, nic.ErrBadPhase)
+	require.ErrorIs(t, out[0].Err, cq.ProvBadPhase)
 	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
 }
 
@@ -109,7 +109,7 @@ func TestMisbehaveNoEOP(t *testing.T) {
 	}
 	require.Len(t, got, 4)
 	for i := 0; i < 3; i++ {
-		require.ErrorIs(t, got[i].Err, nic.ErrMultiBuffer, "part %d", i)
+		require.ErrorIs(t, got[i].Err, cq.ProvMultiBuffer, "part %d", i)
 		require.Equal(t, i, got[i].Context)
 		require.Nil(t, got[i].Data)
 	}
@@ -120,7 +120,7 @@ func TestMisbehaveNoEOP(t *testing.T) {
 }
 
 // A write-back shorter than an Ethernet header (nic.MinFrame) is refused
-// with nic.ErrBadLen (cq.ProvBadLen, as virtio refuses it), through Poll
+// with cq.ProvBadLen (cq.ProvBadLen, as virtio refuses it), through Poll
 // and through a bound CQ alike: the context comes back, the buffer goes
 // back to the pool, and the queue keeps working.
 func TestMisbehaveShortFrame(t *testing.T) {
@@ -157,7 +157,7 @@ func TestMisbehaveShortFrame(t *testing.T) {
 			}
 			out := make([]nic.Completion, 4)
 			require.Equal(t, 1, rx.Poll(out), "an error completion ends the batch")
-			require.ErrorIs(t, out[0].Err, nic.ErrBadLen)
+			require.ErrorIs(t, out[0].Err, cq.ProvBadLen)
 			require.Equal(t, w.ctx, out[0].Context)
 			require.Equal(t, w.len, out[0].Len)
 			require.Nil(t, out[0].Data)

@@ -115,9 +115,9 @@ func (m rxMeta) decode(rss bool) RxOffload {
 // Offload returns what the device reported about the received frame at
 // buf (a completion's Buf), while the frame is lent to the caller.
 func (q *RxQueue) Offload(buf uintptr) (RxOffload, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return RxOffload{}, errClosed
 	}
 	b, err := q.bufs.Lent(buf)

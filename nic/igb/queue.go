@@ -1,7 +1,6 @@
 package igb
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -16,9 +15,8 @@ import (
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/canceled"
-	"github.com/vfnic/vfnic/nic/internal/irq"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
-	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path, prepared once so returning them does
@@ -29,11 +27,11 @@ var (
 	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 	errClosed    = nic.ErrClosed
 
-	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", nic.ErrBadID)
-	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", nic.ErrBadLen)
-	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", nic.ErrBadPhase)
-	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", nic.ErrMultiBuffer)
-	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write", nic.ErrDeviceFailed)
+	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", cq.ProvBadID)
+	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", cq.ProvBadLen)
+	errBadPhase    = fmt.Errorf("%w: igb: descriptor without DD before one with DD (queue broken)", cq.ProvBadPhase)
+	errMultiBuffer = fmt.Errorf("%w: igb: descriptor without EOP, or the rest of such a frame", cq.ProvMultiBuffer)
+	errBadStatus   = fmt.Errorf("%w: igb: write-back status the device may not write (%w)", cq.ProvBadStatus, nic.ErrDeviceFailed)
 	errRxError     = fmt.Errorf("%w: igb: write-back with RXE (a frame received in error, which the driver does not ask the device to store)", nic.ErrDeviceStatus)
 )
 
@@ -42,25 +40,23 @@ var (
 // of it is guarded by mu, whichever way the queue is read (Poll, or the
 // CQ it feeds).
 type queue struct {
-	mu    sync.Mutex
-	name  string
-	index int    // queue pair
-	qnum  uint32 // 2*index for receive, 2*index+1 for transmit (cq.Entry.Queue)
-	rx    bool
-	n     uint32
-	desc  []byte // n descriptors in DMA memory
-	r     *ring
-	tail  uint32 // position of the next descriptor to post
-	out   int    // descriptors posted and not yet completed
-	db    *doorbell.Doorbell
+	// Core: the lock, closed state, the CQ fed (Src), name, pair index,
+	// vector, interrupt eventfd and counters.
+	qcore.Core[cqSource]
+
+	qnum uint32 // 2*index for receive, 2*index+1 for transmit (cq.Entry.Queue)
+	rx   bool
+	n    uint32
+	desc []byte // n descriptors in DMA memory
+	r    *ring
+	tail uint32 // position of the next descriptor to post
+	out  int    // descriptors posted and not yet completed
+	db   *doorbell.Doorbell
 
 	eims, eimc doorbell.Reg32 // interrupt unmask/mask, zero when no vector
 	eicr       doorbell.Reg32 // interrupt causes (write 1 to clear)
 	vbit       uint32         // the vector's bit in EIMS/EIMC
-	vector     int            // MSI-X vector, -1 for none
-	vdev       *vfio.Device   // the device's, to steer the vector; nil without vfio
 	armed      bool
-	efd        *eventfd.FD
 	// shared is the vector the queue shares with the other queue of its
 	// pair (nil when it has one of its own or none); slot is its bit in
 	// shared.armed.
@@ -83,23 +79,10 @@ type queue struct {
 	ctxs    [2]txContext // what the device's contexts 0 and 1 hold (zero, which no frame matches, until written)
 	ctxNext uint8        // the context the next new one replaces
 
-	closed, broken bool
-	closeErr       error     // why the queue closed, once closed
-	src            *cqSource // set while the queue feeds a user CQ
+	broken bool
 	// flushed are the operations outstanding when the queue closed while
 	// it fed a CQ, which reads each as a flushed error completion.
 	flushed canceled.List
-
-	packets, bytes, errs, interrupts atomic.Uint64
-	notifies                         atomic.Uint64
-}
-
-// Index implements nic.Queue.
-func (q *queue) Index() int { return q.index }
-
-// SteerInterrupt implements nic.InterruptSteerer.
-func (q *queue) SteerInterrupt(cpu int) error {
-	return irq.Steer(q.vdev, q.vector, cpu, q.name)
 }
 
 // Size implements nic.Queue.
@@ -107,16 +90,16 @@ func (q *queue) Size() int { return int(q.n) }
 
 // Outstanding implements nic.Queue.
 func (q *queue) Outstanding() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	return q.out - q.ctxOut
 }
 
 // usable returns why the queue cannot take an operation. Called locked.
 func (q *queue) usable() error {
 	switch {
-	case q.closed:
-		return q.closeErr
+	case q.Closed:
+		return q.CloseErr
 	case q.broken:
 		return nic.ErrBroken
 	}
@@ -131,24 +114,24 @@ func (q *queue) room() bool { return q.out < int(q.n)-1 }
 // doorbell skips an unchanged value and orders the descriptor stores
 // before it).
 func (q *queue) Flush() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
 	before := q.db.Rings()
 	q.db.Ring(q.tail)
 	if q.db.Rings() != before {
-		q.notifies.Add(1)
+		q.Notifies.Add(1)
 	}
 	return nil
 }
 
 // Ready counts up to max completions written and not yet read.
 func (q *queue) Ready(max int) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed || q.broken || !q.settle() {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed || q.broken || !q.settle() {
 		return 0
 	}
 	return q.r.pending(max)
@@ -264,40 +247,25 @@ func takeUpTo(c *atomic.Uint64, n uint64) uint64 {
 	}
 }
 
-// tookIRQs counts n interrupts taken from the queue's eventfd, and passes
-// them on when the vector is shared.
-func (q *queue) tookIRQs(n uint64) {
-	q.interrupts.Add(n)
-	if q.shared != nil && n > 0 {
-		q.shared.took(q.slot, n)
-	}
-}
+// tookShared passes n interrupts taken from the queue's eventfd on to
+// the other queue of its pair, which shares the vector (Core.OnTook).
+func (q *queue) tookShared(n uint64) { q.shared.took(q.slot, n) }
 
 // Arm implements nic.Queue. The device raises one interrupt per written
 // descriptor (subject to EITR moderation), not per threshold, so the
 // threshold is left to SRead's re-poll.
 func (q *queue) Arm(threshold int) error {
-	if q.efd != nil {
-		// Outside the lock: it may make a system call.
-		var left atomic.Uint64
-		irq.TakeLeft(q.efd, &left)
-		q.tookIRQs(left.Load())
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.TakeLeft()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
-	if q.efd == nil || !q.eims.Valid() {
-		return q.noInterrupt()
+	if q.EFD == nil || !q.eims.Valid() {
+		return q.NoInterrupt()
 	}
 	q.arm()
 	return nil
-}
-
-// noInterrupt is the error of a wait on a queue without a vector.
-func (q *queue) noInterrupt() error {
-	return fmt.Errorf("%w: queue %s has no interrupt (NoQueueInterrupts: read it by polling)", nic.ErrNotSupported, q.name)
 }
 
 // Interrupt implements nic.Queue: nil without a vector
@@ -307,35 +275,7 @@ func (q *queue) noInterrupt() error {
 // interrupt may be for either), from one thread: an lcore.Core that
 // serves both does, while two cores that each serve one could take each
 // other's interrupt.
-func (q *queue) Interrupt() *eventfd.FD { return q.efd }
-
-// WaitInterrupt implements nic.Queue.
-func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	if q.efd == nil {
-		return q.noInterrupt()
-	}
-	q.mu.Lock()
-	bound := q.src != nil
-	q.mu.Unlock()
-	if bound {
-		return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
-	}
-	var took atomic.Uint64
-	err := irq.Wait(ctx, q.efd, deadline, &took)
-	q.tookIRQs(took.Load())
-	if err == nic.ErrClosed {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return cmp.Or(q.closeErr, err)
-	}
-	return err
-}
-
-// Stats implements nic.Queue.
-func (q *queue) Stats() nic.QueueStats {
-	return nic.QueueStats{Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
-		Notifies: q.notifies.Load(), Interrupts: q.interrupts.Load()}
-}
+func (q *queue) Interrupt() *eventfd.FD { return q.EFD }
 
 // close marks the queue closed; later operations return why (nic.ErrClosed,
 // or an error wrapping it and nic.ErrRemoved when the kernel took the
@@ -356,24 +296,24 @@ func (q *queue) Stats() nic.QueueStats {
 // flushed: a flushed completion says the driver cannot report the
 // outcome, not that nothing happened (a frame may have gone out).
 func (q *queue) close(why error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return
 	}
-	q.closed = true
-	q.closeErr = why
+	q.Closed = true
+	q.CloseErr = why
 	if q.rx {
 		q.bufs.RecyclePosted()
 	}
-	if q.src == nil || q.r == nil {
+	if q.Src == nil || q.r == nil {
 		return
 	}
 	q.keepFlushed()
-	if q.flushed.Len() > 0 && q.src.irq != nil {
+	if q.flushed.Len() > 0 && q.Src.irq != nil {
 		// As a last interrupt would: a reader asleep on the CQ wakes to
 		// read them (the device's vectors go quiet now).
-		_ = q.src.irq.Add(1)
+		_ = q.Src.irq.Add(1)
 	}
 }
 
@@ -391,7 +331,7 @@ func (q *queue) keepFlushed() {
 	}
 	for _, ctx := range ctxs {
 		if ctx != any(ctxSlot) {
-			q.flushed.Add(ctx, q.index, cq.ECANCELED)
+			q.flushed.Add(ctx, q.Pair, cq.ECANCELED)
 		}
 	}
 }
@@ -409,7 +349,7 @@ func (q *queue) keepFlushed() {
 // kept. Called locked; the caller ends a batch with finish.
 func (q *queue) next(c *cqring.Completion) bool {
 again:
-	if q.closed || q.broken || !q.settle() || !q.r.src.Next(c) {
+	if q.Closed || q.broken || !q.settle() || !q.r.src.Next(c) {
 		return false
 	}
 	c.Queue = q.qnum
@@ -458,19 +398,15 @@ func (q *queue) finish(n, errs int, bytes uint64) {
 	if n == 0 {
 		return
 	}
-	if q.src == nil {
+	if q.Src == nil {
 		q.disarm()
 	}
-	q.packets.Add(uint64(n - errs))
-	q.bytes.Add(bytes)
-	if errs > 0 {
-		q.errs.Add(uint64(errs))
-	}
+	q.Count(n, errs, bytes)
 }
 
 // errOf maps the code of a refused completion to the nic error it carries
 // (prepared errors: nothing is allocated).
-func errOf(prov int) error {
+func errOf(prov cq.ProvErrno) error {
 	switch prov {
 	case cq.ProvBadID, cq.ProvBadQueue:
 		return errBadID
@@ -495,11 +431,11 @@ func (q *queue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index, Err: errOf(c.Prov)}
+			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair, Err: errOf(c.Prov)}
 			errs++
 			break
 		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
 		if q.rx {
 			o.Buf = c.Buf
 			o.Data = q.bufs.Bytes(c.Buf, c.Len)
@@ -512,15 +448,15 @@ func (q *queue) poll(out []nic.Completion) int {
 
 // Poll implements nic.Queue.
 func (q *queue) Poll(out []nic.Completion) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	switch {
-	case q.closed:
+	case q.Closed:
 		return 0
-	case q.src != nil && len(out) > 0:
+	case q.Src != nil && len(out) > 0:
 		// A bound queue says so, instead of an empty read that looks
 		// like an idle queue.
-		out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+		out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
 		return 1
 	}
 	return q.poll(out)
@@ -528,11 +464,11 @@ func (q *queue) Poll(out []nic.Completion) int {
 
 // SRead implements nic.Queue.
 func (q *queue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	q.mu.Lock()
-	bound := q.src != nil
-	q.mu.Unlock()
+	q.Mu.Lock()
+	bound := q.Src != nil
+	q.Mu.Unlock()
 	if bound {
-		return 0, fmt.Errorf("%w (queue %s)", nic.ErrBound, q.name)
+		return 0, fmt.Errorf("%w (queue %s)", nic.ErrBound, q.Name)
 	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
@@ -544,7 +480,7 @@ func (q *queue) postTail(ctx any, buf uintptr, length int) error {
 	pos, err := q.r.post(ctx, buf, length, q.rx)
 	if err == nil && pos != q.tail {
 		q.broken = true
-		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.name, pos, q.tail)
+		err = fmt.Errorf("%w: igb %s: table position %d, tail %d", nic.ErrBroken, q.Name, pos, q.tail)
 	}
 	return err
 }
@@ -579,8 +515,8 @@ func (q *RxQueue) MaxFrame() int { return int(q.bufLen) }
 
 // PostRecv implements nic.RxQueue.
 func (q *RxQueue) PostRecv(ctx any) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
@@ -599,8 +535,8 @@ func (q *RxQueue) PostRecv(ctx any) error {
 // Buf), for callers that match posts to completions by buffer. The device
 // owns the bytes until the completion is read.
 func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return nil, err
 	}
@@ -633,8 +569,8 @@ func (q *RxQueue) post(b uint32, ctx any) error {
 
 // Repost implements nic.RxQueue.
 func (q *RxQueue) Repost(buf uintptr, ctx any) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
@@ -650,9 +586,9 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 
 // Release implements nic.RxQueue.
 func (q *RxQueue) Release(buf uintptr) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return nic.ErrClosed
 	}
 	return q.bufs.Release(buf)
@@ -660,9 +596,9 @@ func (q *RxQueue) Release(buf uintptr) error {
 
 // Frame implements nic.RxQueue.
 func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return nil, nic.ErrClosed
 	}
 	return q.bufs.Frame(buf, length, int(q.bufLen))
@@ -689,8 +625,8 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
 		return errFrameSize
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}

@@ -17,15 +17,15 @@ import (
 // of the write-back status): DD is always set on an entry the reader
 // takes, so only these two can occur.
 const (
-	rxStatusDone    = rxdStatusDD | rxdStatusEOP
-	rxStatusNoEOP   = rxdStatusDD // frame continues in the next buffer
-	provMultiBuffer = rxStatusNoEOP
+	rxStatusDone                 = rxdStatusDD | rxdStatusEOP
+	rxStatusNoEOP                = rxdStatusDD // frame continues in the next buffer
+	provMultiBuffer cq.ProvErrno = rxStatusNoEOP
 	// provRxError is the provider error number of a frame whose
 	// write-back has RXE (bit 31, the top bit of its error byte, here
 	// over DD|EOP). The Status field does not cover the bit, so no entry
 	// reads as this value: the queue refuses such a frame itself
 	// (queue.next), and rxCodes names the value for StrError.
-	provRxError = rxStatusDone | rxdErrRXE>>24
+	provRxError cq.ProvErrno = rxStatusDone | rxdErrRXE>>24
 )
 
 // rxLayout is the advanced receive descriptor in write-back form
@@ -62,7 +62,7 @@ func txLayout(n int) cqring.Layout {
 var rxCodes = cqring.Codes{Statuses: []cqring.Status{
 	{Value: rxStatusDone, Name: "DD|EOP"},
 	{Value: rxStatusNoEOP, Err: cq.ETRUNC, Name: "DD without EOP (frame spans buffers)"},
-	{Value: provRxError, Err: cq.EIO, Name: "RXE (frame received in error)"},
+	{Value: uint32(provRxError), Err: cq.EIO, Name: "RXE (frame received in error)"},
 }}
 
 // ring is a queue's descriptor ring seen by cq: the validating reader over
@@ -116,7 +116,9 @@ func (r *ring) post(ctx any, buf uintptr, length int, recv bool) (uint32, error)
 func (r *ring) pending(max int) int { return r.src.Pending(max) }
 
 // strError names the device status values of error entries.
-func (r *ring) strError(prov int, data []byte) (string, bool) { return r.src.StrError(prov, data) }
+func (r *ring) strError(prov cq.ProvErrno, data []byte) (string, bool) {
+	return r.src.StrError(prov, data)
+}
 
 // cqSource is an igb queue as the cq.CQ it feeds reads it (BindCQ): the
 // QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
@@ -135,18 +137,18 @@ var _ cqring.QueueReader = (*cqSource)(nil)
 
 // source wraps s for a CQ.
 func (s *cqSource) source() *cqring.QueueSource {
-	return cqring.NewQueueSource(s, s.q.name, s.q.qnum)
+	return cqring.NewQueueSource(s, s.q.Name, s.q.qnum)
 }
 
 // ReadBatch implements cqring.QueueReader.
 func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		// A source unbound before the close has none (they went to
 		// the one bound then, or nowhere).
-		return 0, q.src == s && q.flushed.Next(bad, s.flags())
+		return 0, q.Src == s && q.flushed.Next(bad, s.flags())
 	}
 	n, errs := 0, 0
 	var bytes uint64
@@ -177,10 +179,10 @@ func (s *cqSource) flags() cq.Flags {
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		if q.src != s {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
+		if q.Src != s {
 			return 0
 		}
 		return min(q.flushed.Len(), max)
@@ -197,13 +199,13 @@ func (s *cqSource) Pending(max int) int {
 // is solicited.
 func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
 	if !q.eims.Valid() {
-		return q.noInterrupt()
+		return q.NoInterrupt()
 	}
 	q.arm()
 	return nil
@@ -211,9 +213,9 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 
 // StrError implements cqring.QueueReader: the device's status values, and
 // 0 for a flushed operation.
-func (s *cqSource) StrError(prov int, data []byte) (string, bool) {
+func (s *cqSource) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
 	if prov == 0 {
-		return "igb " + s.q.name + ": " + canceled.Flushed, true
+		return "igb " + s.q.Name + ": " + canceled.Flushed, true
 	}
 	return s.q.r.strError(prov, data)
 }

@@ -151,8 +151,8 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 	if err != nil {
 		return err
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}

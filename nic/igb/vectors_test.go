@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -171,7 +170,7 @@ func TestSharedVectorBindCQ(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	dev.receive(frameOf(1, 64))
-	require.NoError(t, cqring.Interrupt(c).Add(1)) // the vector, wired to the CQ
+	require.NoError(t, c.Driver().Interrupt().Add(1)) // the vector, wired to the CQ
 	require.Equal(t, 1, <-done)
 	require.NoError(t, d.Close())
 }

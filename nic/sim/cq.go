@@ -267,7 +267,7 @@ func (d *Device) OpenCQ(attr cq.Attr) (*cq.CQ, error) {
 	}
 	dc, src, err := d.newDevCQ(c, r, size)
 	if err == nil {
-		err = ring.AddSource(c, src)
+		err = c.Driver().AddSource(src)
 	}
 	if err != nil {
 		_ = c.Close()
@@ -299,7 +299,7 @@ func (d *Device) newDevCQ(c *cq.CQ, r *dma.Region, size int) (*devCQ, *ring.Ring
 	}
 	pw := doorbell.NewWindow(page.Bytes)
 	dc := &devCQ{c: c, region: r, ring: entries.Bytes, win: doorbell.NewWindow(entries.Bytes),
-		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: ring.Interrupt(c)}
+		size: uint32(size), shift: uint(bits.TrailingZeros(uint(size))), irq: c.Driver().Interrupt()}
 	var errs [4]error
 	dc.cons, errs[0] = pw.Reg32(OffCQConsumer)
 	dc.arm, errs[1] = pw.Reg64(OffCQArm)

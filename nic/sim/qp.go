@@ -194,18 +194,18 @@ func (d *Device) NewQP(cfg QPConfig) (*QP, error) {
 	if err := q.setup(); err != nil {
 		return fail(err)
 	}
-	if err := ring.Bind(cfg.SendCQ); err != nil {
+	if err := cfg.SendCQ.Driver().Bind(); err != nil {
 		return fail(err)
 	}
-	if err := ring.Bind(cfg.RecvCQ); err != nil {
-		ring.Unbind(cfg.SendCQ)
+	if err := cfg.RecvCQ.Driver().Bind(); err != nil {
+		cfg.SendCQ.Driver().Unbind()
 		return fail(err)
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		ring.Unbind(cfg.SendCQ)
-		ring.Unbind(cfg.RecvCQ)
+		cfg.SendCQ.Driver().Unbind()
+		cfg.RecvCQ.Driver().Unbind()
 		return nil, ErrClosed
 	}
 	d.qps = append(d.qps, q)
@@ -467,8 +467,8 @@ func (q *QP) Close() error {
 	}
 	err := d.free(q.region)
 	d.mu.Unlock()
-	ring.Unbind(q.sendCQ)
-	ring.Unbind(q.recvCQ)
+	q.sendCQ.Driver().Unbind()
+	q.recvCQ.Driver().Unbind()
 	return err
 }
 

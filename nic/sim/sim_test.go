@@ -224,7 +224,7 @@ func TestSourceAddressAndUnknownDestination(t *testing.T) {
 
 func TestSolicitedArm(t *testing.T) {
 	// The verbs layer's req_notify(solicited_only) reaches the device
-	// through ring.Source.Arm: only a solicited or error completion fires.
+	// through cq.Source.Arm: only a solicited or error completion fires.
 	d := newDev(t)
 	c, err := d.OpenCQ(cq.Attr{WaitObj: cq.WaitFD})
 	require.NoError(t, err)

@@ -87,7 +87,7 @@ func TestFlushOnClose(t *testing.T) {
 		require.NoError(t, c.ReadErr(&ee))
 		require.Equal(t, want, ee.Context)
 		require.Equal(t, cq.ECANCELED, ee.Err)
-		require.Equal(t, int(StatusWRFlushErr), ee.ProvErrno)
+		require.Equal(t, cq.ProvErrno(StatusWRFlushErr), ee.ProvErrno)
 		require.Equal(t, cq.FlagRecv|cq.FlagMsg, ee.Flags)
 	}
 	_, err = c.Read(make([]cq.Entry, 1))

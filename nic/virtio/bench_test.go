@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -61,9 +60,9 @@ func benchBind(b *testing.B, rx *RxQueue) *cq.CQ {
 		b.Fatal(err)
 	}
 	s := &cqSource{dev: &Device{name: "test", closed: true}, rx: rx, q: &rx.queue, qnum: uint32(rx.vq.qidx)}
-	if err := ring.AddSource(c, s.source()); err != nil {
+	if err := c.Driver().AddSource(s.source()); err != nil {
 		b.Fatal(err)
 	}
-	rx.src = s
+	rx.Src = s
 	return c
 }

@@ -4,8 +4,8 @@ import (
 	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // BindCQ implements nic.Device. Entry.Queue is the virtqueue index: 2i
@@ -13,7 +13,7 @@ import (
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := nic.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
+	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
 		return err
 	}
 	var srcs []*cqSource
@@ -25,29 +25,29 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	}
 	for _, s := range srcs {
 		s.qnum = uint32(s.q.vq.qidx)
-		s.q.mu.Lock()
-		bound := s.q.src != nil
-		s.q.mu.Unlock()
+		s.q.Mu.Lock()
+		bound := s.q.Src != nil
+		s.q.Mu.Unlock()
 		if bound {
 			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, s.q.vq.name)
 		}
 	}
 	for _, s := range srcs {
-		if err := ring.Bind(c); err != nil {
+		if err := c.Driver().Bind(); err != nil {
 			return err
 		}
-		if err := ring.AddSource(c, s.source()); err != nil {
-			ring.Unbind(c)
+		if err := c.Driver().AddSource(s.source()); err != nil {
+			c.Driver().Unbind()
 			return err
 		}
 		d.bound = append(d.bound, c)
-		s.q.mu.Lock()
-		s.q.src = s
+		s.q.Mu.Lock()
+		s.q.Src = s
 		s.q.vq.disarm()
-		s.q.mu.Unlock()
-		s.irq = ring.Interrupt(c)
-		if efd := s.irq; efd != nil && s.q.vector >= 0 {
-			if err := d.wire(s.q.vector, efd.Fd()); err != nil {
+		s.q.Mu.Unlock()
+		s.irq = c.Driver().Interrupt()
+		if efd := s.irq; efd != nil && s.q.Vector >= 0 {
+			if err := d.wire(s.q.Vector, efd.Fd()); err != nil {
 				return err
 			}
 		}
@@ -59,18 +59,18 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 func (d *Device) unbind(s *cqSource) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.q.mu.Lock()
-	if s.q.src == s {
-		s.q.src = nil
+	s.q.Mu.Lock()
+	if s.q.Src == s {
+		s.q.Src = nil
 		// Flushed completions the CQ did not read go with it (a closed
 		// CQ loses what it held); Poll must not report them instead.
 		s.q.canceled.Drop()
 	}
-	s.q.mu.Unlock()
-	if d.closed || s.q.vector < 0 || s.q.efd == nil {
+	s.q.Mu.Unlock()
+	if d.closed || s.q.Vector < 0 || s.q.EFD == nil {
 		return nil
 	}
-	return d.wire(s.q.vector, s.q.efd.Fd())
+	return d.wire(s.q.Vector, s.q.EFD.Fd())
 }
 
 // wire points MSI-X vector v at fd, rewiring all vectors in one SET_IRQS

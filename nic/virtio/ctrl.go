@@ -67,7 +67,7 @@ func (c *ctrlQueue) command(ctx context.Context, class, cmd uint8, data []byte, 
 		}
 		if got {
 			c.broken = true
-			return fmt.Errorf("%w: %s: %v", nic.ErrDeviceFailed, name, nic.CompletionError(done.Prov, done.Err))
+			return fmt.Errorf("%w: %s: %v", nic.ErrDeviceFailed, name, completionError(&done))
 		}
 		if !time.Now().Before(deadline) || ctx.Err() != nil {
 			c.broken = true

@@ -13,11 +13,12 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/owner"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
 )
@@ -69,7 +70,7 @@ type Device struct {
 	tx        []*TxQueue
 	ctrl      *ctrlQueue
 
-	own *nic.Owner // the hold on the PCI device: its driver, giving it back
+	own *owner.Owner // the hold on the PCI device: its driver, giving it back
 
 	mu         sync.Mutex // Close and config-space reads
 	closed     bool
@@ -122,7 +123,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := normalize(&cfg); err != nil {
 		return nil, fmt.Errorf("virtio: open %s: %w", name, err)
 	}
-	own, err := nic.TakeDevice(ctx, "virtio", a, cfg.Config)
+	own, err := owner.TakeDevice(ctx, "virtio", a, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -539,7 +540,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.vdev = int(s.vector), d.vdev
+			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.rx = append(d.rx, q)
 		case "tx":
 			pool, err := dma.NewPool(region, s.size, txBuf)
@@ -550,7 +551,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			if err != nil {
 				return err
 			}
-			q.vector, q.vdev = int(s.vector), d.vdev
+			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.tx = append(d.tx, q)
 		default:
 			buf, err := region.Carve(ctrlBufLen, 64)
@@ -664,12 +665,12 @@ func (d *Device) Tx(i int) (nic.TxQueue, error) {
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
-	return nic.QueueAt(d.rx, i, d.name, "receive")
+	return qcore.QueueAt(d.rx, i, d.name, "receive")
 }
 
 // TxQueue returns transmit queue i as its concrete type.
 func (d *Device) TxQueue(i int) (*TxQueue, error) {
-	return nic.QueueAt(d.tx, i, d.name, "transmit")
+	return qcore.QueueAt(d.tx, i, d.name, "transmit")
 }
 
 // Link implements nic.Device: the STATUS field of the device configuration
@@ -809,7 +810,7 @@ func (d *Device) teardown(why error) error {
 		errs = append(errs, e.Close())
 	}
 	for _, c := range d.bound {
-		ring.Unbind(c) // the CQ may close now; its sources read nothing more
+		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
 	}
 	d.bound = nil
 	return errors.Join(errs...)

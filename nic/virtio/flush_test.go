@@ -279,7 +279,7 @@ func TestUnboundBeforeCloseFlushesNothing(t *testing.T) {
 				require.NoError(t, d.BindCQ(c, 0, nic.Recv))
 				rx := d.rx[0]
 				postN(t, rx, 3)
-				require.NoError(t, rx.src.Unbind()) // what the CQ's Close does
+				require.NoError(t, rx.Src.Unbind()) // what the CQ's Close does
 				if removed {
 					require.NoError(t, d.close(nic.ErrRemovedClosed))
 				} else {

@@ -17,20 +17,20 @@ import (
 type usedEvent struct {
 	ctx  int // -1: none
 	len  int
-	prov int // 0 for a success
+	prov cq.ProvErrno // 0 for a success
 }
 
 // provOf is the code an error completion of the queue API carries through
 // the CQ API.
-func provOf(err error) int {
+func provOf(err error) cq.ProvErrno {
 	switch {
-	case errors.Is(err, nic.ErrBadLen):
+	case errors.Is(err, cq.ProvBadLen):
 		return cq.ProvBadLen
-	case errors.Is(err, nic.ErrBadPhase):
+	case errors.Is(err, cq.ProvBadPhase):
 		return cq.ProvBadPhase
-	case errors.Is(err, nic.ErrBadIndex):
+	case errors.Is(err, cq.ProvBadIndex):
 		return cq.ProvBadIndex
-	case errors.Is(err, nic.ErrMultiBuffer):
+	case errors.Is(err, cq.ProvMultiBuffer):
 		return cq.ProvMultiBuffer
 	}
 	return cq.ProvBadID

@@ -3,6 +3,7 @@ package virtio
 import (
 	"context"
 	"encoding/binary"
+	"github.com/vfnic/vfnic/cq"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -70,19 +71,19 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		d.writeUsed(3, tk[2].id, writeFrame(tk[2], good, 1), true, true)
 		n := rx.Poll(comps[:])
 		require.Equal(t, 1, n, "an error ends the batch")
-		require.ErrorIs(t, comps[0].Err, nic.ErrBadID)
+		require.ErrorIs(t, comps[0].Err, cq.ProvBadID)
 		require.Nil(t, comps[0].Context)
 		require.Zero(t, comps[0].Buf)
 		require.Nil(t, comps[0].Data)
 		t.Logf("bad id: %v", comps[0].Err)
 		require.Equal(t, 1, rx.Poll(comps[:]))
-		require.ErrorIs(t, comps[0].Err, nic.ErrBadID)
+		require.ErrorIs(t, comps[0].Err, cq.ProvBadID)
 		n = rx.Poll(comps[:])
 		require.Equal(t, 2, n, "the good completion, then the duplicate")
 		require.NoError(t, comps[0].Err)
 		require.Equal(t, good, comps[0].Data)
 		require.Equal(t, 2, *comps[0].Context.(*int))
-		require.ErrorIs(t, comps[1].Err, nic.ErrBadID, "the same id completed twice")
+		require.ErrorIs(t, comps[1].Err, cq.ProvBadID, "the same id completed twice")
 		require.Zero(t, rx.Poll(comps[:]))
 		accounted(t, rx, 1)
 		require.Equal(t, uint64(3), rx.Stats().Errors)
@@ -102,7 +103,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		d.complete(tk[3].id, writeFrame(tk[3], good, 1), 1)
 		for i := range 3 {
 			require.Equal(t, 1, rx.Poll(comps[:]))
-			require.ErrorIs(t, comps[0].Err, nic.ErrBadLen)
+			require.ErrorIs(t, comps[0].Err, cq.ProvBadLen)
 			require.Equal(t, i, *comps[0].Context.(*int), "the context of the refused buffer comes back")
 			require.Zero(t, comps[0].Buf, "its buffer is recycled, not lent")
 			t.Logf("bad length: %v", comps[0].Err)
@@ -123,7 +124,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		// by a correct device.
 		d.writeUsed(0, x.id, writeFrame(x, good, 1), false, true)
 		require.Equal(t, 1, rx.Poll(comps[:]))
-		require.ErrorIs(t, comps[0].Err, nic.ErrBadPhase)
+		require.ErrorIs(t, comps[0].Err, cq.ProvBadPhase)
 		t.Logf("phase: %v", comps[0].Err)
 		// A descriptor left from the previous lap (both bits clear on lap
 		// 1) is not a completion at all.
@@ -148,7 +149,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		// holds, so that a caller can count the frame and its length.
 		for i, n := range []int{len(good), 2048, 500} { // one header, in the first
 			require.Equal(t, 1, rx.Poll(comps[:]))
-			require.ErrorIs(t, comps[0].Err, nic.ErrMultiBuffer)
+			require.ErrorIs(t, comps[0].Err, cq.ProvMultiBuffer)
 			var mb *nic.MultiBufferError
 			require.ErrorAs(t, comps[0].Err, &mb)
 			require.Equal(t, nic.MultiBufferError{Queue: mb.Queue, Buffer: i, Buffers: 3, Bytes: n}, *mb)
@@ -182,7 +183,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 		usedEntry(d, 3, uint32(tk[1].id), writeFrame(tk[1], good, 1)) // good
 		d.usedIdx = 4
 		d.publishUsed()
-		want := []error{nic.ErrBadID, nic.ErrBadID, nic.ErrBadLen}
+		want := []error{cq.ProvBadID, cq.ProvBadID, cq.ProvBadLen}
 		for _, w := range want {
 			require.Equal(t, 1, rx.Poll(comps[:]))
 			require.ErrorIs(t, comps[0].Err, w)
@@ -202,7 +203,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 		d.usedIdx = 1000 // claims 1000 used buffers with 4 outstanding
 		d.publishUsed()
 		require.Equal(t, 1, rx.Poll(comps[:]))
-		require.ErrorIs(t, comps[0].Err, nic.ErrBadIndex)
+		require.ErrorIs(t, comps[0].Err, cq.ProvBadIndex)
 		t.Logf("index: %v", comps[0].Err)
 		require.Zero(t, rx.Poll(comps[:]), "a broken queue returns nothing more")
 		require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
@@ -244,7 +245,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 			}
 		}
 		require.Len(t, errs, 1)
-		require.ErrorIs(t, errs[0], nic.ErrBadIndex)
+		require.ErrorIs(t, errs[0], cq.ProvBadIndex)
 		require.ErrorIs(t, rx.PostRecv(nil), nic.ErrBroken)
 		require.Equal(t, 2, rx.Outstanding(), "the two posted are still the device's")
 		accounted(t, rx, 0)
@@ -262,7 +263,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 		r.dev.usedIdx = 2
 		r.dev.publishUsed()
 		require.Equal(t, 1, tx.Poll(comps[:]))
-		require.ErrorIs(t, comps[0].Err, nic.ErrBadID)
+		require.ErrorIs(t, comps[0].Err, cq.ProvBadID)
 		require.Equal(t, 1, tx.Poll(comps[:]))
 		require.NoError(t, comps[0].Err)
 		require.Equal(t, len(good), comps[0].Len)

@@ -1,12 +1,9 @@
 package virtio
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
@@ -15,9 +12,8 @@ import (
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/canceled"
-	"github.com/vfnic/vfnic/nic/internal/irq"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
-	"github.com/vfnic/vfnic/vfio"
 )
 
 // Errors returned on the data path are prepared once so that returning
@@ -31,34 +27,22 @@ var (
 // queue is what receive and transmit queues share: the ring, its lock,
 // its interrupt and its counters.
 type queue struct {
-	mu     sync.Mutex
-	vq     *vq
-	index  int
-	efd    *eventfd.FD // nil when the queue has no interrupt
-	closed bool
-	// closeErr is what operations return once closed: nic.ErrClosed, or
-	// an error that also wraps nic.ErrRemoved when the kernel took the
-	// device back.
-	closeErr error
-	src      *cqSource // set while the queue feeds a cq.CQ
+	// Core: the lock, closed state, the CQ fed (Src), name, pair index,
+	// vector, interrupt eventfd and counters.
+	qcore.Core[cqSource]
+
+	vq *vq
 	// canceled are the operations outstanding at close that still owe a
 	// completion: flushed ones for the CQ the queue feeds (cqSource), or,
 	// for a queue that feeds none, those the kernel's taking the device
 	// back canceled (Poll). One error completion per read.
 	canceled canceled.List
-	vector   int          // MSI-X vector, -1 for none
-	vdev     *vfio.Device // the device's, to steer the vector; nil without vfio
-
-	packets, bytes, errs, interrupts atomic.Uint64
-	notifies, suppressed             atomic.Uint64
 }
 
-// Index implements nic.Queue.
-func (q *queue) Index() int { return q.index }
-
-// SteerInterrupt implements nic.InterruptSteerer.
-func (q *queue) SteerInterrupt(cpu int) error {
-	return irq.Steer(q.vdev, q.vector, cpu, q.vq.name)
+// newQueue is the part of a queue both directions share, over v: no
+// vector until the device assigns one.
+func newQueue(v *vq, index int, efd *eventfd.FD) queue {
+	return queue{Core: qcore.Core[cqSource]{Name: v.name, Pair: index, Vector: -1, EFD: efd}, vq: v}
 }
 
 // Size implements nic.Queue.
@@ -66,25 +50,25 @@ func (q *queue) Size() int { return int(q.vq.size) }
 
 // Outstanding implements nic.Queue.
 func (q *queue) Outstanding() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	return q.vq.nbufs
 }
 
 // Flush implements nic.Queue.
 func (q *queue) Flush() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
 	n0, s0 := q.vq.notifies, q.vq.suppressed
 	q.vq.flush()
 	if q.vq.notifies != n0 {
-		q.notifies.Add(1)
+		q.Notifies.Add(1)
 	}
 	if q.vq.suppressed != s0 {
-		q.suppressed.Add(1)
+		q.Suppressed.Add(1)
 	}
 	return nil
 }
@@ -96,9 +80,9 @@ func (q *queue) Flush() error {
 // finished everything posted (Ready(Size()) == Outstanding()), without
 // taking the completions from whoever reads them.
 func (q *queue) Ready(max int) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return 0
 	}
 	return q.vq.pending(max)
@@ -106,30 +90,18 @@ func (q *queue) Ready(max int) int {
 
 // Arm implements nic.Queue.
 func (q *queue) Arm(threshold int) error {
-	if q.efd != nil {
-		irq.TakeLeft(q.efd, &q.interrupts) // outside the lock: it may make a system call
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.TakeLeft()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
-	if q.efd == nil {
-		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.vq.name)
+	if q.EFD == nil {
+		return q.NoInterrupt()
 	}
 	q.vq.arm(threshold)
 	return nil
 }
-
-// isBound reports whether the queue feeds a CQ (BindCQ).
-func (q *queue) isBound() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.src != nil
-}
-
-// errBound is nic.ErrBound with the queue's name.
-func (q *queue) errBound() error { return fmt.Errorf("%w (queue %s)", nic.ErrBound, q.vq.name) }
 
 // boundError is Poll on a queue that feeds a CQ: one error completion
 // saying so, instead of an empty read that looks like an idle queue.
@@ -138,36 +110,8 @@ func (q *queue) boundError(out []nic.Completion) int {
 	if len(out) == 0 {
 		return 0
 	}
-	out[0] = nic.Completion{Queue: q.index, Err: nic.ErrBound}
+	out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
 	return 1
-}
-
-// Interrupt implements nic.Queue.
-func (q *queue) Interrupt() *eventfd.FD { return q.efd }
-
-// WaitInterrupt implements nic.Queue.
-func (q *queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	if q.efd == nil {
-		return fmt.Errorf("%w: queue %s has no interrupt", nic.ErrNotSupported, q.vq.name)
-	}
-	if q.isBound() {
-		return q.errBound()
-	}
-	err := irq.Wait(ctx, q.efd, deadline, &q.interrupts)
-	if err == nic.ErrClosed {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return cmp.Or(q.closeErr, err)
-	}
-	return err
-}
-
-// Stats implements nic.Queue.
-func (q *queue) Stats() nic.QueueStats {
-	return nic.QueueStats{
-		Packets: q.packets.Load(), Bytes: q.bytes.Load(), Errors: q.errs.Load(),
-		Notifies: q.notifies.Load(), Suppressed: q.suppressed.Load(), Interrupts: q.interrupts.Load(),
-	}
 }
 
 // finishPoll updates the counters and turns notifications off again after
@@ -178,22 +122,18 @@ func (q *queue) finishPoll(n int, bytes uint64, errs int) {
 	if n == 0 {
 		return
 	}
-	if q.vq.armed && q.src == nil {
+	if q.vq.armed && q.Src == nil {
 		q.vq.disarm()
 	}
-	q.packets.Add(uint64(n - errs))
-	q.bytes.Add(bytes)
-	if errs > 0 {
-		q.errs.Add(uint64(errs))
-	}
+	q.Count(n, errs, bytes)
 }
 
 // usable returns why the queue cannot take an operation, or nil. Called
 // locked.
 func (q *queue) usable() error {
 	switch {
-	case q.closed:
-		return q.closeErr
+	case q.Closed:
+		return q.CloseErr
 	case q.vq.broken:
 		return nic.ErrBroken
 	}
@@ -222,19 +162,19 @@ func (q *queue) usable() error {
 // flushed completion says the driver cannot report the outcome, not that
 // nothing happened (a frame may have gone out).
 func (q *queue) close(why error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return
 	}
-	q.closed = true
-	q.closeErr = why
+	q.Closed = true
+	q.CloseErr = why
 	if q.vq == nil {
 		return
 	}
 	var err error
 	switch {
-	case q.src != nil:
+	case q.Src != nil:
 		err = cq.ECANCELED // only the CQ reads them (Poll of a bound queue reports none)
 	case errors.Is(why, nic.ErrRemoved):
 		err = errCanceled
@@ -242,12 +182,12 @@ func (q *queue) close(why error) {
 		return
 	}
 	for _, ctx := range q.vq.outstanding() {
-		q.canceled.Add(ctx, q.index, err)
+		q.canceled.Add(ctx, q.Pair, err)
 	}
-	if q.src != nil && q.canceled.Len() > 0 && q.src.irq != nil {
+	if q.Src != nil && q.canceled.Len() > 0 && q.Src.irq != nil {
 		// As a last interrupt would: a reader asleep on the CQ wakes to
 		// read them (the device's own vectors go quiet now).
-		_ = q.src.irq.Add(1)
+		_ = q.Src.irq.Add(1)
 	}
 }
 
@@ -255,7 +195,7 @@ func (q *queue) close(why error) {
 // completion is always the last of a Poll); those of a queue that feeds a
 // CQ are the CQ's (cqSource.ReadBatch). Called locked.
 func (q *queue) takeCanceled(out []nic.Completion) int {
-	if q.src != nil {
+	if q.Src != nil {
 		return 0
 	}
 	return q.canceled.Take(out)
@@ -281,7 +221,7 @@ func newRxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mrg bool) (*R
 	if err := v.setReader(usedRx); err != nil {
 		return nil, err
 	}
-	q := &RxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1},
+	q := &RxQueue{queue: newQueue(v, index, efd),
 		bufs: rxbuf.New(pool, netHdrLen), bufSize: uint32(pool.BufSize()), mrg: mrg}
 	return q, nil
 }
@@ -310,8 +250,8 @@ func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
 
 // postFree posts a free pool buffer and returns its index.
 func (q *RxQueue) postFree(ctx any) (uint32, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return 0, err
 	}
@@ -343,8 +283,8 @@ func (q *RxQueue) post(b uint32, ctx any) bool {
 
 // Repost implements nic.RxQueue.
 func (q *RxQueue) Repost(buf uintptr, ctx any) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
@@ -363,16 +303,16 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 // lend the caller nothing, and the DMA memory goes with the device.
 func (q *RxQueue) close(why error) {
 	q.queue.close(why)
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	q.bufs.RecyclePosted()
 }
 
 // Release implements nic.RxQueue.
 func (q *RxQueue) Release(buf uintptr) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return nic.ErrClosed
 	}
 	return q.bufs.Release(buf)
@@ -381,9 +321,9 @@ func (q *RxQueue) Release(buf uintptr) error {
 // Frame implements nic.RxQueue: the bytes of a frame lent to the caller,
 // from the Buf and Len of its completion (a cq.Entry carries no slice).
 func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return nil, nic.ErrClosed
 	}
 	return q.bufs.Frame(buf, length, q.MaxFrame())
@@ -393,12 +333,12 @@ func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
 // header, checks the length against the posted buffer and num_buffers,
 // and lends each good buffer to the caller.
 func (q *RxQueue) Poll(out []nic.Completion) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	switch {
-	case q.closed:
+	case q.Closed:
 		return q.takeCanceled(out)
-	case q.src != nil:
+	case q.Src != nil:
 		return q.boundError(out)
 	}
 	return q.poll(out)
@@ -406,8 +346,8 @@ func (q *RxQueue) Poll(out []nic.Completion) int {
 
 // SRead implements nic.Queue.
 func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	if q.isBound() {
-		return 0, q.errBound()
+	if q.Bound() {
+		return 0, q.ErrBound()
 	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
@@ -432,7 +372,7 @@ func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*Tx
 	if pool.Cap() < int(v.size) {
 		return nil, fmt.Errorf("%w: %s: %d transmit buffers for %d descriptors", nic.ErrInvalid, v.name, pool.Cap(), v.size)
 	}
-	return &TxQueue{queue: queue{vq: v, index: index, efd: efd, vector: -1}, pool: pool,
+	return &TxQueue{queue: newQueue(v, index, efd), pool: pool,
 		maxFrame: min(pool.BufSize()-netHdrLen, mtu+nic.FrameOverhead)}, nil
 }
 
@@ -445,8 +385,8 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 		// Allocates, as a caller's mistake may: the numbers say what is wrong.
 		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
 		return err
 	}
@@ -467,12 +407,12 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 // reserved by the specification, so it is not read; the frame length
 // comes from what was posted.
 func (q *TxQueue) Poll(out []nic.Completion) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
 	switch {
-	case q.closed:
+	case q.Closed:
 		return q.takeCanceled(out)
-	case q.src != nil:
+	case q.Src != nil:
 		return q.boundError(out)
 	}
 	return q.poll(out)
@@ -480,8 +420,8 @@ func (q *TxQueue) Poll(out []nic.Completion) int {
 
 // SRead implements nic.Queue.
 func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	if q.isBound() {
-		return 0, q.errBound()
+	if q.Bound() {
+		return 0, q.ErrBound()
 	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }

@@ -144,12 +144,12 @@ func (q *RxQueue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: q.errOf(&c)}
+			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: q.errOf(&c)}
 			errs++
 			break
 		}
 		frame := q.bufs.Bytes(c.Buf, c.Len)
-		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: frame, Len: c.Len, Queue: q.Pair}
 		bytes += uint64(c.Len)
 	}
 	q.vq.publishUsed()
@@ -164,7 +164,7 @@ func (q *RxQueue) errOf(c *cqring.Completion) error {
 	if c.Prov == cq.ProvMultiBuffer && q.mbErr != nil {
 		return q.mbErr
 	}
-	return nic.CompletionError(c.Prov, c.Err)
+	return completionError(c)
 }
 
 // next takes the next receive completion into c, for Poll and for the CQ
@@ -173,7 +173,7 @@ func (q *RxQueue) errOf(c *cqring.Completion) error {
 // on that copy: the length must cover the virtio-net header and an
 // Ethernet header (cq.ProvBadLen), and num_buffers, read once from the
 // header the device wrote, must be 1 (a frame spanning buffers completes
-// with ErrMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
+// with cq.ProvMultiBuffer, cq.ETRUNC, per buffer). A good buffer is lent to
 // the caller, with c.Buf and c.Len the frame's (past the header); the
 // buffer of a refused one is recycled (c.Buf is then 0). Called locked.
 func (q *RxQueue) next(c *cqring.Completion) bool {
@@ -237,11 +237,11 @@ func (q *TxQueue) poll(out []nic.Completion) int {
 		o := &out[n]
 		n++
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.index, Err: nic.CompletionError(c.Prov, c.Err)}
+			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: completionError(&c)}
 			errs++
 			break
 		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.index}
+		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
 		bytes += uint64(c.Len)
 	}
 	q.vq.publishUsed()
@@ -283,9 +283,9 @@ func (s *cqSource) next(c *cqring.Completion) bool {
 // ReadBatch implements cqring.QueueReader.
 func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
 	q := s.q
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed {
 		return 0, s.flushed(bad)
 	}
 	n, errs := 0, 0
@@ -314,7 +314,7 @@ func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqrin
 // none: the queue's canceled operations are for its own Poll. Called
 // locked, closed.
 func (s *cqSource) flushed(bad *cqring.Completion) bool {
-	return s.q.src == s && s.q.canceled.Next(bad, s.flags())
+	return s.q.Src == s && s.q.canceled.Next(bad, s.flags())
 }
 
 // flags are those the queue's operations are posted with (RxQueue.post,
@@ -328,10 +328,10 @@ func (s *cqSource) flags() cq.Flags {
 
 // Pending implements cqring.QueueReader.
 func (s *cqSource) Pending(max int) int {
-	s.q.mu.Lock()
-	defer s.q.mu.Unlock()
-	if s.q.closed {
-		if s.q.src != s {
+	s.q.Mu.Lock()
+	defer s.q.Mu.Unlock()
+	if s.q.Closed {
+		if s.q.Src != s {
 			return 0
 		}
 		return min(s.q.canceled.Len(), max)
@@ -344,8 +344,8 @@ func (s *cqSource) Pending(max int) int {
 // threshold, else used-buffer notifications on. solicitedOnly has no
 // virtio equivalent: every completion is solicited.
 func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
-	s.q.mu.Lock()
-	defer s.q.mu.Unlock()
+	s.q.Mu.Lock()
+	defer s.q.Mu.Unlock()
 	if err := s.q.usable(); err != nil {
 		return err
 	}
@@ -361,7 +361,7 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 
 // StrError implements cqring.QueueReader: virtio reports only cq's own
 // codes, which the CQ describes itself, and 0 for a flushed operation.
-func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
+func (s *cqSource) StrError(provErrno cq.ProvErrno, errData []byte) (string, bool) {
 	if provErrno == 0 {
 		return "virtio " + s.q.vq.name + ": " + canceled.Flushed, true
 	}
@@ -371,3 +371,19 @@ func (s *cqSource) StrError(provErrno int, errData []byte) (string, bool) {
 // Unbind implements cqring.QueueReader: the queue reads its own
 // completions again, with its own interrupt, if the device is still open.
 func (s *cqSource) Unbind() error { return s.dev.unbind(s) }
+
+// completionError is the queue API's error for a completion the ring
+// reader refused (its cq.Prov* code) or the device failed (a status of
+// its own), prepared: nothing is allocated.
+func completionError(c *cqring.Completion) error {
+	if err := c.Prov.Refusal(); err != nil {
+		return err
+	}
+	if c.Err == cq.ETRUNC {
+		return errMultiBuffer
+	}
+	return nic.ErrDeviceStatus
+}
+
+// errMultiBuffer is a truncated frame's error: the code as an error.
+var errMultiBuffer = cq.ProvMultiBuffer.Refusal()

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -24,8 +23,8 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	case *TxQueue:
 		s.tx = pq
 	}
-	require.NoError(t, ring.AddSource(c, s.source()))
-	q.src = s
+	require.NoError(t, c.Driver().AddSource(s.source()))
+	q.Src = s
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
 }
@@ -169,7 +168,7 @@ func TestCQSRead(t *testing.T) {
 			if x, ok := r.dev.take(); ok {
 				r.dev.complete(x.id, writeFrame(x, frameFor(5, 64), 1), 1)
 			}
-			_ = ring.Interrupt(c).Add(1) // what the MSI-X vector does once rewired
+			_ = c.Driver().Interrupt().Add(1) // what the MSI-X vector does once rewired
 		}()
 		n, err := c.SRead(context.Background(), ents, 0, 5*time.Second)
 		require.NoError(t, err)

@@ -65,7 +65,7 @@ func TestOneDecodePerFrame(t *testing.T) {
 		}
 
 		// A refused entry: decoded once, and the same code through the
-		// CQ as nic.CompletionError gives the queue API.
+		// CQ as the queue API's error matches.
 		tk, ok := r.dev.take()
 		require.True(t, ok)
 		r.dev.complete(tk.id, 3000, tk.ndesc) // longer than the buffer
@@ -75,7 +75,7 @@ func TestOneDecodePerFrame(t *testing.T) {
 		var ee cq.ErrEntry
 		require.NoError(t, c.ReadErr(&ee))
 		require.Equal(t, cq.ProvBadLen, ee.ProvErrno)
-		require.ErrorIs(t, nic.CompletionError(ee.ProvErrno, ee.Err), nic.ErrBadLen)
+		require.ErrorIs(t, completionError(&cqring.Completion{Prov: ee.ProvErrno, Err: ee.Err}), cq.ProvBadLen)
 		require.Equal(t, 1, total, "the refused entry was decoded once")
 	})
 }

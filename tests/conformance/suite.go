@@ -1197,7 +1197,7 @@ func (s *suite) testFaults(t *testing.T) {
 	entryFaults := []struct {
 		f       sim.FaultKind
 		context bool // the error entry carries the operation's context
-		prov    int
+		prov    cq.ProvErrno
 	}{
 		{sim.FaultBadID, false, cq.ProvBadID},
 		{sim.FaultDuplicateID, false, cq.ProvBadID},

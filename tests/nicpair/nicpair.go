@@ -538,7 +538,7 @@ func (e *Endpoint) Flush(ctx context.Context) error {
 // receive queue. QEMU delivers the datagrams of its socket in order, so
 // when the answer is in, B has the frame (or holds it until enough buffers
 // are posted). The device spreads the frame over several buffers, and the
-// driver completes each of them with ErrMultiBuffer (cq.ETRUNC).
+// driver completes each of them with cq.ProvMultiBuffer (cq.ETRUNC).
 func (e *Endpoint) RecvOversize(ctx context.Context) (int, error) {
 	req, nbufs, answer, err := e.p.d.Oversize(e, e.brx.MaxFrame()+1000)
 	if err != nil {

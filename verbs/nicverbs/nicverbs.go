@@ -9,7 +9,6 @@ import (
 	"fmt"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/verbs"
 )
@@ -64,7 +63,7 @@ func (p *Provider) ResizeCQ(c *cq.CQ, entries, held int) (int, error) {
 	if entries < 1 || entries > MaxCQE || held < 0 {
 		return 0, fmt.Errorf("nicverbs: resize to %d entries (1 to %d): %w", entries, MaxCQE, cq.ErrInvalid)
 	}
-	if n := held + ring.Pending(c, entries+1); n > entries {
+	if n := held + c.Driver().Pending(entries+1); n > entries {
 		return 0, fmt.Errorf("nicverbs: resize to %d entries: the CQ holds %d or more: %w", entries, n, cq.ErrInvalid)
 	}
 	return entries, nil

@@ -34,10 +34,10 @@ func (q *queue) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, _ *ring.Complet
 	q.n -= k
 	return k, false
 }
-func (q *queue) Pending(max int) int               { return min(q.n, max) }
-func (*queue) Arm(bool, int) error                 { return nil }
-func (*queue) StrError(int, []byte) (string, bool) { return "", false }
-func (*queue) Unbind() error                       { return nil }
+func (q *queue) Pending(max int) int                        { return min(q.n, max) }
+func (*queue) Arm(bool, int) error                          { return nil }
+func (*queue) StrError(cq.ProvErrno, []byte) (string, bool) { return "", false }
+func (*queue) Unbind() error                                { return nil }
 
 // A NIC CQ honours IgnoreOverrun: it reads the queues' own rings, so more
 // completions than its size are read, with no overrun.
@@ -47,8 +47,8 @@ func TestIgnoreOverrun(t *testing.T) {
 	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 4, Flags: verbs.IgnoreOverrun})
 	require.NoError(t, err)
 	q := &queue{n: 3*c.CQE() + 1}
-	require.NoError(t, ring.Bind(c.FI()))
-	require.NoError(t, ring.AddSource(c.FI(), ring.NewQueueSource(q, "tx0", 1)))
+	require.NoError(t, c.FI().Driver().Bind())
+	require.NoError(t, c.FI().Driver().AddSource(ring.NewQueueSource(q, "tx0", 1)))
 	wcs := make([]verbs.WC, 2)
 	got := 0
 	for {
@@ -63,7 +63,7 @@ func TestIgnoreOverrun(t *testing.T) {
 	present, err := c.ReqNotify(false)
 	require.NoError(t, err)
 	require.False(t, present)
-	ring.Unbind(c.FI())
+	c.FI().Driver().Unbind()
 	require.NoError(t, c.Close())
 }
 
@@ -80,8 +80,8 @@ func TestResize(t *testing.T) {
 		require.Equal(t, n, c.CQE())
 	}
 	q := &queue{n: 5}
-	require.NoError(t, ring.Bind(c.FI()))
-	require.NoError(t, ring.AddSource(c.FI(), ring.NewQueueSource(q, "tx0", 1)))
+	require.NoError(t, c.FI().Driver().Bind())
+	require.NoError(t, c.FI().Driver().AddSource(ring.NewQueueSource(q, "tx0", 1)))
 	require.ErrorIs(t, c.Resize(4), os.ErrInvalid, "5 held in the ring")
 	require.Equal(t, 7, c.CQE())
 	// One taken into the verbs buffer, 4 left in the ring: still 5.
@@ -98,7 +98,7 @@ func TestResize(t *testing.T) {
 		require.Equal(t, uint64(i+1), w.WRID)
 	}
 	require.ErrorIs(t, c.Resize(verbs.QueryDevice(p).MaxCQE+1), os.ErrInvalid)
-	ring.Unbind(c.FI())
+	c.FI().Driver().Unbind()
 	require.NoError(t, c.Close())
 }
 
@@ -138,13 +138,13 @@ func TestSolicitedFiresOnFlushAtClose(t *testing.T) {
 	c, err := verbs.CreateCQ(p, verbs.CQInitAttr{CQE: 8, Channel: ch})
 	require.NoError(t, err)
 	q := &closing{flushed: []uint64{7, 8}}
-	require.NoError(t, ring.Bind(c.FI()))
-	require.NoError(t, ring.AddSource(c.FI(), ring.NewQueueSource(q, "rx0", 0)))
+	require.NoError(t, c.FI().Driver().Bind())
+	require.NoError(t, c.FI().Driver().AddSource(ring.NewQueueSource(q, "rx0", 0)))
 	present, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	require.False(t, present)
 	q.closed.Store(true) // as the driver does at close, then it signals the CQ
-	require.NoError(t, ring.Interrupt(c.FI()).Add(1))
+	require.NoError(t, c.FI().Driver().Interrupt().Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	got, _, err := ch.GetEvent(ctx)
 	cancel()
@@ -160,7 +160,7 @@ func TestSolicitedFiresOnFlushAtClose(t *testing.T) {
 		require.Equal(t, verbs.WCWRFlushErr, w.Status)
 		require.Equal(t, verbs.WCRecv, w.Opcode)
 	}
-	ring.Unbind(c.FI())
+	c.FI().Driver().Unbind()
 	require.NoError(t, c.Close())
 	require.NoError(t, ch.Close())
 }

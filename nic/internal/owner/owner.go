@@ -1,19 +1,18 @@
-package nic
+// Package owner is a driver's hold on a PCI device (nic/internal: for
+// the drivers only, off the consumer's page of package nic).
+package owner
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vfnic/vfnic/nic"
 	"time"
 
 	"github.com/vfnic/vfnic/doctor"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/pci"
 )
-
-// ErrRemovedClosed is what a driver's queues return once the kernel took
-// the device back: it matches both ErrClosed and ErrRemoved.
-var ErrRemovedClosed = fmt.Errorf("%w: %w", ErrClosed, ErrRemoved)
 
 // Owner is a driver's hold on a PCI device, the part of Open and Close that
 // is the same for every driver: the readiness check before the binding
@@ -31,7 +30,7 @@ type Owner struct {
 // naming the real cause, prefixed "driver: open ADDR") and then binds a to
 // vfio-pci unless it already is, refusing a device in use unless
 // cfg.Force. A device it bound goes back at GiveBack unless cfg.KeepBound.
-func TakeDevice(ctx context.Context, driver string, a pci.Address, cfg Config) (*Owner, error) {
+func TakeDevice(ctx context.Context, driver string, a pci.Address, cfg nic.Config) (*Owner, error) {
 	// Explain a machine where VFIO cannot work before touching the binding.
 	if err := doctor.CheckBind(doctor.Env{}, a); err != nil {
 		return nil, fmt.Errorf("%s: open %s: %w", driver, a, err)
@@ -43,8 +42,8 @@ func TakeDevice(ctx context.Context, driver string, a pci.Address, cfg Config) (
 	return &Owner{claim: claim, keepBound: cfg.KeepBound}, nil
 }
 
-// Record fills Info's PreviousDriver and Rebound.
-func (o *Owner) Record(in *Info) {
+// Record fills nic.Info's PreviousDriver and Rebound.
+func (o *Owner) Record(in *nic.Info) {
 	if o == nil {
 		return
 	}
@@ -78,8 +77,8 @@ func (o *Owner) Wait() {
 }
 
 // GiveBack returns a device that TakeDevice bound to vfio-pci to the driver
-// it had, unless Config.KeepBound; the VFIO files must be closed. After a
-// removal (why wraps ErrRemoved) it first waits for the kernel's unbind to
+// it had, unless nic.Config.KeepBound; the VFIO files must be closed. After a
+// removal (why wraps nic.ErrRemoved) it first waits for the kernel's unbind to
 // finish, which needs those files closed, so as not to bind into its
 // middle.
 func (o *Owner) GiveBack(why error) error {
@@ -87,7 +86,7 @@ func (o *Owner) GiveBack(why error) error {
 		return nil
 	}
 	var err error
-	if errors.Is(why, ErrRemoved) && o.claim.Bound {
+	if errors.Is(why, nic.ErrRemoved) && o.claim.Bound {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = pci.Sysfs{}.WaitDriverGone(ctx, o.claim.Address, pci.VFIODriver)
 		cancel()

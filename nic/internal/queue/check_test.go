@@ -1,4 +1,4 @@
-package nic_test
+package queue
 
 import (
 	"testing"
@@ -10,11 +10,11 @@ import (
 
 func TestQueueAt(t *testing.T) {
 	qs := []string{"rx0", "rx1"}
-	q, err := nic.QueueAt(qs, 1, "dev", "receive")
+	q, err := QueueAt(qs, 1, "dev", "receive")
 	require.NoError(t, err)
 	require.Equal(t, "rx1", q)
 	for _, i := range []int{-1, 2} {
-		_, err := nic.QueueAt(qs, i, "dev", "receive")
+		_, err := QueueAt(qs, i, "dev", "receive")
 		require.ErrorIs(t, err, nic.ErrInvalid)
 		require.ErrorContains(t, err, "dev: receive queue")
 	}
@@ -24,14 +24,14 @@ func TestCheckBind(t *testing.T) {
 	c, err := cq.New(cq.Attr{Size: 8}, cq.Limits{DefaultSize: 8, MaxSize: 8})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, nic.CheckBind("dev", false, c, 1, 2, nic.Recv|nic.Send))
-	require.ErrorIs(t, nic.CheckBind("dev", true, c, 0, 2, nic.Recv), nic.ErrClosed)
+	require.NoError(t, CheckBind("dev", false, c, 1, 2, nic.Recv|nic.Send))
+	require.ErrorIs(t, CheckBind("dev", true, c, 0, 2, nic.Recv), nic.ErrClosed)
 	for name, err := range map[string]error{
-		"nil CQ":      nic.CheckBind("dev", false, nil, 0, 2, nic.Recv),
-		"pair -1":     nic.CheckBind("dev", false, c, -1, 2, nic.Recv),
-		"pair 2 of 2": nic.CheckBind("dev", false, c, 2, 2, nic.Recv),
-		"direction 0": nic.CheckBind("dev", false, c, 0, 2, 0),
-		"direction 4": nic.CheckBind("dev", false, c, 0, 2, 4),
+		"nil CQ":      CheckBind("dev", false, nil, 0, 2, nic.Recv),
+		"pair -1":     CheckBind("dev", false, c, -1, 2, nic.Recv),
+		"pair 2 of 2": CheckBind("dev", false, c, 2, 2, nic.Recv),
+		"direction 0": CheckBind("dev", false, c, 0, 2, 0),
+		"direction 4": CheckBind("dev", false, c, 0, 2, 4),
 	} {
 		require.ErrorIs(t, err, nic.ErrInvalid, name)
 	}

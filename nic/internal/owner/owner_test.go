@@ -1,7 +1,8 @@
-package nic
+package owner
 
 import (
 	"errors"
+	"github.com/vfnic/vfnic/nic"
 	"os"
 	"testing"
 
@@ -12,17 +13,17 @@ import (
 // drivers' fakes) has a nil Owner, which holds and gives back nothing.
 func TestNilOwner(t *testing.T) {
 	var o *Owner
-	var in Info
+	var in nic.Info
 	o.Record(&in)
 	require.Empty(t, in.PreviousDriver)
 	o.Watch(nil, func() { t.Fatal("no request to watch") })
 	o.Wait()
-	require.NoError(t, o.GiveBack(ErrRemovedClosed))
+	require.NoError(t, o.GiveBack(nic.ErrRemovedClosed))
 }
 
 // TestErrRemovedClosed matches both what a closed queue and a removed
 // device report.
 func TestErrRemovedClosed(t *testing.T) {
-	require.True(t, errors.Is(ErrRemovedClosed, os.ErrClosed))
-	require.True(t, errors.Is(ErrRemovedClosed, ErrRemoved))
+	require.True(t, errors.Is(nic.ErrRemovedClosed, os.ErrClosed))
+	require.True(t, errors.Is(nic.ErrRemovedClosed, nic.ErrRemoved))
 }
