@@ -27,7 +27,8 @@
 // Doorbells are batched: Send and PostRecv only write descriptors; Flush
 // publishes the batch with one release store and notifies the device only
 // when its event suppression (flags, or the event index with EVENT_IDX)
-// asks for it. Used-buffer notifications are off while a queue is polled
+// asks for it; a packed ring's event behind the batch counts as asking,
+// as QEMU leaves it there while it goes on reading. Used-buffer notifications are off while a queue is polled
 // and armed only by a blocking read (with the packed ring's descriptor
 // event, or the split ring's used_event, aimed at the threshold).
 //

@@ -258,7 +258,8 @@ func TestNotifySuppression(t *testing.T) {
 		require.Equal(t, uint64(2), r.v.notifies)
 		send(1) // position 1
 		require.Equal(t, uint64(3), r.v.notifies)
-		// An event left on the previous lap is behind us: no notify.
+		// An event left on the previous lap, behind the batch, may be
+		// one the device did not move as it went on (QEMU): notify.
 		r.dev.setDeviceEvent(eventDesc, 5, true)
 		for {
 			tk, ok := r.dev.take()
@@ -269,7 +270,7 @@ func TestNotifySuppression(t *testing.T) {
 		}
 		require.Equal(t, 4, tx.Poll(comps[:]))
 		send(1) // position 2 of lap 0
-		require.Equal(t, uint64(3), r.v.notifies)
+		require.Equal(t, uint64(4), r.v.notifies)
 	})
 	t.Run("split", func(t *testing.T) {
 		r := newRig(t, 8, false, true, 64<<10)

@@ -301,9 +301,16 @@ func (q *vq) kickNeeded() bool {
 			if (uint16(w)>>15 != 0) != (q.availBits&descAvail != 0) {
 				off -= int(q.size)
 			}
-			newPos := int(q.availPos)
-			oldPos := newPos - int(q.sinceKick)
-			return uint16(newPos-off-1) < uint16(newPos-oldPos)
+			// Notify when the event names any descriptor published up to
+			// now, within a ring's length, not only one of this batch:
+			// QEMU's packed ring leaves its event where it enabled
+			// notifications while it goes on taking descriptors
+			// (virtio-net's transmit completion of a busy backend), so
+			// an event behind the batch can name a device now idle
+			// that waits for a notification (split rings move
+			// avail_event at each take). An event ahead of the
+			// published descriptors still suppresses.
+			return uint16(int(q.availPos)-off-1) < q.size
 		}
 		return true
 	}
