@@ -261,9 +261,10 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			// this batch posted so far and wait for completions.
 			// Whether or not any came, the send below goes into the
 			// spare slots and its Flush notifies the device afresh,
-			// so that a notification the device missed cannot leave
-			// a full ring stuck for good (seen on a packed virtqueue:
-			// 256 sends outstanding, none completed, for minutes).
+			// so that a device that went idle waiting for a doorbell
+			// is woken (a full ring left stuck by QEMU's packed-ring
+			// event index was fixed in nic/virtio's kickNeeded; this
+			// keeps the queue moving with any device that errs so).
 			err = t.q.Flush()
 			if err == nil {
 				t.await()

@@ -4,7 +4,7 @@
 // (net/http, github.com/miekg/dns, quic-go) and the guest's Linux side is
 // the client (busybox wget and nslookup, Go programs on Linux sockets).
 //
-// TestVM, on the host, boots one guest per NIC kind (virtio split and igb;
-// virtio packed with VFNIC_NETSTACK_PACKED=1, see TestVM); in each,
+// TestVM, on the host, boots one guest per NIC kind (virtio packed and
+// split, igb); in each,
 // TestGuestNetstack runs every check on one stack.
 package netstackvm
