@@ -21,6 +21,23 @@ func TestRegister(t *testing.T) {
 	require.ErrorIs(t, Register(Driver{Name: "x", Match: match}), ErrInvalid)
 	require.NoError(t, Register(Driver{Name: "nic-test", Match: match, Open: open}))
 	require.ErrorIs(t, Register(Driver{Name: "nic-test", Match: match, Open: open}), ErrInvalid, "names are unique")
+	openName := func(context.Context, string, Config) (Device, error) { return nil, ErrNotSupported }
+	for _, bad := range []string{"", "abcd", "0000", "Xyz", "x-y", "9x"} {
+		require.ErrorIs(t, Register(Driver{Name: "named-" + bad, Scheme: bad, OpenName: openName}), ErrInvalid, "scheme %q", bad)
+	}
+	require.ErrorIs(t, Register(Driver{Name: "named-x", Scheme: "testnic"}), ErrInvalid, "no OpenName")
+	require.ErrorIs(t, Register(Driver{Name: "named-both", Scheme: "testnic", OpenName: openName, Match: match, Open: open}), ErrInvalid)
+	require.NoError(t, Register(Driver{Name: "named", Scheme: "testnic", OpenName: func(_ context.Context, name string, _ Config) (Device, error) {
+		return nil, fmt.Errorf("opened %q", name)
+	}}))
+	require.ErrorIs(t, Register(Driver{Name: "named2", Scheme: "testnic", OpenName: openName}), ErrInvalid, "schemes are unique")
+	require.Contains(t, Schemes(), "testnic")
+	_, err := Open(context.Background(), "testnic:eth1@2", Config{})
+	require.EqualError(t, err, `opened "eth1@2"`)
+	_, err = Open(context.Background(), "nosuch:eth1", Config{})
+	require.ErrorIs(t, err, ErrNoDriver)
+	_, ok0 := Lookup(pci.Device{VendorID: 0xabcd})
+	require.True(t, ok0, "named drivers do not hide PCI ones")
 	require.Contains(t, Drivers(), "nic-test")
 	d, ok := Lookup(pci.Device{VendorID: 0xabcd})
 	require.True(t, ok)
