@@ -70,6 +70,9 @@ func FuzzNetlink(f *testing.F) {
 					t.Fatalf("family %d message gave address %v", fam, a)
 				}
 			}
+			if mtu, ok := parseMaxMTU(one, 2); ok && (mtu < 0 || msgs[i].Header.Type != unix.RTM_NEWLINK) {
+				t.Fatalf("max MTU %d from a message of type %d", mtu, msgs[i].Header.Type)
+			}
 			for _, r := range parseRoutes(one) {
 				if !r.Dst.IsValid() || !familyOf(r.Dst.Addr().Is4(), fam) {
 					t.Fatalf("family %d message gave route to %v", fam, r.Dst)

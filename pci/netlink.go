@@ -125,6 +125,39 @@ func nexthops(family byte, b []byte, dst netip.Prefix) []Route {
 	return out
 }
 
+// MaxMTU reads the largest MTU the kernel's driver allows on the
+// interface with the given index (IFLA_MAX_MTU, from an RTM_GETLINK dump in
+// the caller's network namespace); 0 when the kernel sets no limit or is
+// older than 4.19 and does not say.
+func MaxMTU(index int) (int, error) {
+	msgs, err := dump(unix.RTM_GETLINK)
+	if err != nil {
+		return 0, err
+	}
+	mtu, ok := parseMaxMTU(msgs, index)
+	if !ok {
+		return 0, fmt.Errorf("pci: interface index %d not found", index)
+	}
+	return mtu, nil
+}
+
+// parseMaxMTU finds the RTM_NEWLINK message of interface index and its
+// IFLA_MAX_MTU (0 when absent); ok is false when no message is for index.
+func parseMaxMTU(msgs []syscall.NetlinkMessage, index int) (mtu int, ok bool) {
+	for _, m := range msgs {
+		// struct ifinfomsg: family, pad, type (2), index (4), flags, change.
+		if m.Header.Type != unix.RTM_NEWLINK || len(m.Data) < unix.SizeofIfInfomsg ||
+			int(int32(binary.NativeEndian.Uint32(m.Data[4:8]))) != index {
+			continue
+		}
+		if v := parseAttrs(m.Data[unix.SizeofIfInfomsg:])[unix.IFLA_MAX_MTU]; len(v) >= 4 {
+			return int(binary.NativeEndian.Uint32(v)), true
+		}
+		return 0, true
+	}
+	return 0, false
+}
+
 // dump sends one rtnetlink dump request for all address families.
 func dump(typ int) ([]syscall.NetlinkMessage, error) {
 	// golang.org/x/sys/unix has no netlink dump helper; the standard

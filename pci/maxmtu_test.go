@@ -1,4 +1,4 @@
-package main
+package pci
 
 import (
 	"net"
@@ -14,13 +14,13 @@ func TestMaxMTU(t *testing.T) {
 	ifs, err := net.Interfaces()
 	require.NoError(t, err)
 	for _, ifi := range ifs {
-		mtu, err := maxMTU(ifi.Index)
+		mtu, err := MaxMTU(ifi.Index)
 		require.NoError(t, err, ifi.Name)
 		if mtu > 0 {
 			require.GreaterOrEqual(t, mtu, ifi.MTU, ifi.Name)
 		}
 		t.Logf("%s: MTU %d, max %d", ifi.Name, ifi.MTU, mtu)
 	}
-	_, err = maxMTU(1 << 30)
+	_, err = MaxMTU(1 << 30)
 	require.ErrorContains(t, err, "not found")
 }
