@@ -563,7 +563,11 @@ func (q *RxQueue) receive(frame []byte) int {
 	}
 	for first := true; first || len(frame) > 0; first = false {
 		ds := q.desc[head&(q.n-1)]
+		// The descriptor is consumed before its completion is written:
+		// a driver that reads the completion and posts again must find
+		// the slot free.
 		head++
+		q.head.Store(head)
 		k := min(uint32(len(frame)), ds.len)
 		buf := q.translate(ds.addr, k)
 		if buf == nil {
@@ -577,7 +581,6 @@ func (q *RxQueue) receive(frame []byte) int {
 		}
 		r.complete(ds.id, k, st)
 	}
-	q.head.Store(head)
 	r.mu.Unlock()
 	r.raise()
 	return received
@@ -652,14 +655,15 @@ func (q *queue) transmit() {
 		return
 	}
 	head, end := q.head.Load(), q.pub.Load()
-	for ; head != end; head++ {
+	for head != end {
 		ds := q.desc[head&(q.n-1)]
+		head++
+		q.head.Store(head) // consumed before its completion is written (receive)
 		if frame := q.translate(ds.addr, ds.len); frame != nil {
 			q.d.wire.carry(q.d.end, q.Pair, frame)
 		}
 		r.complete(ds.id, ds.len, statusOK)
 	}
-	q.head.Store(head)
 	r.mu.Unlock()
 	r.raise()
 }
