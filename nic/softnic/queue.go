@@ -346,6 +346,10 @@ func (q *queue) Arm(threshold int) error {
 	return nil
 }
 
+// Raised counts the interrupts the device raised on the queue (on its
+// eventfd, or the CQ's it feeds), whether or not a reader took them.
+func (q *queue) Raised() uint64 { return q.dev.raised.Load() }
+
 // SteerInterrupt implements nic.InterruptSteerer: a software device's
 // eventfd has no IRQ to steer.
 func (q *queue) SteerInterrupt(int) error {

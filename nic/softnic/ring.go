@@ -113,7 +113,8 @@ type devRing struct {
 	armed   bool
 	armCI   uint32
 	armThr  uint32
-	fire    atomic.Bool // an interrupt to raise once the writer unlocks
+	fire    atomic.Bool   // an interrupt to raise once the writer unlocks
+	raised  atomic.Uint64 // interrupts raised
 	faults  []RingFault
 	last    [offOwner]byte // the previous completion, for RingDuplicateID
 	hasLast bool
@@ -210,10 +211,11 @@ func (r *devRing) raise() bool {
 	r.mu.Lock()
 	irq, dead := r.irq, r.dead
 	r.mu.Unlock()
-	if dead || irq == nil {
+	if dead || irq == nil || irq.Add(1) != nil {
 		return false
 	}
-	return irq.Add(1) == nil
+	r.raised.Add(1)
+	return true
 }
 
 // newDevRing lays the completion ring of n entries (a power of two) and
