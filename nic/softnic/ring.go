@@ -29,6 +29,10 @@ const (
 	statusMore = 1
 )
 
+// rewriteWindow is how long RingRewriteID leaves the stale id in place:
+// long enough for a reader polling on another CPU to see it now and then.
+const rewriteWindow = 50 * time.Microsecond
+
 // provMultiBuffer is the provider error number of statusMore entries.
 const provMultiBuffer cq.ProvErrno = statusMore
 
@@ -74,8 +78,8 @@ const (
 	// one.
 	RingWrongPhase
 	// RingRewriteID: right after handing the next completion over (owner
-	// word written) the device rewrites its id to a stale one for about a
-	// microsecond, then back: a reader sees either, and must act on the
+	// word written) the device rewrites its id to a stale one for 50 µs,
+	// then back: a reader sees either, and must act on the
 	// one it read (the operation completes, or stays outstanding after a
 	// refused entry; it never completes twice).
 	RingRewriteID
@@ -160,7 +164,7 @@ func (r *devRing) complete(id, length uint32, status uint8) {
 		at := int((r.prod-1)&(r.n-1)) * entrySize
 		id32, _ := r.win.Reg32(uintptr(at + offID)) // in range
 		id32.Write(id ^ 0x80000000)
-		for t := time.Now(); time.Since(t) < time.Microsecond; {
+		for t := time.Now(); time.Since(t) < rewriteWindow; {
 		}
 		id32.Write(id)
 	}
