@@ -471,6 +471,26 @@ func TestOpenByName(t *testing.T) {
 		require.ErrorIs(t, err, nic.ErrInvalid, bad)
 	}
 
+	// Opens of one end at once: one wins, the others are told it is in use.
+	var wg sync.WaitGroup
+	opened := make(chan nic.Device, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := nic.Open(ctx, "softnic:t-race/0", nic.Config{QueueSize: 8})
+			if err == nil {
+				opened <- d
+			} else if !errors.Is(err, softnic.ErrInUse) {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(opened)
+	require.Len(t, opened, 1)
+	require.NoError(t, (<-opened).Close())
+
 	w, err := softnic.NewWire("t-jumbo", softnic.Options{MTU: 9000, MaxQueuePairs: 4})
 	require.NoError(t, err)
 	defer w.Close()

@@ -217,17 +217,19 @@ func openName(ctx context.Context, name string, cfg nic.Config) (nic.Device, err
 	if !ok || !validName(wname) || (end != "0" && end != "1") {
 		return nil, fmt.Errorf("%w, not %q", ErrBadName, name)
 	}
+	// Held while the end opens, so that the other end closing meanwhile
+	// cannot drop the wire from the registry under it.
 	regMu.Lock()
+	defer regMu.Unlock()
 	w := wires[wname]
 	if w == nil {
 		w, _ = newWire(wname, Options{}) // the defaults are valid
 		w.named, w.implicit = true, true
 		wires[wname] = w
 	}
-	regMu.Unlock()
 	d, err := w.Open(int(end[0]-'0'), cfg)
 	if err != nil {
-		w.forget()
+		w.forgetLocked()
 		return nil, err
 	}
 	return d, nil
@@ -240,6 +242,14 @@ func (w *Wire) forget() {
 	}
 	regMu.Lock()
 	defer regMu.Unlock()
+	w.forgetLocked()
+}
+
+// forgetLocked is forget with regMu held.
+func (w *Wire) forgetLocked() {
+	if !w.implicit {
+		return
+	}
 	w.mu.Lock()
 	idle := w.ends[0] == nil && w.ends[1] == nil
 	w.mu.Unlock()
@@ -300,14 +310,19 @@ func (w *Wire) address(end int) string {
 	return fmt.Sprintf("%s:%s/%d", Scheme, w.name, end)
 }
 
-// closed takes an end off the wire.
+// closed takes an end off the wire. A device that never made it onto the
+// wire (two opens of one end at once) changes nothing.
 func (w *Wire) closed(d *Device) {
 	w.mu.Lock()
-	if w.ends[d.end] == d {
+	on := w.ends[d.end] == d
+	if on {
 		w.ends[d.end] = nil
 	}
 	peer := w.ends[1-d.end]
 	w.mu.Unlock()
+	if !on {
+		return
+	}
 	if peer != nil {
 		peer.linkChanged()
 	}
