@@ -312,7 +312,7 @@ func TestFaultyWire(t *testing.T) {
 	defer l.Close()
 	echo(l)
 	w.SetFaults(softnic.Faults{Drop: 0.01, Corrupt: 0.01, Reorder: 0.02, Duplicate: 0.01, Seed: 29})
-	body := randBytes(t, 2<<20)
+	body := randBytes(t, 1<<20)
 	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
 		t.Run(dst, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -323,6 +323,23 @@ func TestFaultyWire(t *testing.T) {
 			require.NoError(t, c.SetDeadline(time.Now().Add(60*time.Second)))
 			roundTrip(t, c, body)
 		})
+	}
+	// An unmodified net/http server and client, over the same faults.
+	hl, err := p.b.Listen("tcp", ":80")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) })}
+	go func() { _ = srv.Serve(hl) }()
+	defer srv.Close()
+	tr := &http.Transport{DialContext: p.a.DialContext}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	for range 2 {
+		resp, err := cl.Get("http://10.9.0.2/")
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, sha256.Sum256(body), sha256.Sum256(got))
 	}
 	w.SetFaults(softnic.Faults{})
 	for end := range 2 {
