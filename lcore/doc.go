@@ -74,6 +74,7 @@
 // Measuring: bench/wakeup/run.sh times the wake-up against C;
 // `VFNIC_LCORE_BENCH=1 go test -run TestVM ./lcore` boots a guest and
 // compares the transmit rate of a core in each mode with a pktgen-style
-// loop on an ordinary goroutine. Package lcoretest is a software queue for
-// testing code that runs on a core.
+// loop on an ordinary goroutine. Package lcoretest is a software queue (a
+// nic/softnic receive queue whose frames the test injects) for testing
+// code that runs on a core.
 package lcore

@@ -10,8 +10,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
-	"github.com/vfnic/vfnic/netstack/internal/wire"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/softnic"
 )
 
 // countingDispatcher stands in for the stack: it counts what the
@@ -32,7 +32,7 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	devA, devB, err := wire.Pair(64)
+	devA, devB, err := softnic.Pair(nic.Config{QueueSize: 64})
 	require.NoError(t, err)
 	defer devA.Close()
 	defer devB.Close()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,16 +136,21 @@ func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config
 // openAt is open for the NIC at addr. With -force it first warns on warn
 // what the kernel loses (forceWarning).
 func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
-	as, err := parseAddrs([]string{addr})
-	if err != nil {
-		return nil, nil, err
+	// A name of a registered scheme ("softnic:lab/0") goes to its driver
+	// as it is; anything else must be a PCI address.
+	var as []pci.Address
+	if !schemeName(addr) {
+		var err error
+		if as, err = parseAddrs([]string{addr}); err != nil {
+			return nil, nil, err
+		}
 	}
 	core, err := d.newCore()
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
-	if d.force {
+	if d.force && len(as) > 0 {
 		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
 			fmt.Fprintln(warn, w)
 		}
@@ -155,6 +161,13 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 		return nil, nil, err
 	}
 	return core, dev, nil
+}
+
+// schemeName reports whether addr is "scheme:rest" for a scheme a
+// registered driver claims (nic.Schemes), a device that is no PCI function.
+func schemeName(addr string) bool {
+	scheme, _, ok := strings.Cut(addr, ":")
+	return ok && slices.Contains(nic.Schemes(), scheme)
 }
 
 // openNIC is nic.Open with refusals that say how to go on: a NIC the

@@ -1,8 +1,9 @@
-// Package lcoretest provides a software NIC queue for testing code that
-// runs on polling cores (package lcore) without a device: completions are
-// injected by the test, from any goroutine, and an armed queue raises its
-// "interrupt" through a real eventfd, as a NIC's MSI-X vector does through
-// VFIO.
+// Package lcoretest provides a NIC queue for testing code that runs on
+// polling cores (package lcore) without a device: a receive queue of a
+// software NIC (nic/softnic) whose completions the test injects, from any
+// goroutine, as frames sent to it by the other end of its wire. An armed
+// queue raises its interrupt through a real eventfd, as a NIC's MSI-X
+// vector does through VFIO.
 //
 // The queue behaves like the strictest hardware: an interrupt fires only
 // for a completion written after Arm, never for one already waiting, so a
@@ -21,29 +22,41 @@ import (
 
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/softnic"
 )
 
-// FrameLen is the length of every frame the queue "receives".
+// FrameLen is the length of every frame the queue receives: FrameLen
+// zero bytes.
 const FrameLen = 64
 
-// Queue is a software nic.RxQueue and nic.TxQueue. Its device side is
-// Inject; its driver side is the nic.Queue methods, for one reader.
+// Queue is a nic.RxQueue and nic.TxQueue for one reader: its completions
+// are the frames Inject sends it, read from the software NIC's ring. The
+// queue keeps its ring full itself (Poll reposts each DMA buffer and lends
+// the reader a copy of the frame in its own memory, which Repost and
+// Release only check), so a test's reader need not give buffers back.
+// Send transmits on the same end of the wire; the queue reclaims those
+// completions itself at Flush, so that Poll returns only received frames.
+// Its counters count the reader's calls.
 type Queue struct {
-	index int
-	size  int
-	efd   *eventfd.FD
-	frame []byte // the bytes every received completion points at
+	dev, peer *softnic.Device
+	rx        *softnic.RxQueue
+	tx        *softnic.TxQueue // Send's
+	inject    *softnic.TxQueue // the peer's, which Inject sends on
+	frame     []byte
 
-	mu      sync.Mutex
-	pending int  // completions written and not read
-	armed   bool // the next Inject raises the interrupt
-	closed  bool
+	recvMu   sync.Mutex // recv: Poll may run beside SRead's
+	recv     []byte     // the last frame received, FrameLen bytes
+	recvAddr uintptr    // its address, Completion.Buf
+	injectMu sync.Mutex
+	scratch  []nic.Completion // Inject's
+	txc      []nic.Completion // the reader's, for Send's completions
 
 	// BeforeArm, when set, runs at the start of Arm, before the arm takes
 	// effect: a test injects there the completion that races with the arm.
 	BeforeArm func()
 
-	posts, flushes, arms, fired, packets atomic.Uint64
+	closed                        atomic.Bool
+	posts, flushes, arms, packets atomic.Uint64
 }
 
 var (
@@ -51,48 +64,65 @@ var (
 	_ nic.TxQueue = (*Queue)(nil)
 )
 
-// New returns queue index with size descriptors and an interrupt eventfd.
+// New returns queue index with size descriptors (a power of two, as
+// softnic rounds down) and an interrupt eventfd, its ring filled.
 func New(index, size int) (*Queue, error) {
 	if size <= 0 || index < 0 {
 		return nil, fmt.Errorf("%w: lcoretest: queue %d of size %d", os.ErrInvalid, index, size)
 	}
-	efd, err := eventfd.New()
+	w, err := softnic.NewWire("", softnic.Options{MaxQueuePairs: index + 1})
 	if err != nil {
 		return nil, err
 	}
-	return &Queue{index: index, size: size, efd: efd, frame: make([]byte, FrameLen)}, nil
+	cfg := nic.Config{QueuePairs: index + 1, QueueSize: size, RxBuffers: 2 * size, BufferSize: nic.MaxFrame + 8}
+	q := &Queue{scratch: make([]nic.Completion, 64), txc: make([]nic.Completion, 64)}
+	if q.peer, err = w.Open(0, cfg); err != nil {
+		return nil, err
+	}
+	if q.dev, err = w.Open(1, cfg); err != nil {
+		return nil, errors.Join(err, q.peer.Close())
+	}
+	q.rx, _ = q.dev.RxQueue(index) // in range: index+1 pairs
+	q.tx, _ = q.dev.TxQueue(index)
+	q.inject, _ = q.peer.TxQueue(index) // frames that are no IP go to the queue of the sender's index
+	for q.rx.PostRecv(nil) == nil {
+	}
+	if err := q.rx.Flush(); err != nil {
+		return nil, errors.Join(err, q.Close())
+	}
+	q.recv = make([]byte, FrameLen)
+	q.recvAddr = uintptr(unsafe.Pointer(&q.recv[0]))
+	// 64 zero bytes, as tests of filters expect: MACs and EtherType 0
+	// (the wire steers a frame that is no IP to the queue of the sender's
+	// index, and takes any MAC).
+	q.frame = make([]byte, FrameLen)
+	return q, nil
 }
 
-// Inject writes n completions, as the device would, and raises the
-// interrupt if the queue is armed (once per arm). It reports whether it
-// raised the interrupt.
+// Inject has n frames arrive, as the device would write their completions,
+// and raises the interrupt if the queue is armed (once per arm). It
+// reports whether it raised the interrupt. Frames for which no buffer is
+// posted are dropped, as a NIC drops them.
 func (q *Queue) Inject(n int) bool {
-	q.mu.Lock()
-	if q.closed || n <= 0 {
-		q.mu.Unlock()
-		return false
+	q.injectMu.Lock()
+	defer q.injectMu.Unlock()
+	before := q.rx.Raised()
+	for range n {
+		for q.inject.Send(q.frame, nil) != nil {
+			if q.inject.Flush() != nil {
+				return false // closed
+			}
+			q.inject.Poll(q.scratch)
+		}
 	}
-	q.pending += n
-	fire := q.armed
-	q.armed = false
-	q.mu.Unlock()
-	if !fire {
-		return false
+	_ = q.inject.Flush()
+	for q.inject.Poll(q.scratch) == len(q.scratch) {
 	}
-	// Written after the unlock, as a device raises its interrupt after
-	// the entry: a reader woken on this CPU must not find the queue
-	// locked by the writer it preempted.
-	q.fired.Add(1)
-	_ = q.efd.Add(1)
-	return true
+	return q.rx.Raised() != before
 }
 
 // Pending returns the completions written and not read yet.
-func (q *Queue) Pending() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.pending
-}
+func (q *Queue) Pending() int { return q.rx.Ready(2 * q.rx.Size()) }
 
 // Counters are the queue's calls, for tests.
 type Counters struct {
@@ -105,44 +135,55 @@ type Counters struct {
 // Counters returns the queue's counters.
 func (q *Queue) Counters() Counters {
 	return Counters{Posts: q.posts.Load(), Flushes: q.flushes.Load(), Arms: q.arms.Load(),
-		Fired: q.fired.Load(), Packets: q.packets.Load()}
+		Fired: q.rx.Raised(), Packets: q.packets.Load()}
 }
 
 // Index implements nic.Queue.
-func (q *Queue) Index() int { return q.index }
+func (q *Queue) Index() int { return q.rx.Index() }
 
 // Size implements nic.Queue.
-func (q *Queue) Size() int { return q.size }
+func (q *Queue) Size() int { return q.rx.Size() }
 
-// Outstanding implements nic.Queue: the queue always has a full ring.
-func (q *Queue) Outstanding() int { return q.size }
+// Outstanding implements nic.Queue: receive buffers posted and sends not
+// completed.
+func (q *Queue) Outstanding() int { return q.rx.Outstanding() + q.tx.Outstanding() }
 
-// Flush implements nic.Queue.
+// Flush implements nic.Queue: both directions, and the completions of
+// what Send sent are reclaimed.
 func (q *Queue) Flush() error {
-	if q.isClosed() {
-		return nic.ErrClosed
+	if err := q.rx.Flush(); err != nil {
+		return err
 	}
 	q.flushes.Add(1)
-	return nil
+	err := q.tx.Flush()
+	for q.tx.Poll(q.txc) == len(q.txc) {
+	}
+	return err
 }
 
-// Poll implements nic.Queue. Each completion is a FrameLen-byte frame; a
-// poll that returns completions turns the interrupt off, as drivers do.
+// Poll implements nic.Queue: received frames of FrameLen bytes, each
+// copied into the queue's own frame buffer (Buf is its address) while the
+// DMA buffer goes back to the device at once, so that the ring stays full
+// whatever the reader does; a poll that returns completions turns the
+// interrupt off, as drivers do.
 func (q *Queue) Poll(out []nic.Completion) int {
-	q.mu.Lock()
-	n := min(len(out), q.pending)
-	if q.closed {
-		n = 0
+	n := q.rx.Poll(out)
+	if n == 0 {
+		return 0
 	}
-	q.pending -= n
-	if n > 0 {
-		q.armed = false
-	}
-	q.mu.Unlock()
-	buf := uintptr(unsafe.Pointer(&q.frame[0]))
 	for i := range out[:n] {
-		out[i] = nic.Completion{Buf: buf, Data: q.frame, Len: FrameLen, Queue: q.index}
+		c := &out[i]
+		if c.Err != nil {
+			_ = q.rx.PostRecv(nil) // the driver recycled the buffer
+			continue
+		}
+		q.recvMu.Lock()
+		copy(q.recv, c.Data)
+		q.recvMu.Unlock()
+		_ = q.rx.Repost(c.Buf, nil)
+		c.Buf, c.Data = q.recvAddr, q.recv[:c.Len]
 	}
+	_ = q.rx.Flush()
 	q.packets.Add(uint64(n))
 	return n
 }
@@ -152,97 +193,100 @@ func (q *Queue) SRead(ctx context.Context, out []nic.Completion, threshold int, 
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
 
-// Arm implements nic.Queue: the next Inject raises the interrupt.
-// Completions already written raise nothing.
+// Arm implements nic.Queue: the next completion written raises the
+// interrupt. Completions already written raise nothing.
 func (q *Queue) Arm(threshold int) error {
 	if f := q.BeforeArm; f != nil {
 		f()
 	}
-	// WaitInterrupt on a pinned thread leaves the count it woke on. Taken
-	// outside the lock, which Inject takes.
-	_, _ = q.efd.TakeLeft()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return nic.ErrClosed
+	if err := q.rx.Arm(threshold); err != nil {
+		return err
 	}
 	q.arms.Add(1)
-	q.armed = true
 	return nil
 }
 
 // Interrupt implements nic.Queue.
-func (q *Queue) Interrupt() *eventfd.FD { return q.efd }
+func (q *Queue) Interrupt() *eventfd.FD { return q.rx.Interrupt() }
 
 // WaitInterrupt implements nic.Queue.
 func (q *Queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	_, err := q.efd.Await(ctx, deadline)
-	switch {
-	case errors.Is(err, eventfd.ErrTimeout):
-		return nic.ErrTimeout
-	case errors.Is(err, eventfd.ErrClosed):
-		return nic.ErrClosed
-	}
-	return err
+	return q.rx.WaitInterrupt(ctx, deadline)
 }
 
 // Stats implements nic.Queue.
-func (q *Queue) Stats() nic.QueueStats {
-	return nic.QueueStats{Packets: q.packets.Load(), Bytes: FrameLen * q.packets.Load(),
-		Notifies: q.flushes.Load(), Interrupts: q.fired.Load()}
-}
+func (q *Queue) Stats() nic.QueueStats { return q.rx.Stats() }
 
-// PostRecv implements nic.RxQueue; it only counts.
-func (q *Queue) PostRecv(any) error { return q.post() }
+// PostRecv implements nic.RxQueue: the ring is always full, so it only
+// counts.
+func (q *Queue) PostRecv(any) error { return q.count(q.usable()) }
 
-// Repost implements nic.RxQueue; it only counts.
-func (q *Queue) Repost(uintptr, any) error { return q.post() }
+// Repost implements nic.RxQueue: it checks the buffer and counts.
+func (q *Queue) Repost(buf uintptr, _ any) error { return q.count(q.own(buf)) }
 
-// Release implements nic.RxQueue.
-func (q *Queue) Release(uintptr) error {
-	if q.isClosed() {
-		return nic.ErrClosed
-	}
-	return nil
-}
+// Release implements nic.RxQueue: the buffer is the queue's own, so it
+// only checks it.
+func (q *Queue) Release(buf uintptr) error { return q.own(buf) }
 
 // MaxFrame implements nic.RxQueue and nic.TxQueue.
 func (q *Queue) MaxFrame() int { return nic.MaxFrame }
 
 // Frame implements nic.RxQueue.
 func (q *Queue) Frame(buf uintptr, length int) ([]byte, error) {
-	if buf != uintptr(unsafe.Pointer(&q.frame[0])) || length < 0 || length > FrameLen {
-		return nil, nic.ErrBadBuffer
+	if err := q.own(buf); err != nil {
+		return nil, err
 	}
-	return q.frame[:length], nil
+	if length < 0 || length > FrameLen {
+		return nil, fmt.Errorf("%w: %d bytes of a %d-byte frame", nic.ErrBadBuffer, length, FrameLen)
+	}
+	return q.recv[:length], nil
 }
 
-// Send implements nic.TxQueue; it only counts.
-func (q *Queue) Send(frame []byte, _ any) error {
-	if len(frame) < nic.MinFrame || len(frame) > nic.MaxFrame {
-		return nic.ErrFrameSize
+// own checks that buf is the address Poll reports.
+func (q *Queue) own(buf uintptr) error {
+	if buf != q.recvAddr {
+		return fmt.Errorf("%w: %#x is not this queue's frame", nic.ErrBadBuffer, buf)
 	}
-	return q.post()
+	return q.usable()
 }
 
-func (q *Queue) post() error {
-	if q.isClosed() {
+// usable is nic.ErrClosed once the queue is closed.
+func (q *Queue) usable() error {
+	if q.closed.Load() {
 		return nic.ErrClosed
 	}
-	q.posts.Add(1)
 	return nil
 }
 
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
+// Send implements nic.TxQueue: the frame goes to the other end of the
+// wire, which drops it (it posts no buffer).
+func (q *Queue) Send(frame []byte, ctx any) error {
+	if len(frame) > nic.MaxFrame {
+		return fmt.Errorf("%w: %d bytes", nic.ErrFrameSize, len(frame))
+	}
+	err := q.tx.Send(frame, ctx)
+	if errors.Is(err, nic.ErrFull) {
+		// Reclaim and retry: the queue's own sends complete at Flush.
+		if err = q.tx.Flush(); err == nil {
+			for q.tx.Poll(q.txc) == len(q.txc) {
+			}
+			err = q.tx.Send(frame, ctx)
+		}
+	}
+	return q.count(err)
 }
 
-// Close closes the queue and its eventfd. It is safe to call more than once.
+// count counts a successful post.
+func (q *Queue) count(err error) error {
+	if err == nil {
+		q.posts.Add(1)
+	}
+	return err
+}
+
+// Close closes both ends of the queue's wire, the eventfd with them. It is
+// safe to call more than once.
 func (q *Queue) Close() error {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	return q.efd.Close()
+	q.closed.Store(true)
+	return errors.Join(q.dev.Close(), q.peer.Close())
 }
