@@ -301,6 +301,9 @@ type Completion struct {
 	Src cq.Addr
 	// Meta are the layout's Meta fields.
 	Meta [2]uint64
+	// Word is the driver word the operation was posted with (Op.Word),
+	// when the entry named an outstanding one.
+	Word uint64
 }
 
 // Next takes the next entry of the ring into c and consumes it; false when
@@ -402,6 +405,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		ln = s.len
 	}
 	c.Context = s.ctx
+	c.Word = t.word(id)
 	c.Flags = fl
 	if fl&cq.FlagRecv != 0 && bufOff <= s.len {
 		c.Buf = s.buf + uintptr(bufOff)

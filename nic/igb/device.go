@@ -108,8 +108,7 @@ type Device struct {
 	nVectors   int
 	vmode      vectorMode
 	efds       []*eventfd.FD
-	vectorFDs  []int
-	bound      []*cq.CQ
+	vec        qcore.Vectors // MSI-X wiring and the CQs queues feed (BindCQ)
 
 	rx []*RxQueue
 	tx []*TxQueue
@@ -496,7 +495,7 @@ func (d *Device) setupInterrupts(pairs, need int, moderation time.Duration) erro
 		d.efds = append(d.efds, e)
 		fds[i] = e.Fd()
 	}
-	d.vectorFDs = fds
+	d.vec = qcore.Vectors{Name: d.name, FDs: fds, Enable: d.enableMSIX}
 	if d.enableMSIX != nil {
 		if err := d.enableMSIX(fds); err != nil {
 			return err
@@ -576,7 +575,8 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: receive buffers of %s: %w", d.name, err)
 		}
 		rq.bufs, rq.bufLen = rxbuf.New(pool, 0), uint32(cfg.BufferSize)
-		rq.posBuf = make([]uint32, n)
+		rq.Queue.Init(ops{&rq.queue}, n, &rq.bufs)
+		rq.Rx = qcore.NewRx(&rq.Queue, ops{&rq.queue}, cfg.BufferSize)
 		rq.meta = make([]rxMeta, pool.Cap())
 		rq.rss = pairs > 1
 		d.rx = append(d.rx, rq)
@@ -602,6 +602,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: transmit buffers of %s: %w", d.name, err)
 		}
 		tq.pool = tpool
+		tq.Queue.Init(ops{&tq.queue}, n, nil)
 		d.tx = append(d.tx, tq)
 
 		r.write(txReg(regTXDCTL0, i), 0)
@@ -650,7 +651,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if err != nil {
 		return 0, err
 	}
-	q.Name, q.Pair, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.Name, q.Pair, q.QNum, q.Driver, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, "igb", !tx, uint32(n)
 	q.NoIRQHint = " (NoQueueInterrupts: read it by polling)"
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
 	q.Vector, q.VDev = vec, d.vdev
@@ -757,12 +758,7 @@ func (d *Device) maxPairs() int {
 }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.addr...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.addr) }
 
 // MAC implements nic.Device.
 func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.addr...) }
@@ -771,22 +767,10 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	q, err := d.RxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	q, err := d.TxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
@@ -882,18 +866,7 @@ func (d *Device) Stats() nic.Stats {
 		d.takeLinkInterrupts()
 	}
 	d.mu.Unlock()
-	s := nic.Stats{ConfigInterrupts: d.linkIntr.Load()}
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.RxQueues = append(s.RxQueues, qs)
-		s.Rx.Add(qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.TxQueues = append(s.TxQueues, qs)
-		s.Tx.Add(qs)
-	}
-	return s
+	return qcore.Stats(d.linkIntr.Load(), d.rx, d.tx)
 }
 
 // BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue
@@ -907,93 +880,36 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
 		return err
 	}
-	var qs []*queue
+	var qs []*qcore.Queue
 	if dir&nic.Recv != 0 {
-		qs = append(qs, &d.rx[i].queue)
+		qs = append(qs, &d.rx[i].Queue)
 	}
 	if dir&nic.Send != 0 {
-		qs = append(qs, &d.tx[i].queue)
-	}
-	for _, q := range qs {
-		q.Mu.Lock()
-		bound := q.Src != nil
-		q.Mu.Unlock()
-		if bound {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.Name)
-		}
+		qs = append(qs, &d.tx[i].Queue)
 	}
 	if d.vmode == perPair && len(qs) == 1 {
 		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
 			nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
 	}
-	for _, q := range qs {
-		s := &cqSource{q: q, dev: d}
-		if err := c.Driver().Bind(); err != nil {
-			return err
-		}
-		if err := c.Driver().AddSource(s.source()); err != nil {
-			c.Driver().Unbind()
-			return err
-		}
-		d.bound = append(d.bound, c)
-		s.irq = c.Driver().Interrupt()
-		q.Mu.Lock()
-		q.Src = s
-		q.disarm()
-		q.Mu.Unlock()
-		if efd := s.irq; efd != nil && q.Vector >= 0 {
-			if err := d.wire(q.Vector, efd.Fd()); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return d.vec.Bind(c, qs, d.unbind)
 }
 
-// unbind gives a queue its own completions and interrupt back.
-func (d *Device) unbind(s *cqSource) error {
+// unbind gives a queue its own completions and interrupt back; a vector
+// the queues of a pair share goes back to the pair's eventfd once
+// neither feeds the CQ any more.
+func (d *Device) unbind(s *qcore.Source) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	q := s.q
-	q.Mu.Lock()
-	if q.Src == s {
-		q.Src = nil
-		// Flushed completions the CQ did not read go with it (a closed
-		// CQ loses what it held).
-		q.flushed.Drop()
-	}
-	q.Mu.Unlock()
-	if d.closed || q.Vector < 0 || q.EFD == nil {
-		return nil
-	}
-	if q.shared != nil {
-		// The vector goes back to the pair's eventfd once neither
-		// queue feeds the CQ any more.
-		other := &d.tx[q.Pair].queue
-		if !q.rx {
-			other = &d.rx[q.Pair].queue
+	q := s.Queue()
+	keep := false
+	if d.vmode == perPair && !d.closed {
+		other := &d.tx[q.Pair].Queue
+		if other == q {
+			other = &d.rx[q.Pair].Queue
 		}
-		other.Mu.Lock()
-		stillBound := other.Src != nil
-		other.Mu.Unlock()
-		if stillBound {
-			return nil
-		}
+		keep = other.Bound()
 	}
-	return d.wire(q.Vector, q.EFD.Fd())
-}
-
-// wire points MSI-X vector v at fd, rewiring all vectors in one call
-// (MSI-X cannot be resized while enabled). Called with d.mu held.
-func (d *Device) wire(v, fd int) error {
-	if v < 0 || v >= len(d.vectorFDs) {
-		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, d.name, v, len(d.vectorFDs))
-	}
-	d.vectorFDs[v] = fd
-	if d.enableMSIX == nil {
-		return nil
-	}
-	return d.enableMSIX(d.vectorFDs)
+	return d.vec.Unbind(s, d.closed, keep)
 }
 
 // Close stops the device and releases everything: it waits for queue
@@ -1032,10 +948,10 @@ func (d *Device) close(why error) error {
 func (d *Device) teardown(why error) error {
 	var errs []error
 	for _, q := range d.rx {
-		q.close(why)
+		q.CloseQueue(why)
 	}
 	for _, q := range d.tx {
-		q.close(why)
+		q.CloseQueue(why)
 	}
 	if d.regs != nil {
 		d.stopIO()
@@ -1065,10 +981,7 @@ func (d *Device) teardown(why error) error {
 	for _, e := range d.efds {
 		errs = append(errs, e.Close())
 	}
-	for _, c := range d.bound {
-		c.Driver().Unbind()
-	}
-	d.bound = nil
+	d.vec.UnbindAll()
 	return errors.Join(errs...)
 }
 

@@ -12,7 +12,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -64,8 +63,7 @@ type Device struct {
 	space     *dma.Space
 	cfgEFD    *eventfd.FD
 	efds      []*eventfd.FD // the device's eventfds, one per vector, config first
-	vectorFDs []int         // what each MSI-X vector signals now (BindCQ rewires)
-	bound     []*cq.CQ      // one entry per queue bound with BindCQ
+	vec       qcore.Vectors // MSI-X wiring and the CQs queues feed (BindCQ)
 	rx        []*RxQueue
 	tx        []*TxQueue
 	ctrl      *ctrlQueue
@@ -375,7 +373,7 @@ func (d *Device) setupInterrupts(pairs int) error {
 		fds[i] = e.Fd()
 	}
 	d.cfgEFD = d.efds[0]
-	d.vectorFDs = fds
+	d.vec = qcore.Vectors{Name: d.name, FDs: fds, Enable: d.vdev.EnableMSIX}
 	if err := d.vdev.EnableMSIX(fds); err != nil {
 		return err
 	}
@@ -626,12 +624,7 @@ func (d *Device) fillInfo(cfg Config, pairs int) {
 }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
 
 // Features returns the negotiated feature bits.
 func (d *Device) Features() Features { return d.features }
@@ -646,22 +639,10 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	q, err := d.RxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	q, err := d.TxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
@@ -734,18 +715,7 @@ func (d *Device) Stats() nic.Stats {
 		d.takeConfigInterrupts()
 	}
 	d.mu.Unlock()
-	s := nic.Stats{ConfigInterrupts: d.cfgIntr.Load()}
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.RxQueues = append(s.RxQueues, qs)
-		s.Rx.Add(qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.TxQueues = append(s.TxQueues, qs)
-		s.Tx.Add(qs)
-	}
-	return s
+	return qcore.Stats(d.cfgIntr.Load(), d.rx, d.tx)
 }
 
 // Close stops the device and releases everything: it waits for queue
@@ -784,10 +754,10 @@ func (d *Device) close(why error) error {
 func (d *Device) teardown(why error) error {
 	var errs []error
 	for _, q := range d.rx {
-		q.close(why)
+		q.CloseQueue(why)
 	}
 	for _, q := range d.tx {
-		q.close(why)
+		q.CloseQueue(why)
 	}
 	if d.t != nil {
 		if err := d.t.reset(context.Background(), resetTimeout); err != nil {
@@ -809,10 +779,7 @@ func (d *Device) teardown(why error) error {
 	for _, e := range d.efds {
 		errs = append(errs, e.Close())
 	}
-	for _, c := range d.bound {
-		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
-	}
-	d.bound = nil
+	d.vec.UnbindAll()
 	return errors.Join(errs...)
 }
 

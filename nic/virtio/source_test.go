@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // bindTest binds a rig's queue to a new CQ the way Device.BindCQ does,
@@ -16,16 +17,12 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	t.Helper()
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
-	s := &cqSource{dev: &Device{name: "test", closed: true}, q: q, qnum: uint32(q.vq.qidx)}
-	switch pq := pq.(type) {
-	case *RxQueue:
-		s.rx = pq
-	case *TxQueue:
-		s.tx = pq
-	}
-	require.NoError(t, c.Driver().AddSource(s.source()))
-	q.Src = s
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	var v qcore.Vectors
+	require.NoError(t, v.Bind(c, []*qcore.Queue{&q.Queue}, func(s *qcore.Source) error { return v.Unbind(s, true, false) }))
+	t.Cleanup(func() {
+		v.UnbindAll() // as the device's close does
+		require.NoError(t, c.Close())
+	})
 	return c
 }
 
