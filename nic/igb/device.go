@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,15 +107,15 @@ type Device struct {
 	nVectors   int
 	vmode      vectorMode
 	efds       []*eventfd.FD
-	vec        qcore.Vectors // MSI-X wiring and the CQs queues feed (BindCQ)
 
 	rx []*RxQueue
 	tx []*TxQueue
 
-	mu         sync.Mutex
-	closed     bool
-	linkIntr   atomic.Uint64
-	closeError error
+	// core is the lock (Close, BindCQ, register reads of the link), the
+	// closed state, the queues as the shared core sees them and the
+	// MSI-X wiring.
+	core     qcore.Device
+	linkIntr atomic.Uint64
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -166,7 +165,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: name, mac: m, own: own}
+	d := &Device{name: name, mac: m, own: own, core: qcore.Device{Name: name}}
 	fail := func(err error) (*Device, error) {
 		// Whatever was set up is released and the device goes back
 		// where it was.
@@ -495,7 +494,7 @@ func (d *Device) setupInterrupts(pairs, need int, moderation time.Duration) erro
 		d.efds = append(d.efds, e)
 		fds[i] = e.Fd()
 	}
-	d.vec = qcore.Vectors{Name: d.name, FDs: fds, Enable: d.enableMSIX}
+	d.core.Name, d.core.FDs, d.core.Enable = d.name, fds, d.enableMSIX
 	if d.enableMSIX != nil {
 		if err := d.enableMSIX(fds); err != nil {
 			return err
@@ -580,6 +579,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 		rq.meta = make([]rxMeta, pool.Cap())
 		rq.rss = pairs > 1
 		d.rx = append(d.rx, rq)
+		d.core.Rx = append(d.core.Rx, &rq.Queue)
 
 		r.write(rxReg(regRXDCTL0, i), 0)
 		r.write(rxReg(regRDBAL0, i), uint32(rxIOVA))
@@ -604,6 +604,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 		tq.pool = tpool
 		tq.Queue.Init(ops{&tq.queue}, n, nil)
 		d.tx = append(d.tx, tq)
+		d.core.Tx = append(d.core.Tx, &tq.Queue)
 
 		r.write(txReg(regTXDCTL0, i), 0)
 		r.write(txReg(regTDBAL0, i), uint32(txIOVA))
@@ -784,9 +785,9 @@ func (d *Device) TxQueue(i int) (*TxQueue, error) {
 
 // Link implements nic.Device: STATUS.LU, FD and SPEED.
 func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return nic.Link{}, nic.ErrClosed
 	}
 	d.takeLinkInterrupts()
@@ -845,9 +846,9 @@ type InterruptRegisters struct {
 // InterruptRegisters reads the interrupt routing registers. It reads none
 // of the read-to-clear cause registers (ICR, EICR), so it changes nothing.
 func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return InterruptRegisters{}, nic.ErrClosed
 	}
 	r := d.regs
@@ -861,12 +862,12 @@ func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
 
 // Stats implements nic.Device.
 func (d *Device) Stats() nic.Stats {
-	d.mu.Lock()
-	if !d.closed {
+	d.core.Mu.Lock()
+	if !d.core.Closed {
 		d.takeLinkInterrupts()
 	}
-	d.mu.Unlock()
-	return qcore.Stats(d.linkIntr.Load(), d.rx, d.tx)
+	d.core.Mu.Unlock()
+	return d.core.Stats(d.linkIntr.Load())
 }
 
 // BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue
@@ -875,41 +876,31 @@ func (d *Device) Stats() nic.Stats {
 // wake one CQ only: both queues are bound to the same CQ (dir
 // nic.Recv|nic.Send), or neither.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
-		return err
-	}
-	var qs []*qcore.Queue
-	if dir&nic.Recv != 0 {
-		qs = append(qs, &d.rx[i].Queue)
-	}
-	if dir&nic.Send != 0 {
-		qs = append(qs, &d.tx[i].Queue)
-	}
-	if d.vmode == perPair && len(qs) == 1 {
-		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
-			nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
-	}
-	return d.vec.Bind(c, qs, d.unbind)
+	return d.core.BindCQ(c, i, dir, func(qs []*qcore.Queue) error {
+		if d.vmode == perPair && len(qs) == 1 {
+			return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
+				nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
+		}
+		return nil
+	}, d.unbind)
 }
 
 // unbind gives a queue its own completions and interrupt back; a vector
 // the queues of a pair share goes back to the pair's eventfd once
 // neither feeds the CQ any more.
 func (d *Device) unbind(s *qcore.Source) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
 	q := s.Queue()
 	keep := false
-	if d.vmode == perPair && !d.closed {
-		other := &d.tx[q.Pair].Queue
+	if d.vmode == perPair && !d.core.Closed {
+		other := d.core.Tx[q.Pair]
 		if other == q {
-			other = &d.rx[q.Pair].Queue
+			other = d.core.Rx[q.Pair]
 		}
 		keep = other.Bound()
 	}
-	return d.vec.Unbind(s, d.closed, keep)
+	return d.core.Unbind(s, keep)
 }
 
 // Close stops the device and releases everything: it waits for queue
@@ -930,29 +921,16 @@ func (d *Device) Close() error {
 
 // close tears the device down once, queues then failing with why, and
 // gives it back to its previous driver.
-func (d *Device) close(why error) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeError
-	}
-	d.closed = true
-	err := d.teardown(why)
-	d.closeError = errors.Join(err, d.own.GiveBack(why))
-	return d.closeError
-}
+func (d *Device) close(why error) error { return d.core.Close(why, d.own, d.hw) }
 
-// teardown releases whatever was set up, in the order the device needs:
-// no DMA memory is freed while the device may still use it. Queue
-// operations fail with why from then on.
-func (d *Device) teardown(why error) error {
+// teardown releases whatever was set up, queue operations failing with
+// why from then on (qcore.Device.Teardown).
+func (d *Device) teardown(why error) error { return d.core.Teardown(why, d.hw) }
+
+// hw releases the device's resources in the order the device needs: no
+// DMA memory is freed while the device may still use it.
+func (d *Device) hw() error {
 	var errs []error
-	for _, q := range d.rx {
-		q.CloseQueue(why)
-	}
-	for _, q := range d.tx {
-		q.CloseQueue(why)
-	}
 	if d.regs != nil {
 		d.stopIO()
 		for i := range d.rx {
@@ -981,7 +959,6 @@ func (d *Device) teardown(why error) error {
 	for _, e := range d.efds {
 		errs = append(errs, e.Close())
 	}
-	d.vec.UnbindAll()
 	return errors.Join(errs...)
 }
 

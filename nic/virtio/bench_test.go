@@ -60,8 +60,8 @@ func benchBind(b *testing.B, rx *RxQueue) *cq.CQ {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var v qcore.Vectors
-	if err := v.Bind(c, []*qcore.Queue{&rx.Queue}, func(s *qcore.Source) error { return v.Unbind(s, true, false) }); err != nil {
+	var v qcore.Device
+	if err := v.Bind(c, []*qcore.Queue{&rx.Queue}, func(s *qcore.Source) error { return v.Unbind(s, false) }); err != nil {
 		b.Fatal(err)
 	}
 	return c

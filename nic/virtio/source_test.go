@@ -17,8 +17,8 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	t.Helper()
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
-	var v qcore.Vectors
-	require.NoError(t, v.Bind(c, []*qcore.Queue{&q.Queue}, func(s *qcore.Source) error { return v.Unbind(s, true, false) }))
+	var v qcore.Device
+	require.NoError(t, v.Bind(c, []*qcore.Queue{&q.Queue}, func(s *qcore.Source) error { return v.Unbind(s, false) }))
 	t.Cleanup(func() {
 		v.UnbindAll() // as the device's close does
 		require.NoError(t, c.Close())

@@ -1,50 +1,84 @@
 package queue
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"sync"
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/owner"
 )
 
-// Vectors is a device's MSI-X wiring and the CQs its queues feed: what
-// BindCQ, a CQ letting go of a queue and the device's close share. The
-// device's lock guards it.
-type Vectors struct {
+// Device is the part of a NIC device every driver has: its lock and
+// closed state, its queues as the core sees them, its MSI-X wiring and
+// the CQs its queues feed; with them BindCQ, a CQ letting go of a queue,
+// Stats and the order of a close. A driver keeps one in an unexported
+// field and adds its registers.
+type Device struct {
+	// Mu guards Closed and the wiring, and serialises BindCQ, Close and
+	// the driver's own register reads (link, configuration).
+	Mu     sync.Mutex
+	Closed bool
 	// Name is the device's, for errors.
 	Name string
-	// FDs is what each MSI-X vector signals now (Bind rewires).
+	// Rx and Tx are the queues of each pair, in pair order.
+	Rx, Tx []*Queue
+	// FDs is what each MSI-X vector signals now (BindCQ rewires).
 	FDs []int
 	// Enable wires every vector to FDs in one call (MSI-X cannot be
 	// resized while enabled); nil without VFIO.
 	Enable func(fds []int) error
 
-	bound []*cq.CQ // one entry per queue bound
+	bound    []*cq.CQ // one entry per queue bound
+	closeErr error
 }
 
-// Wire points MSI-X vector v at fd.
-func (v *Vectors) Wire(vec, fd int) error {
-	if vec < 0 || vec >= len(v.FDs) {
-		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, v.Name, vec, len(v.FDs))
+// Wire points MSI-X vector vec at fd. Called locked.
+func (d *Device) Wire(vec, fd int) error {
+	if vec < 0 || vec >= len(d.FDs) {
+		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, d.Name, vec, len(d.FDs))
 	}
-	v.FDs[vec] = fd
-	if v.Enable == nil {
+	d.FDs[vec] = fd
+	if d.Enable == nil {
 		return nil
 	}
-	return v.Enable(v.FDs)
+	return d.Enable(d.FDs)
 }
 
-// Bind makes each of qs feed c (nic.Device.BindCQ, after CheckBind): a
-// queue that already feeds one is refused before anything changes; each
-// then gets a Source in c, its interrupt off and its vector wired to c's
-// eventfd. unbind is the device's way back (Source.Unbind), which takes
-// the device's lock and calls Unbind.
-func (v *Vectors) Bind(c *cq.CQ, qs []*Queue, unbind func(*Source) error) error {
+// BindCQ implements nic.Device.BindCQ: CheckBind's checks, then rule (nil,
+// or the driver's own on the queues picked), then Bind.
+func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction, rule func(qs []*Queue) error, unbind func(*Source) error) error {
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if err := CheckBind(d.Name, d.Closed, c, i, len(d.Rx), dir); err != nil {
+		return err
+	}
+	var qs []*Queue
+	if dir&nic.Recv != 0 {
+		qs = append(qs, d.Rx[i])
+	}
+	if dir&nic.Send != 0 {
+		qs = append(qs, d.Tx[i])
+	}
+	if rule != nil {
+		if err := rule(qs); err != nil {
+			return err
+		}
+	}
+	return d.Bind(c, qs, unbind)
+}
+
+// Bind makes each of qs feed c: a queue that already feeds one is
+// refused before anything changes; each then gets a Source in c, its
+// interrupt off and its vector wired to c's eventfd. unbind is the
+// device's way back (Source.Unbind), which calls Unbind. Called locked.
+func (d *Device) Bind(c *cq.CQ, qs []*Queue, unbind func(*Source) error) error {
 	for _, q := range qs {
 		if q.Bound() {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, v.Name, q.Name)
+			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.Name, q.Name)
 		}
 	}
 	drv := c.Driver()
@@ -57,14 +91,14 @@ func (v *Vectors) Bind(c *cq.CQ, qs []*Queue, unbind func(*Source) error) error 
 			drv.Unbind()
 			return err
 		}
-		v.bound = append(v.bound, c)
+		d.bound = append(d.bound, c)
 		s.irq = drv.Interrupt()
 		q.Mu.Lock()
 		q.Src = s
 		q.ring.Disarm()
 		q.Mu.Unlock()
 		if s.irq != nil && q.Vector >= 0 {
-			if err := v.Wire(q.Vector, s.irq.Fd()); err != nil {
+			if err := d.Wire(q.Vector, s.irq.Fd()); err != nil {
 				return err
 			}
 		}
@@ -76,7 +110,8 @@ func (v *Vectors) Bind(c *cq.CQ, qs []*Queue, unbind func(*Source) error) error 
 // is closed or keep (the vector still serves another queue bound to the
 // CQ), its own interrupt. Flushed completions the CQ did not read go with
 // it (a closed CQ loses what it held); Poll must not report them instead.
-func (v *Vectors) Unbind(s *Source, closed, keep bool) error {
+// Called locked.
+func (d *Device) Unbind(s *Source, keep bool) error {
 	q := s.q
 	q.Mu.Lock()
 	if q.Src == s {
@@ -84,31 +119,60 @@ func (v *Vectors) Unbind(s *Source, closed, keep bool) error {
 		q.canceled.Drop()
 	}
 	q.Mu.Unlock()
-	if closed || keep || q.Vector < 0 || q.EFD == nil {
+	if d.Closed || keep || q.Vector < 0 || q.EFD == nil {
 		return nil
 	}
-	return v.Wire(q.Vector, q.EFD.Fd())
+	return d.Wire(q.Vector, q.EFD.Fd())
 }
 
-// UnbindAll lets every CQ bound go (the device's close, after its queues
-// closed): the CQ may close now; its sources read nothing more.
-func (v *Vectors) UnbindAll() {
-	for _, c := range v.bound {
+// Close tears the device down once: the queues close (CloseQueue, why),
+// then the driver's hw (reset, interrupts, DMA memory, VFIO), then the
+// CQs the queues fed are let go, and own gives the PCI function back. A
+// later call returns the first one's error.
+func (d *Device) Close(why error, own *owner.Owner, hw func() error) error {
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if d.Closed {
+		return d.closeErr
+	}
+	d.Closed = true
+	d.closeErr = errors.Join(d.Teardown(why, hw), own.GiveBack(why))
+	return d.closeErr
+}
+
+// Teardown closes the queues with why, runs hw and lets the CQs go: what
+// Close does besides giving the function back, for a failed Open.
+func (d *Device) Teardown(why error, hw func() error) error {
+	for _, q := range d.Rx {
+		q.CloseQueue(why)
+	}
+	for _, q := range d.Tx {
+		q.CloseQueue(why)
+	}
+	err := hw()
+	d.UnbindAll()
+	return err
+}
+
+// UnbindAll lets every CQ the queues fed go: the CQ may close now; its
+// sources read nothing more.
+func (d *Device) UnbindAll() {
+	for _, c := range d.bound {
 		c.Driver().Unbind()
 	}
-	v.bound = nil
+	d.bound = nil
 }
 
 // Stats adds up the queues' counters (nic.Device.Stats), with
 // configuration interrupts cfg.
-func Stats[R, T interface{ Stats() nic.QueueStats }](cfg uint64, rx []R, tx []T) nic.Stats {
+func (d *Device) Stats(cfg uint64) nic.Stats {
 	s := nic.Stats{ConfigInterrupts: cfg}
-	for _, q := range rx {
+	for _, q := range d.Rx {
 		qs := q.Stats()
 		s.RxQueues = append(s.RxQueues, qs)
 		s.Rx.Add(qs)
 	}
-	for _, q := range tx {
+	for _, q := range d.Tx {
 		qs := q.Stats()
 		s.TxQueues = append(s.TxQueues, qs)
 		s.Tx.Add(qs)
