@@ -115,6 +115,9 @@ type RingSource struct {
 	// layout allows it; its loop is chosen by Attach for the CQ's format.
 	// Nil when the generic loop must be used.
 	fast *fastPath
+	// plan is the drivers' batch loop's (NextBatch), nil when the
+	// layout needs take for every entry.
+	plan *batchPlan
 
 	staged       bool
 	overrun      bool
@@ -169,6 +172,7 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 		q.bits[v] = f
 	}
 	q.fast = newFastPath(q, r)
+	q.plan = newBatchPlan(q, r)
 	empty := []*Table{}
 	q.tables.Store(&empty)
 	return q, nil

@@ -201,51 +201,89 @@ func (q *queue) tookShared(n uint64) { q.shared.took(q.slot, n) }
 // other's interrupt.
 func (q *queue) Interrupt() *eventfd.FD { return q.EFD }
 
-// next takes the next completion into c, for Poll and for the CQ the
-// queue feeds alike: cq/ring's single read and checks of the write-back
-// descriptor (DD, the length against the posted buffer, the EOP status,
-// and the offload words into c.Meta, all from one copy), then the queue's
-// bookkeeping. A descriptor without EOP and the rest of its frame complete
-// with cq.ETRUNC (provMultiBuffer); a frame with RXE (provRxError) or
-// shorter than an Ethernet header (cq.ProvBadLen) with cq.EIO, as virtio
-// refuses a short one; DD where nothing was posted, or a hole, breaks the
-// queue: the ring and the posted descriptors are out of step. A refused
-// entry keeps its buffer in c.Buf and its context: the core recycles the
-// buffer. Called locked; the core ends a batch with Publish.
-func (q *queue) next(c *cqring.Completion) bool {
-again:
-	if q.broken || !q.settle() || !q.r.src.Next(c) {
-		return false
-	}
-	if !c.Done {
-		q.broken = true // an entry that named no posted descriptor
-		return true
-	}
-	q.out--
-	if !q.rx {
-		if c.Context == any(ctxSlot) {
-			q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
-			goto again
+// read takes up to len(cs) completions into cs, for Poll and for the CQ
+// the queue feeds alike: cq/ring's batch read of the write-back
+// descriptors (DD, the length against the posted buffer, the EOP status,
+// and the offload words into c.Meta, each entry from one copy), then one
+// pass of the queue's bookkeeping over the batch. A descriptor without EOP
+// and the rest of its frame complete with cq.ETRUNC (provMultiBuffer); a
+// frame with RXE (provRxError) or shorter than an Ethernet header
+// (cq.ProvBadLen) with cq.EIO, as virtio refuses a short one; DD where
+// nothing was posted, or a hole, breaks the queue: the ring and the posted
+// descriptors are out of step. A refused entry keeps its buffer in c.Buf
+// and its context: the core recycles the buffer. Context descriptors are
+// the queue's own and not returned. Called locked; the core ends a batch
+// with Publish.
+func (q *queue) read(cs []cqring.Completion) int {
+	n := 0
+	for n < len(cs) && !q.broken && q.settle() {
+		k := q.r.src.NextBatch(cs[n:q.untilSilent(n, len(cs))])
+		if k == 0 {
+			break
 		}
-		return true
+		last := cs[n+k-1].Err != 0
+		n += q.pass(cs[n : n+k])
+		if last {
+			break
+		}
 	}
-	switch {
-	case c.Prov == provMultiBuffer:
-		q.skip = true // the rest of the frame follows
-	case c.Err == 0 && q.skip:
-		q.skip = false // the last part of a frame without EOP
-		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
-	case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
-		// RCTL.SBP is off: a device that hands over a bad frame anyway
-		// misbehaves, and its frame is not one to deliver.
-		c.Err, c.Prov = cq.EIO, provRxError
-	case c.Err == 0 && c.Len < nic.MinFrame:
-		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+	return n
+}
+
+// untilSilent bounds a batch read from the head at the next context
+// descriptor the device has not passed (settle completes it when the head
+// reaches it): read as a hole, it would break the queue. It returns the
+// end in cs of a batch starting at n.
+func (q *queue) untilSilent(n, end int) int {
+	if q.ctxOut == 0 {
+		return end
 	}
-	if c.Err == 0 {
-		q.meta[q.bufs.Of(c.Buf)] = rxMeta{c.Meta[0], c.Meta[1]}
+	h := q.r.src.Ring().Head()
+	for i := 1; n+i < end; i++ {
+		if q.silent[(h+uint32(i))&(q.n-1)] {
+			return n + i
+		}
 	}
-	return true
+	return end
+}
+
+// pass is read's bookkeeping over a batch: it returns how many of cs are
+// kept, in place, after dropping context descriptors.
+func (q *queue) pass(cs []cqring.Completion) int {
+	w := 0
+	for i := range cs {
+		c := &cs[i]
+		if !c.Done {
+			q.broken = true // an entry that named no posted descriptor
+		} else if q.out--; !q.rx {
+			if c.Context == any(ctxSlot) {
+				q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
+				continue
+			}
+		} else {
+			switch {
+			case c.Prov == provMultiBuffer:
+				q.skip = true // the rest of the frame follows
+			case c.Err == 0 && q.skip:
+				q.skip = false // the last part of a frame without EOP
+				c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+			case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
+				// RCTL.SBP is off: a device that hands over a bad frame
+				// anyway misbehaves, and its frame is not one to deliver.
+				c.Err, c.Prov = cq.EIO, provRxError
+			case c.Err == 0 && c.Len < nic.MinFrame:
+				c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+			}
+			if c.Err == 0 {
+				q.meta[q.bufs.Of(c.Buf)] = rxMeta{c.Meta[0], c.Meta[1]}
+			}
+		}
+		if w != i {
+			cs[w] = *c
+		}
+		w++
+	}
+	return w
 }
 
 // errOf maps the code of a refused completion to the nic error it carries

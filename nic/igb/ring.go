@@ -125,18 +125,8 @@ func (r *ring) strError(prov cq.ProvErrno, data []byte) (string, bool) {
 // the core asks of igb's ring. Called with the queue's lock held.
 type ops struct{ q *queue }
 
-// Read implements qcore.Ring: the queue's next, up to len(cs) entries or
-// a refused one.
-func (o ops) Read(cs []cqring.Completion) int {
-	n := 0
-	for n < len(cs) && o.q.next(&cs[n]) {
-		n++
-		if cs[n-1].Err != 0 {
-			break
-		}
-	}
-	return n
-}
+// Read implements qcore.Ring: the queue's read.
+func (o ops) Read(cs []cqring.Completion) int { return o.q.read(cs) }
 
 // Publish implements qcore.Ring.
 func (o ops) Publish() { o.q.r.src.Publish() }

@@ -76,10 +76,12 @@ type RxQueue struct {
 	qcore.Rx
 	bufs    rxbuf.Pool // frames netHdrLen bytes into each buffer
 	bufSize uint32
-	mrg     bool                  // MRG_RXBUF: check num_buffers
-	skip    int                   // buffers of a multi-buffer frame still to drop
-	span    int                   // buffers of that frame in all
-	mbErr   *nic.MultiBufferError // the last multi-buffer error the pass made
+	mrg     bool // MRG_RXBUF: check num_buffers
+	skip    int  // buffers of a multi-buffer frame still to drop
+	span    int  // buffers of that frame in all
+	// mbErrs are the multi-buffer errors of the batch the pass last
+	// made, by position (a completion's Meta[0]).
+	mbErrs [qcore.Batch]*nic.MultiBufferError
 }
 
 var (

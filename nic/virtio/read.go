@@ -14,6 +14,7 @@ import (
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // Kinds of used ring, by what the reader checks.
@@ -122,6 +123,27 @@ func (q *vq) next(c *cqring.Completion) bool {
 	return true
 }
 
+// read takes up to len(cs) used buffers into cs with one batch read of
+// the ring reader (the same checks as next's, entry by entry), then one
+// pass of the virtqueue's bookkeeping over them; it returns how many.
+func (q *vq) read(cs []cqring.Completion) int {
+	if q.broken {
+		return 0
+	}
+	n := q.rd.NextBatch(cs)
+	for i := range cs[:n] {
+		c := &cs[i]
+		if c.Prov == cq.ProvBadIndex {
+			q.broken = true
+		}
+		if c.Done {
+			q.ndescs -= int(uint16(c.Word)) // the descriptors posted (reserve)
+			q.nbufs--
+		}
+	}
+	return n
+}
+
 // publishUsed ends a batch of next calls: the freed ids become postable.
 func (q *vq) publishUsed() { q.rd.Publish() }
 
@@ -144,39 +166,47 @@ func (q *vq) pending(max int) int {
 // c.Buf and c.Len are the frame's (past the header).
 func (r rxRing) Read(cs []cqring.Completion) int {
 	q := r.q
-	n := 0
-	for n < len(cs) {
-		c := &cs[n]
-		if !r.v.next(c) {
-			break
+	n := r.v.read(cs)
+	// Buffers outstanding when each entry was taken, as a bound on a
+	// frame's claimed num_buffers: those still posted and those of the
+	// batch after it.
+	later := 0
+	for i := range cs[:n] {
+		if cs[i].Done {
+			later++
 		}
-		n++
+	}
+	for i := range cs[:n] {
+		c := &cs[i]
+		if c.Done {
+			later--
+		}
 		if c.Err != 0 {
 			if c.Done && c.Buf != 0 && q.skip > 0 {
 				q.skip-- // a refused part of a frame is still one of its parts
 			}
-			break
+			continue
 		}
 		if q.skip > 0 { // only the first buffer of a frame holds the header
 			q.skip--
-			q.multiBuffer(c, &nic.MultiBufferError{Queue: r.v.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
-			break
+			q.multiBuffer(c, i, &nic.MultiBufferError{Queue: r.v.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
+			continue
 		}
 		if c.Len < netHdrLen+nic.MinFrame {
 			c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-			break
+			continue
 		}
 		if q.mrg {
 			hdr := q.bufs.Buf(q.bufs.Of(c.Buf))
 			if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
 				e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 				if nb > 1 {
-					q.skip = min(nb-1, r.v.nbufs)
+					q.skip = min(nb-1, r.v.nbufs+later)
 					q.span = q.skip + 1
 					e.Buffers = q.span
 				}
-				q.multiBuffer(c, e)
-				break
+				q.multiBuffer(c, i, e)
+				continue
 			}
 		}
 		c.Buf += netHdrLen
@@ -185,19 +215,22 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 	return n
 }
 
-// multiBuffer turns c, whose buffer holds part of a frame that spans
-// buffers, into an error completion for e's part. Cold path.
-func (q *RxQueue) multiBuffer(c *cqring.Completion, e *nic.MultiBufferError) {
-	q.mbErr = e
-	c.Err, c.Prov, c.Len = cq.ETRUNC, cq.ProvMultiBuffer, e.Bytes
+// multiBuffer turns c, the i-th of a batch, whose buffer holds part of a
+// frame that spans buffers, into an error completion for e's part, kept
+// until the completion is handed out (Err). Cold path.
+func (q *RxQueue) multiBuffer(c *cqring.Completion, i int, e *nic.MultiBufferError) {
+	q.mbErrs[i] = e
+	c.Err, c.Prov, c.Len, c.Meta[0] = cq.ETRUNC, cq.ProvMultiBuffer, e.Bytes, uint64(i)
 }
 
 // Err implements qcore.Ring: the ring reader's code, translated without
 // allocating (a multi-buffer frame's parts carry their place in the
 // frame).
 func (r rxRing) Err(c *cqring.Completion) error {
-	if c.Prov == cq.ProvMultiBuffer && r.q.mbErr != nil {
-		return r.q.mbErr
+	if c.Prov == cq.ProvMultiBuffer && c.Meta[0] < qcore.Batch {
+		if e := r.q.mbErrs[c.Meta[0]]; e != nil {
+			return e
+		}
 	}
 	return completionError(c)
 }
@@ -208,16 +241,7 @@ type txRing struct{ vqRing }
 // Read implements qcore.Ring for a transmit queue. The device's length
 // of a transmit buffer is reserved by the specification, so it is not
 // read; the frame length comes from what was posted.
-func (r txRing) Read(cs []cqring.Completion) int {
-	n := 0
-	for n < len(cs) && r.v.next(&cs[n]) {
-		n++
-		if cs[n-1].Err != 0 {
-			break
-		}
-	}
-	return n
-}
+func (r txRing) Read(cs []cqring.Completion) int { return r.v.read(cs) }
 
 // Err implements qcore.Ring.
 func (r txRing) Err(c *cqring.Completion) error { return completionError(c) }

@@ -37,14 +37,20 @@ const Batch = 32
 // every method with Core.Mu held.
 type Ring interface {
 	// Read is the driver's pass over one batch: it takes up to len(cs)
-	// completions from its ring into cs, in ring order, and returns how
-	// many, stopping after one with Err set (refused by the ring
-	// reader, or by the driver's own checks of the frame). A receive
+	// completions from its ring into cs, in ring order, with one batch
+	// read of its ring reader (cqring.RingSource.NextBatch) and one pass
+	// of its own checks over the batch, and returns how many. A
+	// completion with Err set (refused by the ring reader, or by the
+	// driver's checks of the frame) may be followed by more: the core
+	// hands them out in order, an error last of a Poll. A receive
 	// completion's Buf and Len are the frame's, Buf inside the posted
 	// pool buffer, for a good one and for a refused one that named a
 	// posted buffer (Done): the core lends the first to the caller and
-	// recycles the second. A ring out of step with what was posted
-	// reads nothing more (Broken).
+	// recycles the second. A ring out of step with what was posted reads
+	// nothing more (Broken). cs is the core's batch from its start, and
+	// its completions are handed out before Read is called again, so a
+	// driver may keep per-position details of a batch (virtio's
+	// multi-buffer errors).
 	Read(cs []cqring.Completion) int
 	// Publish ends a batch of Reads: the consumer doorbell, the ids
 	// freed.
@@ -109,7 +115,11 @@ type Queue struct {
 	recv     bool
 	posts    uint64
 	canceled canceled.List
-	batch    [Batch]cqring.Completion
+	// batch[bh:bt] are completions read from the ring and settled (read)
+	// that nobody has been handed yet: those after an error completion,
+	// which ends a Poll or a CQ's batch.
+	batch  [Batch]cqring.Completion
+	bh, bt int
 }
 
 // Init sets the queue's ring, its size in descriptors and, for a receive
@@ -189,10 +199,20 @@ func (q *Queue) Flush() error {
 func (q *Queue) Ready(max int) int {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if q.Closed || q.ring.Broken() || max <= 0 {
+	if q.Closed || max <= 0 {
 		return 0
 	}
-	return q.ring.Pending(max)
+	return q.pending(max)
+}
+
+// pending counts the completions held and those ready in the ring, up to
+// max. Called locked.
+func (q *Queue) pending(max int) int {
+	n := min(q.bt-q.bh, max)
+	if n < max && !q.ring.Broken() {
+		n += q.ring.Pending(max - n)
+	}
+	return n
 }
 
 // Arm implements nic.Queue.
@@ -243,11 +263,10 @@ func (q *Queue) Poll(out []nic.Completion) int {
 	}
 	n, errs := 0, 0
 	var bytes uint64
-	for n < len(out) && errs == 0 {
-		want := min(len(out)-n, Batch)
-		k := q.read(want)
-		for i := range k {
-			c := &q.batch[i]
+	for n < len(out) && errs == 0 && q.fill(len(out)-n) {
+		for q.bh < q.bt && n < len(out) {
+			c := &q.batch[q.bh]
+			q.bh++
 			o := &out[n]
 			n++
 			if c.Err != 0 {
@@ -262,12 +281,20 @@ func (q *Queue) Poll(out []nic.Completion) int {
 			}
 			bytes += uint64(c.Len)
 		}
-		if k < want {
-			break
-		}
 	}
 	q.finish(n, errs, bytes)
 	return n
+}
+
+// fill makes sure completions are held, reading up to want (at most
+// Batch) from the ring when none are: false when the ring has none
+// either. Called locked.
+func (q *Queue) fill(want int) bool {
+	if q.bh < q.bt {
+		return true
+	}
+	q.bh, q.bt = 0, q.read(min(want, Batch))
+	return q.bt > 0
 }
 
 // read has the driver read up to want completions into q.batch and
@@ -355,6 +382,14 @@ func (q *Queue) CloseQueue(why error) {
 		word uint64
 	}
 	var ops []op
+	for _, c := range q.batch[q.bh:q.bt] {
+		// Read and never handed out: flushed like those still posted. A
+		// good receive's buffer was lent ahead; a refused one's is back.
+		if c.Done {
+			ops = append(ops, op{c.Context, c.Buf, c.Word})
+		}
+	}
+	q.bh, q.bt = 0, 0
 	q.ring.Table().EachPosted(func(_ uint32, ctx any, buf uintptr, word uint64) { ops = append(ops, op{ctx, buf, word}) })
 	slices.SortFunc(ops, func(a, b op) int { return cmp.Compare(a.word>>16, b.word>>16) })
 	for _, o := range ops {
@@ -516,11 +551,10 @@ func (s *Source) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.
 	}
 	n, errs := 0, 0
 	var bytes uint64
-	for n < len(ents) && errs == 0 {
-		want := min(len(ents)-n, Batch)
-		k := q.read(want)
-		for i := range k {
-			c := &q.batch[i]
+	for n < len(ents) && errs == 0 && q.fill(len(ents)-n) {
+		for q.bh < q.bt && n < len(ents) {
+			c := &q.batch[q.bh]
+			q.bh++
 			if c.Err != 0 {
 				*bad = *c
 				errs = 1
@@ -529,9 +563,6 @@ func (s *Source) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.
 			qs.Store(&ents[n], c)
 			bytes += uint64(c.Len)
 			n++
-		}
-		if k < want {
-			break
 		}
 	}
 	q.finish(n+errs, errs, bytes)
@@ -549,10 +580,10 @@ func (s *Source) Pending(max int) int {
 		}
 		return min(q.canceled.Len(), max)
 	}
-	if q.ring.Broken() || max <= 0 {
+	if max <= 0 {
 		return 0
 	}
-	return q.ring.Pending(max)
+	return q.pending(max)
 }
 
 // Arm implements cqring.QueueReader with the driver's Ring.Arm.
