@@ -195,17 +195,17 @@ func TestCQReadNoAllocations(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
-// TestUsedRingsTakeTheirLoops: the receive queue's used ring, packed or
-// split, takes the ring reader's loop made for its shape (cq/ring's
-// gen_fast.go copies virtio's geometry as constants); a change to
-// PackedLayout or SplitLayout that this test catches needs the shape
-// updated there. (A transmit queue's used ring reports no length: the
-// id-only ring takes the kind's loop.)
-func TestUsedRingsTakeTheirLoops(t *testing.T) {
+// TestUsedRingsTakeTheBatchLoop: the used ring of either direction, packed
+// or split, takes the ring reader's batch loop (NextBatch), not the
+// generic read of each entry; a change to PackedLayout or SplitLayout
+// that this test catches needs cq/ring's batchPlan to take it.
+func TestUsedRingsTakeTheBatchLoop(t *testing.T) {
 	for _, packed := range []bool{true, false} {
-		r := newRig(t, 256, packed, false, 256*2048)
-		q := r.rxQueue(t, 256, 2048, false)
-		want := map[bool]string{true: "readPhaseContextVirtioPacked", false: "readPhaseContextVirtioUsed"}[packed]
-		require.Equal(t, want, q.vq.rd.Loop())
+		r := newRig(t, 256, packed, false, 256*2048+64<<10)
+		require.True(t, r.rxQueue(t, 256, 2048, false).vq.rd.Batched(), "receive, packed=%v", packed)
+	}
+	for _, packed := range []bool{true, false} {
+		r := newRig(t, 256, packed, false, 256*2048+64<<10)
+		require.True(t, r.txQueue(t, 1500).vq.rd.Batched(), "transmit, packed=%v", packed)
 	}
 }
