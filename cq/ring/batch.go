@@ -24,6 +24,7 @@ import (
 type batchPlan struct {
 	idx    bool // IDIsIndex: the id is the ring position
 	hasLen bool // else the posted length is reported
+	idLen  bool // an id and a length alone, no status or Meta (runIDLen)
 	status bool // a Status field, looked up in okStatus
 	meta   bool
 	// okStatus is true for the status values the codes call a success.
@@ -52,6 +53,7 @@ func newBatchPlan(q *RingSource, r *Ring) *batchPlan {
 	if !p.status && !p.okStatus[0] {
 		return nil // every entry reads status 0, which these codes refuse
 	}
+	p.idLen = !p.idx && !p.status && !p.meta && !r.clear
 	return p
 }
 
@@ -95,6 +97,9 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 	if t == nil || decodeHook != nil {
 		return 0 // every entry is refused; a test's hook runs in take
 	}
+	if p.idLen {
+		return q.runIDLen(p, t, cs)
+	}
 	comp := t.completer()
 	ftl := t.ftailLocal
 	var raw [8]uint64 // the entry's copy: up to 64 bytes
@@ -110,7 +115,7 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 			break
 		}
 		// The one read of the device's entry: every field below comes
-		// from this copy.
+		// from this copy (Meta words overlap the other fields).
 		copyEntry(e, r.entry(pos), r.esz)
 		id := pos
 		if !p.idx {
@@ -132,8 +137,7 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 			}
 		}
 		c := &cs[n]
-		*c = Completion{ID: id, Pos: pos, Done: true, Src: cq.AddrNotAvail, Word: t.words[id&comp.mask]}
-		c.Context, c.Flags, c.Len, c.Buf = s.ctx, s.flags, int(ln), s.rbuf
+		c.set(s, id, pos, ln, t.words[id&comp.mask])
 		if p.meta {
 			c.Meta = [2]uint64{p.m0.get(e), p.m1.get(e)}
 		}
@@ -141,11 +145,65 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 		r.advance()
 		n++
 	}
+	t.stored(q, ftl)
+	return n
+}
+
+// runIDLen is runBatch for entries of an id and a length alone, loaded
+// in place, each once (virtio's packed ring and split used ring).
+func (q *RingSource) runIDLen(p *batchPlan, t *Table, cs []Completion) int {
+	r := q.ring
+	comp := t.completer()
+	ftl := t.ftailLocal
+	n := 0
+	for n < len(cs) {
+		pos := r.head
+		e := r.entry(pos)
+		if r.used {
+			if !r.usedReady() {
+				break
+			}
+		} else if atomic.LoadUint32((*uint32)(unsafe.Add(e, r.own)))&r.mask != r.want {
+			break
+		}
+		id := uint32(p.id.get(e))
+		s := comp.at(id)
+		if !s.outstanding(id) || s.multi {
+			break
+		}
+		ln := s.len
+		if p.hasLen {
+			if ln = uint32(p.ln.get(e)); ln > s.len {
+				break
+			}
+		}
+		cs[n].set(s, id, pos, ln, t.words[id&comp.mask])
+		ftl = comp.release(s, id, ftl)
+		r.advance()
+		n++
+	}
+	t.stored(q, ftl)
+	return n
+}
+
+// set fills c for the good entry at pos naming id, outstanding in slot s
+// with driver word w, of ln bytes: field by field, where a composite
+// literal would clear the whole Completion first.
+func (c *Completion) set(s *slot, id, pos, ln uint32, w uint64) {
+	c.Context, c.Flags, c.Len, c.Buf = s.ctx, s.flags, int(ln), s.rbuf
+	c.Data, c.Tag, c.Queue = 0, 0, 0
+	c.Err, c.Prov, c.OLen = 0, 0, 0
+	c.ID, c.Pos, c.Done, c.Src, c.Word = id, pos, true, cq.AddrNotAvail, w
+	c.Meta = [2]uint64{}
+}
+
+// stored takes back the free-queue tail a batch loop advanced to ftl,
+// listing the table for the flush at the end of the batch.
+func (t *Table) stored(q *RingSource, ftl uint32) {
 	if ftl != t.ftailLocal {
 		t.ftailLocal = ftl
 		if !t.dirty {
 			q.markDirty(t)
 		}
 	}
-	return n
 }
