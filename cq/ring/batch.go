@@ -27,6 +27,11 @@ type batchPlan struct {
 	idLen  bool // an id and a length alone, no status or Meta (runIDLen)
 	status bool // a Status field, looked up in okStatus
 	meta   bool
+	// id32 and ln32 are the id and length of an idLen plan, each read
+	// with one 32-bit load and a mask (ln32's mask 0: no length); idOwn
+	// says the id lies in the ownership word, read once for both.
+	id32, ln32 word32
+	idOwn      bool
 	// okStatus is true for the status values the codes call a success.
 	okStatus [256]bool
 	id, ln   cfield
@@ -53,7 +58,11 @@ func newBatchPlan(q *RingSource, r *Ring) *batchPlan {
 	if !p.status && !p.okStatus[0] {
 		return nil // every entry reads status 0, which these codes refuse
 	}
-	p.idLen = !p.idx && !p.status && !p.meta && !r.clear
+	var ok1, ok2 bool
+	p.id32, ok1 = planWord32(f.ID, int(r.esz))
+	p.ln32, ok2 = planWord32(f.Len, int(r.esz))
+	p.idOwn = !r.used && p.id32.off == int(r.own)
+	p.idLen = !p.idx && !p.status && !p.meta && !r.clear && ok1 && ok2 && (r.used || r.flip)
 	return p
 }
 
@@ -149,38 +158,87 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 	return n
 }
 
-// runIDLen is runBatch for entries of an id and a length alone, loaded
-// in place, each once (virtio's packed ring and split used ring).
+// runIDLen is runBatch for entries of an id and a length alone, each
+// loaded in place, once, with one 32-bit load (virtio's packed ring), the
+// ring's position held in locals and stored back once.
 func (q *RingSource) runIDLen(p *batchPlan, t *Table, cs []Completion) int {
 	r := q.ring
-	comp := t.completer()
-	ftl := t.ftailLocal
+	if r.used {
+		return q.runUsed(p, t, cs)
+	}
+	comp, ftl := t.completer(), t.ftailLocal
+	base, esz, own, omask := r.base, r.esz, r.own, r.mask
+	head, want := r.head, r.want
 	n := 0
-	for n < len(cs) {
-		pos := r.head
-		e := r.entry(pos)
-		if r.used {
-			if !r.usedReady() {
-				break
-			}
-		} else if atomic.LoadUint32((*uint32)(unsafe.Add(e, r.own)))&r.mask != r.want {
+	for ; n < len(cs); n++ {
+		e := unsafe.Add(base, uintptr(head)*esz)
+		w := atomic.LoadUint32((*uint32)(unsafe.Add(e, own)))
+		if w&omask != want {
 			break
 		}
-		id := uint32(p.id.get(e))
+		id := w // the id shares the ownership word: loaded once
+		if !p.idOwn {
+			id = *(*uint32)(unsafe.Add(e, p.id32.off))
+		}
+		id = le32(id) & p.id32.mask
 		s := comp.at(id)
 		if !s.outstanding(id) || s.multi {
-			break
+			break // not posted, spanning several positions, multi-receive: take's
 		}
 		ln := s.len
-		if p.hasLen {
-			if ln = uint32(p.ln.get(e)); ln > s.len {
+		if p.ln32.mask != 0 {
+			if ln = le32(*(*uint32)(unsafe.Add(e, p.ln32.off))) & p.ln32.mask; ln > s.len {
 				break
 			}
 		}
-		cs[n].set(s, id, pos, ln, t.words[id&comp.mask])
+		cs[n].set(s, id, head, ln, t.words[id&comp.mask])
 		ftl = comp.release(s, id, ftl)
-		r.advance()
-		n++
+		if head++; head == r.n {
+			head = 0
+			want ^= omask // the lap's ownership value flips (idLen: never DD)
+		}
+	}
+	r.head, r.want = head, want
+	r.count += uint32(n)
+	t.stored(q, ftl)
+	return n
+}
+
+// runUsed is runIDLen for a used-index ring (virtio's split used ring):
+// the producer index is loaded once per run of entries it covers.
+func (q *RingSource) runUsed(p *batchPlan, t *Table, cs []Completion) int {
+	r := q.ring
+	comp, ftl := t.completer(), t.ftailLocal
+	n := 0
+run:
+	for n < len(cs) && r.usedReady() {
+		k := min(int((r.prod-r.count)&r.imask), len(cs)-n)
+		base, esz, head, m := r.base, r.esz, r.head, uint32(0)
+		for ; int(m) < k; m++ {
+			e := unsafe.Add(base, uintptr(head)*esz)
+			id := le32(*(*uint32)(unsafe.Add(e, p.id32.off))) & p.id32.mask
+			s := comp.at(id)
+			if !s.outstanding(id) || s.multi {
+				r.head, r.count = head, r.count+m
+				n += int(m)
+				break run
+			}
+			ln := s.len
+			if p.ln32.mask != 0 {
+				if ln = le32(*(*uint32)(unsafe.Add(e, p.ln32.off))) & p.ln32.mask; ln > s.len {
+					r.head, r.count = head, r.count+m
+					n += int(m)
+					break run
+				}
+			}
+			cs[n+int(m)].set(s, id, head, ln, t.words[id&comp.mask])
+			ftl = comp.release(s, id, ftl)
+			if head++; head == r.n {
+				head = 0
+			}
+		}
+		r.head, r.count = head, r.count+m
+		n += int(m)
 	}
 	t.stored(q, ftl)
 	return n
