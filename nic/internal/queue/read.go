@@ -151,14 +151,21 @@ func (q *Queue) Flags() cq.Flags {
 // Size implements nic.Queue.
 func (q *Queue) Size() int { return q.size }
 
-// Outstanding implements nic.Queue.
+// Outstanding implements nic.Queue: those the device holds, and those
+// read from the ring but not handed out yet (after an error completion).
 func (q *Queue) Outstanding() int {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	if q.ring == nil {
 		return 0
 	}
-	return q.ring.Outstanding()
+	n := q.ring.Outstanding()
+	for i := q.bh; i < q.bt; i++ {
+		if q.batch[i].Done {
+			n++
+		}
+	}
+	return n
 }
 
 // Usable returns why the queue cannot take an operation, or nil. Called
