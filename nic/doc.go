@@ -4,9 +4,9 @@
 // a caller context carried from each post to its completion, link state,
 // MAC address and statistics.
 //
-// Drivers live in subpackages (nic/virtio, and later nic/igb, nic/e1000e,
-// nic/vmxnet3) and register themselves; a program imports the drivers it
-// wants and calls Open:
+// Drivers live in subpackages (nic/virtio, nic/igb, and the software
+// device nic/sim) and register themselves; a program imports the drivers
+// it wants and calls Open:
 //
 //	import _ "github.com/vfnic/vfnic/nic/virtio"
 //
@@ -40,4 +40,15 @@
 // (several posts, then one Flush) is what keeps the cost per frame low:
 // Flush publishes the posted descriptors and rings the device's doorbell
 // only when the device asked to be told.
+//
+// Writing a driver: the drivers of this module share one queue core
+// (nic/internal/queue), which does everything a queue does besides its
+// ring: the lock and closed state, Poll into Completion records, the
+// reader a bound cq.CQ calls, the buffers lent to the caller (Release,
+// Frame, Repost), the operations still posted when the device closes
+// (canceled or flushed), BindCQ's interrupt wiring, Stats. A driver
+// supplies its ring (queue.Ring): a batch read (cq/ring's
+// RingSource.NextBatch over its Layout, then one pass of its own checks),
+// Publish, Pending, Notify, Arm and Disarm, and how it posts. cq/ring's
+// Example_driverRead is the read a new driver starts from.
 package nic

@@ -93,3 +93,38 @@ func TestPackedRingThroughCQ(t *testing.T) {
 		}
 	}
 }
+
+// TestDriverWord: the word a driver posts with (Op.Word) comes back in the
+// completion Next takes, and EachPosted lists the operations still posted
+// with theirs: the table is a driver's one record of a posting.
+func TestDriverWord(t *testing.T) {
+	l := conventionLayouts(16)[2]
+	mem := mmap(t, 16*16)
+	src, err := NewRingSource(RingConfig{Mem: mem, Layout: l})
+	require.NoError(t, err)
+	tab, err := NewSingleThreadedTable(16, 16)
+	require.NoError(t, err)
+	require.NoError(t, src.BindTable(0, tab))
+	dev := &fakeDev{mem: mem, l: l}
+	var ids []uint32
+	for i := range 3 {
+		id, err := tab.Post(Op{Context: i, Buf: uintptr(0x1000 * (i + 1)), Len: 1500, Flags: cq.FlagRecv | cq.FlagMsg, Word: uint64(100 + i)})
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	dev.write(rawEntry{id: ids[1], ln: 100}, false)
+	var c Completion
+	require.True(t, src.Next(&c))
+	src.Publish()
+	require.Zero(t, c.Err)
+	require.Equal(t, 1, c.Context)
+	require.Equal(t, uint64(101), c.Word)
+	type posted struct {
+		ctx  any
+		buf  uintptr
+		word uint64
+	}
+	var got []posted
+	tab.EachPosted(func(id uint32, ctx any, buf uintptr, word uint64) { got = append(got, posted{ctx, buf, word}) })
+	require.Equal(t, []posted{{0, 0x1000, 100}, {2, 0x3000, 102}}, got)
+}

@@ -13,8 +13,7 @@ import (
 //
 //go:noinline
 func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -30,11 +29,6 @@ func readPhaseContextNatural(fp *fastPath, first *cq.Entry, count int, eoff uint
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -45,16 +39,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -64,12 +55,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -77,13 +64,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -94,15 +78,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -128,8 +110,7 @@ run:
 //
 //go:noinline
 func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -145,11 +126,6 @@ func readPhaseContextMasked(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -160,16 +136,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -179,12 +152,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -192,13 +161,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -209,15 +175,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -234,357 +198,6 @@ run:
 		// the entry again from the top.
 		fp.cur.ftl = ftl
 		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseContextIDLen is readPhaseRun for FormatContext, entries of an id and a length alone (virtio's used rings), read with a mask.
-//
-//go:noinline
-func readPhaseContextIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Loaded once: the loop's stores may alias fastPath as far as the
-	// compiler knows, so it would load them again for every entry.
-	esz, omask := fp.esz, fp.omask
-	pid, pln := fp.plan.id, fp.plan.ln
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
-				break
-			}
-			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseContextVirtioPacked is readPhaseRun for FormatContext, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
-//
-//go:noinline
-func readPhaseContextVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioPacked: the geometry is constants.
-	const esz, omask = 16, 2155872256
-	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
-	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
-	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
-	const pst, pop, pfl = -12, -12, -12
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseContextVirtioUsed is readPhaseRun for FormatContext, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
-//
-//go:noinline
-func readPhaseContextVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioUsed: the geometry is constants.
-	const esz, omask = 8, 0
-	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
-	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
-	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
-	const pst, pop, pfl = 0, 0, 0
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
@@ -594,8 +207,7 @@ run:
 //
 //go:noinline
 func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 1     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 1 // 1, 2, 4, 8: context, msg, data, tagged
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
 	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
@@ -614,11 +226,6 @@ func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -629,16 +236,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -648,12 +252,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
-			}
+			codes := fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+			off := le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -661,13 +261,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, pfl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -678,15 +275,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -712,8 +307,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -729,11 +323,6 @@ func readPhaseMsgNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -744,16 +333,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -763,12 +349,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -776,13 +358,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -793,15 +372,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -827,8 +404,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -844,11 +420,6 @@ func readPhaseMsgMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -859,16 +430,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -878,12 +446,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -891,13 +455,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -908,15 +469,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -933,357 +492,6 @@ run:
 		// the entry again from the top.
 		fp.cur.ftl = ftl
 		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseMsgIDLen is readPhaseRun for FormatMsg, entries of an id and a length alone (virtio's used rings), read with a mask.
-//
-//go:noinline
-func readPhaseMsgIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Loaded once: the loop's stores may alias fastPath as far as the
-	// compiler knows, so it would load them again for every entry.
-	esz, omask := fp.esz, fp.omask
-	pid, pln := fp.plan.id, fp.plan.ln
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
-				break
-			}
-			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseMsgVirtioPacked is readPhaseRun for FormatMsg, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
-//
-//go:noinline
-func readPhaseMsgVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioPacked: the geometry is constants.
-	const esz, omask = 16, 2155872256
-	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
-	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
-	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
-	const pst, pop, pfl = -12, -12, -12
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseMsgVirtioUsed is readPhaseRun for FormatMsg, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
-//
-//go:noinline
-func readPhaseMsgVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioUsed: the geometry is constants.
-	const esz, omask = 8, 0
-	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
-	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
-	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
-	const pst, pop, pfl = 0, 0, 0
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
@@ -1293,8 +501,7 @@ run:
 //
 //go:noinline
 func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 2     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 2 // 1, 2, 4, 8: context, msg, data, tagged
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
 	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
@@ -1313,11 +520,6 @@ func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*c
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -1328,16 +530,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -1347,12 +546,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
-			}
+			codes := fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+			off := le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -1360,13 +555,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, pfl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -1377,15 +569,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -1411,8 +601,7 @@ run:
 //
 //go:noinline
 func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -1428,11 +617,6 @@ func readPhaseDataNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -1443,16 +627,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -1462,12 +643,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -1475,13 +652,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -1492,15 +666,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -1526,8 +698,7 @@ run:
 //
 //go:noinline
 func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -1543,11 +714,6 @@ func readPhaseDataMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr)
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -1558,16 +724,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -1577,12 +740,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -1590,13 +749,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -1607,15 +763,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -1632,357 +786,6 @@ run:
 		// the entry again from the top.
 		fp.cur.ftl = ftl
 		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseDataIDLen is readPhaseRun for FormatData, entries of an id and a length alone (virtio's used rings), read with a mask.
-//
-//go:noinline
-func readPhaseDataIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Loaded once: the loop's stores may alias fastPath as far as the
-	// compiler knows, so it would load them again for every entry.
-	esz, omask := fp.esz, fp.omask
-	pid, pln := fp.plan.id, fp.plan.ln
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
-				break
-			}
-			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseDataVirtioPacked is readPhaseRun for FormatData, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
-//
-//go:noinline
-func readPhaseDataVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioPacked: the geometry is constants.
-	const esz, omask = 16, 2155872256
-	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
-	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
-	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
-	const pst, pop, pfl = -12, -12, -12
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseDataVirtioUsed is readPhaseRun for FormatData, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
-//
-//go:noinline
-func readPhaseDataVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioUsed: the geometry is constants.
-	const esz, omask = 8, 0
-	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
-	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
-	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
-	const pst, pop, pfl = 0, 0, 0
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
@@ -1992,8 +795,7 @@ run:
 //
 //go:noinline
 func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 4     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 4 // 1, 2, 4, 8: context, msg, data, tagged
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
 	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
@@ -2012,11 +814,6 @@ func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -2027,16 +824,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2046,12 +840,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
-			}
+			codes := fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+			off := le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -2059,13 +849,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, pfl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -2076,15 +863,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -2110,8 +895,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -2127,11 +911,6 @@ func readPhaseTaggedNatural(fp *fastPath, first *cq.Entry, count int, eoff uintp
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -2142,16 +921,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2161,12 +937,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -2174,13 +946,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -2191,15 +960,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -2225,8 +992,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	// Loaded once: the loop's stores may alias fastPath as far as the
 	// compiler knows, so it would load them again for every entry.
 	esz, omask := fp.esz, fp.omask
@@ -2242,11 +1008,6 @@ func readPhaseTaggedMasked(fp *fastPath, first *cq.Entry, count int, eoff uintpt
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -2257,16 +1018,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
@@ -2276,12 +1034,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
+			codes := fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
+			off := le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -2289,13 +1043,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, fp.plan.fl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -2306,15 +1057,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -2331,357 +1080,6 @@ run:
 		// the entry again from the top.
 		fp.cur.ftl = ftl
 		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseTaggedIDLen is readPhaseRun for FormatTagged, entries of an id and a length alone (virtio's used rings), read with a mask.
-//
-//go:noinline
-func readPhaseTaggedIDLen(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Loaded once: the loop's stores may alias fastPath as far as the
-	// compiler knows, so it would load them again for every entry.
-	esz, omask := fp.esz, fp.omask
-	pid, pln := fp.plan.id, fp.plan.ln
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask != queue {
-				break
-			}
-			id := le32(*(*uint32)(unsafe.Add(ow, pid.off))) & pid.mask
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, fp.plan.st)] | fp.op[code(ow, fp.plan.op)]
-				off = le32(*(*uint32)(unsafe.Add(ow, fp.plan.bufOff.off))) & fp.plan.bufOff.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, fp.plan.fl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, fp.plan.data.off))) & fp.plan.data.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, fp.plan.tag.off))) & fp.plan.tag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, fp.plan.queue.off)))&fp.plan.queue.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseTaggedVirtioPacked is readPhaseRun for FormatTagged, virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word).
-//
-//go:noinline
-func readPhaseTaggedVirtioPacked(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioPacked: the geometry is constants.
-	const esz, omask = 16, 2155872256
-	pid, pq := word32{off: 0, mask: 65535}, word32{off: -12, mask: 0}
-	pln, pbo := word32{off: -4, mask: 4294967295}, word32{off: -12, mask: 0}
-	pdata, ptag := word64{off: -12, mask: 0}, word64{off: -12, mask: 0}
-	const pst, pop, pfl = -12, -12, -12
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
-		ftl = fp.cur.ftl
-	}
-	return ent, why, ftl
-}
-
-// readPhaseTaggedVirtioUsed is readPhaseRun for FormatTagged, virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index).
-//
-//go:noinline
-func readPhaseTaggedVirtioUsed(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8    // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = true // no queue, codes, buffer offset, data or tag: constants 0
-	// Shape VirtioUsed: the geometry is constants.
-	const esz, omask = 8, 0
-	pid, pq := word32{off: 0, mask: 4294967295}, word32{off: 0, mask: 0}
-	pln, pbo := word32{off: 4, mask: 4294967295}, word32{off: 0, mask: 0}
-	pdata, ptag := word64{off: 0, mask: 0}, word64{off: 0, mask: 0}
-	const pst, pop, pfl = 0, 0, 0
-	_, _, _, _, _ = pq, pbo, pdata, ptag, pst+pop+pfl
-	want := fp.want
-	ftl := fp.cur.ftl
-	why := runFull
-	// ow points at the entry's ownership word, the fields at offsets from
-	// it; neither it nor ent ever points past the ring or past ents, as
-	// the test for the last entry comes before the steps.
-	ow := unsafe.Add(fp.base, eoff+fp.own)
-	ent := first
-	var s *slot
-	var ln uint32
-	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
-run:
-	for {
-		// The inner loop reads entries of the cursor's queue; an entry of
-		// another queue leaves it, so that the change of tables, a call,
-		// sits outside the loop's straight path. Each helper it calls
-		// shares its line with an instruction of the loop's own: the
-		// compiler emits a NOP to mark an inlined call, unless such an
-		// instruction carries the mark (the fields are loaded in place for
-		// that reason).
-		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
-		for {
-			own := atomic.LoadUint32((*uint32)(ow))
-			if (own^want)&omask != 0 {
-				why = runStopped
-				break run
-			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
-				break
-			}
-			id := le32(own) & pid.mask // the id shares the ownership word: loaded once
-			// An unbound queue's completer (noSlots) refuses every id
-			// here, and stageHead tells a bad queue from a bad id.
-			if s = comp.at(id); !s.outstanding(id) {
-				why = runFailed
-				break run
-			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off))) & pbo.mask
-			}
-			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))) & pln.mask; codes&s.refuse != 0 || !fits(ln, off, s.len) {
-				why = runFailed
-				break run
-			}
-			// Each field is stored as soon as it is known, so that fewer
-			// values are live at once (the loop is short of registers).
-			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
-			// Post stored the posted flags completed (entryFlags); the
-			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
-			// Fields outside the format stay zero (constants once
-			// compiled).
-			var eFlags cq.Flags
-			var eLen int
-			if fsize >= 2 { // FormatMsg and up
-				eFlags, eLen = fl, int(ln)
-			}
-			ent.Flags, ent.Len = eFlags, eLen
-			var eBuf uintptr
-			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
-				eBuf = recvBuf(fl, s.buf+uintptr(off))
-				if fl&cq.FlagRemoteCQData != 0 {
-					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off))) & pdata.mask
-				}
-			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
-			}
-			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
-			if !s.multi || fl&cq.FlagMultiRecv != 0 {
-				ftl = comp.release(s, id, ftl)
-			}
-			if ent == last {
-				return last, runFull, ftl
-			}
-			ow = unsafe.Add(ow, esz)
-			ent = (*cq.Entry)(unsafe.Add(unsafe.Pointer(ent), unsafe.Sizeof(cq.Entry{})))
-		}
-		// The entry at ow names another queue: take its table, then read
-		// the entry again from the top.
-		fp.cur.ftl = ftl
-		fp.cur.enter(fp.src, fp.tabs, le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask)
 		ftl = fp.cur.ftl
 	}
 	return ent, why, ftl
@@ -2691,8 +1089,7 @@ run:
 //
 //go:noinline
 func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
-	const fsize = 8     // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = false // no queue, codes, buffer offset, data or tag: constants 0
+	const fsize = 8 // 1, 2, 4, 8: context, msg, data, tagged
 	// Shape Sim: the geometry is constants.
 	const esz, omask = 64, 2147483648
 	pid, pq := word32{off: -60, mask: 4294967295}, word32{off: -56, mask: 65535}
@@ -2711,11 +1108,6 @@ func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) 
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -2726,16 +1118,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
+			if le32(*(*uint32)(unsafe.Add(ow, pq.off)))&pq.mask != queue {
 				break
 			}
 			id := le32(*(*uint32)(unsafe.Add(ow, pid.off)))
@@ -2745,12 +1134,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
-				off = le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
-			}
+			codes := fp.status[code(ow, pst)] | fp.op[code(ow, pop)]
+			off := le32(*(*uint32)(unsafe.Add(ow, pbo.off)))
 			if ln = le32(*(*uint32)(unsafe.Add(ow, pln.off))); codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -2758,13 +1143,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, pfl)])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, pfl)])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -2775,15 +1157,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = le64(*(*uint64)(unsafe.Add(ow, pdata.off)))
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = le64(*(*uint64)(unsafe.Add(ow, ptag.off))) & ptag.mask
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag
@@ -2809,9 +1189,6 @@ run:
 const (
 	loopNatural = iota
 	loopMasked
-	loopIDLen
-	loopVirtioPacked
-	loopVirtioUsed
 	loopSim
 	loopKinds
 )
@@ -2825,16 +1202,6 @@ var loopShapes = [...]struct {
 	omask   uint32
 	plan    fastPlan
 }{
-	{kind: loopVirtioPacked, refines: loopIDLen, esz: 16, omask: 2155872256, plan: fastPlan{
-		id: word32{off: 0, mask: 65535}, queue: word32{off: -12, mask: 0},
-		ln: word32{off: -4, mask: 4294967295}, bufOff: word32{off: -12, mask: 0},
-		data: word64{off: -12, mask: 0}, tag: word64{off: -12, mask: 0},
-		st: -12, op: -12, fl: -12}},
-	{kind: loopVirtioUsed, refines: loopIDLen, esz: 8, omask: 0, plan: fastPlan{
-		id: word32{off: 0, mask: 4294967295}, queue: word32{off: 0, mask: 0},
-		ln: word32{off: 4, mask: 4294967295}, bufOff: word32{off: 0, mask: 0},
-		data: word64{off: 0, mask: 0}, tag: word64{off: 0, mask: 0},
-		st: 0, op: 0, fl: 0}},
 	{kind: loopSim, refines: loopNatural, esz: 64, omask: 2147483648, plan: fastPlan{
 		id: word32{off: -60, mask: 4294967295}, queue: word32{off: -56, mask: 65535},
 		ln: word32{off: -52, mask: 4294967295}, bufOff: word32{off: -16, mask: 4294967295},
@@ -2846,27 +1213,15 @@ var loopShapes = [...]struct {
 var loopNames = [...]string{
 	"readPhaseContextNatural",
 	"readPhaseContextMasked",
-	"readPhaseContextIDLen",
-	"readPhaseContextVirtioPacked",
-	"readPhaseContextVirtioUsed",
 	"readPhaseContextSim",
 	"readPhaseMsgNatural",
 	"readPhaseMsgMasked",
-	"readPhaseMsgIDLen",
-	"readPhaseMsgVirtioPacked",
-	"readPhaseMsgVirtioUsed",
 	"readPhaseMsgSim",
 	"readPhaseDataNatural",
 	"readPhaseDataMasked",
-	"readPhaseDataIDLen",
-	"readPhaseDataVirtioPacked",
-	"readPhaseDataVirtioUsed",
 	"readPhaseDataSim",
 	"readPhaseTaggedNatural",
 	"readPhaseTaggedMasked",
-	"readPhaseTaggedIDLen",
-	"readPhaseTaggedVirtioPacked",
-	"readPhaseTaggedVirtioUsed",
 	"readPhaseTaggedSim",
 }
 
@@ -2877,26 +1232,14 @@ type loopFunc func(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.
 var loops = [...]loopFunc{
 	readPhaseContextNatural,
 	readPhaseContextMasked,
-	readPhaseContextIDLen,
-	readPhaseContextVirtioPacked,
-	readPhaseContextVirtioUsed,
 	readPhaseContextSim,
 	readPhaseMsgNatural,
 	readPhaseMsgMasked,
-	readPhaseMsgIDLen,
-	readPhaseMsgVirtioPacked,
-	readPhaseMsgVirtioUsed,
 	readPhaseMsgSim,
 	readPhaseDataNatural,
 	readPhaseDataMasked,
-	readPhaseDataIDLen,
-	readPhaseDataVirtioPacked,
-	readPhaseDataVirtioUsed,
 	readPhaseDataSim,
 	readPhaseTaggedNatural,
 	readPhaseTaggedMasked,
-	readPhaseTaggedIDLen,
-	readPhaseTaggedVirtioPacked,
-	readPhaseTaggedVirtioUsed,
 	readPhaseTaggedSim,
 }

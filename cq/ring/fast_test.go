@@ -565,8 +565,8 @@ func TestShapeLoops(t *testing.T) {
 		want  string
 	}{
 		{simLayout(8), simCodes(), "Sim"},
-		{packed, Codes{}, "VirtioPacked"},
-		{splitLayout(8), Codes{}, "VirtioUsed"},
+		{packed, Codes{}, "Masked"},
+		{splitLayout(8), Codes{}, "Masked"},
 		{moved, simCodes(), "Natural"},
 		{packed, Codes{Opcodes: []Opcode{{Value: 0, Flags: cq.FlagSend}}}, "Masked"},
 	} {

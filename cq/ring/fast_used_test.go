@@ -40,7 +40,7 @@ func newUsedSide(t *testing.T, n int, f cq.Format, generic bool) *usedSide {
 		Regs: RingRegs{Producer: prod, Doorbell: doorbell.NewDoorbell(cons)}})
 	require.NoError(t, err)
 	require.NotNil(t, src.fast, "the split used ring takes the fast path")
-	require.Equal(t, loopIDLen, baseKind(src.fast), "with the id-and-length loop")
+	require.Equal(t, loopMasked, baseKind(src.fast), "with the masked loop")
 	if generic {
 		src.fast = nil
 	}
@@ -188,41 +188,16 @@ func testFastPathMatchesGenericUsedIndex(t *testing.T) {
 	}
 }
 
-// TestIDLenLoop: the id-and-length loops serve entries with nothing else
-// and codes that add nothing (virtio's packed ring), not a layout with
-// more fields or codes that give byte 0 a meaning.
-func TestIDLenLoop(t *testing.T) {
-	packed := conventionLayouts(8)[2]
-	for _, c := range []struct {
-		name  string
-		l     Layout
-		codes Codes
-		idlen bool
-	}{
-		{"packed", packed, Codes{}, true},
-		{"packed, opcode 0 is a send", packed, Codes{Opcodes: []Opcode{{Value: 0, Flags: cq.FlagSend}}}, false},
-		{"packed with a queue", func() Layout { l := packed; l.Fields.Queue = Field{Off: 0, Bits: 8}; return l }(), Codes{}, false},
-		{"sim", simLayout(8), simCodes(), false},
-	} {
-		mem := mmap(t, c.l.Entries*c.l.EntrySize)
-		src, err := NewRingSource(RingConfig{Mem: mem, Layout: c.l, Codes: c.codes})
-		require.NoError(t, err, c.name)
-		require.NotNil(t, src.fast, c.name)
-		require.Equal(t, c.idlen, baseKind(src.fast) == loopIDLen, c.name)
-	}
-}
-
-// TestIDLenLoopAllocs: reading virtio's packed and split used rings through
-// the id-and-length loops, and re-posting each buffer, allocates nothing,
-// on a thread-safe and on a SingleThreaded CQ (run under -race too).
-func TestIDLenLoopAllocs(t *testing.T) {
+// TestUsedLoopAllocs: reading virtio's packed and split used rings through
+// a CQ's fast loops, and re-posting each buffer, allocates nothing, on a
+// thread-safe and on a SingleThreaded CQ (run under -race too).
+func TestUsedLoopAllocs(t *testing.T) {
 	const n = 1024
 	for _, l := range []Layout{conventionLayouts(n)[2], splitLayout(n)} {
 		for _, single := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/single=%v", l.Name, single), func(t *testing.T) {
 				s := newDiffSide(t, l, Codes{}, cq.Attr{Format: cq.FormatData, SingleThreaded: single}, false)
 				require.NotNil(t, s.src.fast)
-				require.Equal(t, loopIDLen, baseKind(s.src.fast))
 				newTable := NewTable
 				if single {
 					newTable = NewSingleThreadedTable

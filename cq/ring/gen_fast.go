@@ -24,7 +24,6 @@ type loop struct {
 	Name, Doc string
 	Size      int    // 1, 2, 4, 8: FormatContext, Msg, Data, Tagged
 	Natural   bool   // id, length, buffer offset and data are 32, 32, 32 and 64 bits
-	IDLen     bool   // the entry has an id and a length and nothing else (virtio)
 	Shape     *shape // the layout's geometry as constants, or nil: read from fastPath
 }
 
@@ -46,7 +45,7 @@ type word struct {
 // included, as compilePlan and rebase produce them.
 type shape struct {
 	Name, Doc              string
-	Kind                   string // "Natural" or "IDLen": the loop kind it refines
+	Kind                   string // "Natural": the loop kind it refines
 	ESz                    int
 	OMask                  uint32
 	ID, Queue, Len, BufOff word
@@ -57,14 +56,6 @@ type shape struct {
 const full32, full64 = 1<<32 - 1, 1<<64 - 1
 
 var shapes = []*shape{
-	{Name: "VirtioPacked", Doc: "virtio's packed ring (nic/virtio.PackedLayout: 16-byte descriptors, the id in the ownership word)",
-		Kind: "IDLen", ESz: 16, OMask: 0x8080 << 16,
-		ID: word{0, 0xffff}, Queue: word{-12, 0}, Len: word{-4, full32}, BufOff: word{-12, 0},
-		Data: word{-12, 0}, Tag: word{-12, 0}, St: -12, Op: -12, Fl: -12},
-	{Name: "VirtioUsed", Doc: "virtio's split used ring (nic/virtio.SplitLayout: 8-byte elements after the index)",
-		Kind: "IDLen", ESz: 8, OMask: 0,
-		ID: word{0, full32}, Queue: word{0, 0}, Len: word{4, full32}, BufOff: word{0, 0},
-		Data: word{0, 0}, Tag: word{0, 0}, St: 0, Op: 0, Fl: 0},
 	{Name: "Sim", Doc: "the software device's 64-byte entry (nic/sim.Layout)",
 		Kind: "Natural", ESz: 64, OMask: 1 << 31,
 		ID: word{-60, full32}, Queue: word{-56, 0xffff}, Len: word{-52, full32}, BufOff: word{-16, full32},
@@ -73,7 +64,7 @@ var shapes = []*shape{
 
 func main() {
 	var loops []loop
-	kinds := []string{"Natural", "Masked", "IDLen"}
+	kinds := []string{"Natural", "Masked"}
 	for _, sh := range shapes {
 		kinds = append(kinds, sh.Name)
 	}
@@ -86,14 +77,13 @@ func main() {
 			kind, doc := w, map[string]string{
 				"Natural": "fields of natural widths",
 				"Masked":  "fields read with a mask",
-				"IDLen":   "entries of an id and a length alone (virtio's used rings), read with a mask",
 			}[w]
 			for _, sh := range shapes {
 				if sh.Name == w {
 					l.Shape, kind, doc = sh, sh.Kind, sh.Doc
 				}
 			}
-			l.Natural, l.IDLen, l.Doc = kind == "Natural", kind == "IDLen", "Format"+f.name+", "+doc
+			l.Natural, l.Doc = kind == "Natural", "Format"+f.name+", "+doc
 			loops = append(loops, l)
 		}
 	}
@@ -167,7 +157,6 @@ import (
 //go:noinline
 func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
 	const fsize = {{.Size}} // 1, 2, 4, 8: context, msg, data, tagged
-	const idlen = {{.IDLen}} // no queue, codes, buffer offset, data or tag: constants 0
 {{- with .Shape}}
 	// Shape {{.Name}}: the geometry is constants.
 	const esz, omask = {{.ESz}}, {{.OMask}}
@@ -193,11 +182,6 @@ func {{.Name}}(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entr
 	var s *slot
 	var ln uint32
 	last := (*cq.Entry)(unsafe.Add(unsafe.Pointer(first), uintptr(count-1)*unsafe.Sizeof(cq.Entry{})))
-	if idlen && fp.cur.queue != 0 {
-		// Every entry is queue 0's: take its table once.
-		fp.cur.enter(fp.src, fp.tabs, 0)
-		ftl = fp.cur.ftl
-	}
 run:
 	for {
 		// The inner loop reads entries of the cursor's queue; an entry of
@@ -208,16 +192,13 @@ run:
 		// instruction carries the mark (the fields are loaded in place for
 		// that reason).
 		comp, queue := fp.cur.comp, fp.cur.queue // in registers
-		if idlen {
-			queue = 0 // a constant: the table taken above is queue 0's
-		}
 		for {
 			own := atomic.LoadUint32((*uint32)(ow))
 			if (own^want)&omask != 0 {
 				why = runStopped
 				break run
 			}
-			if !idlen && {{w32 $q false}} != queue {
+			if {{w32 $q false}} != queue {
 				break
 			}
 {{- if and .Shape (eq .Shape.ID.Off 0)}}
@@ -231,12 +212,8 @@ run:
 				why = runFailed
 				break run
 			}
-			var codes cq.Flags
-			var off uint32
-			if !idlen {
-				codes = fp.status[code(ow, {{$st}})] | fp.op[code(ow, {{$op}})]
-				off = {{w32 $bo .Natural}}
-			}
+			codes := fp.status[code(ow, {{$st}})] | fp.op[code(ow, {{$op}})]
+			off := {{w32 $bo .Natural}}
 			if ln = {{w32 "pln" .Natural}}; codes&s.refuse != 0 || !fits(ln, off, s.len) {
 				why = runFailed
 				break run
@@ -244,13 +221,10 @@ run:
 			// Each field is stored as soon as it is known, so that fewer
 			// values are live at once (the loop is short of registers).
 			ent.Context = s.ctx
-			ent.Queue = queue // 0 in idlen loops, which take queue 0's table
+			ent.Queue = queue
 			// Post stored the posted flags completed (entryFlags); the
 			// codes may add a flag that needs it again.
-			fl := s.flags
-			if !idlen {
-				fl = entryFlags(fl | codes | fp.bits[code(ow, {{$fl}})])
-			}
+			fl := entryFlags(s.flags | codes | fp.bits[code(ow, {{$fl}})])
 			// Fields outside the format stay zero (constants once
 			// compiled).
 			var eFlags cq.Flags
@@ -261,15 +235,13 @@ run:
 			ent.Flags, ent.Len = eFlags, eLen
 			var eBuf uintptr
 			var eData, eTag uint64
-			if fsize >= 4 && idlen { // FormatData and up: the flags are the posted ones
-				eBuf = s.rbuf
-			} else if fsize >= 4 {
+			if fsize >= 4 { // FormatData and up
 				eBuf = recvBuf(fl, s.buf+uintptr(off))
 				if fl&cq.FlagRemoteCQData != 0 {
 					eData = {{w64 $data .Natural}}
 				}
 			}
-			if fsize >= 8 && !idlen && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			if fsize >= 8 && fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
 				eTag = {{w64 $tag false}}
 			}
 			ent.Buf, ent.Data, ent.Tag = eBuf, eData, eTag

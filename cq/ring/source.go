@@ -115,6 +115,9 @@ type RingSource struct {
 	// layout allows it; its loop is chosen by Attach for the CQ's format.
 	// Nil when the generic loop must be used.
 	fast *fastPath
+	// plan is the drivers' batch loop's (NextBatch), nil when the
+	// layout needs take for every entry.
+	plan *batchPlan
 
 	staged       bool
 	overrun      bool
@@ -169,6 +172,7 @@ func NewRingSource(cfg RingConfig) (*RingSource, error) {
 		q.bits[v] = f
 	}
 	q.fast = newFastPath(q, r)
+	q.plan = newBatchPlan(q, r)
 	empty := []*Table{}
 	q.tables.Store(&empty)
 	return q, nil
@@ -301,6 +305,9 @@ type Completion struct {
 	Src cq.Addr
 	// Meta are the layout's Meta fields.
 	Meta [2]uint64
+	// Word is the driver word the operation was posted with (Op.Word),
+	// when the entry named an outstanding one.
+	Word uint64
 }
 
 // Next takes the next entry of the ring into c and consumes it; false when
@@ -402,6 +409,7 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		ln = s.len
 	}
 	c.Context = s.ctx
+	c.Word = t.word(id)
 	c.Flags = fl
 	if fl&cq.FlagRecv != 0 && bufOff <= s.len {
 		c.Buf = s.buf + uintptr(bufOff)

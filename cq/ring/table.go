@@ -29,6 +29,11 @@ type Op struct {
 	// written over the first of them (a virtio packed-ring chain); 0 and
 	// 1 mean one. At most 65535.
 	Span int
+	// Word is the driver's own record of the posting (a descriptor
+	// count, a posting order), kept by the table with the operation and
+	// given back in its Completion and by EachPosted, so that a driver
+	// keeps no per-id array of its own.
+	Word uint64
 }
 
 // Slot states. An operation that spans several ring positions is posted
@@ -85,6 +90,7 @@ type Table struct {
 	// Read-only after NewTable.
 	single   bool // NewSingleThreadedTable
 	slots    []slot
+	words    []uint64 // Op.Word per slot: beside the slots, which fill a cache line
 	slotMask uint32
 	slotBits uint
 	idMask   uint32
@@ -122,6 +128,7 @@ func NewTable(n, idBits int) (*Table, error) {
 		// Capacity for every index an id's slot bits can name: one past
 		// n is never posted, so a lookup needs no bound test.
 		slots:    make([]slot, n, 1<<sb),
+		words:    make([]uint64, n),
 		slotMask: 1<<sb - 1,
 		slotBits: sb,
 		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
@@ -196,6 +203,7 @@ func (t *Table) Post(op Op) (uint32, error) {
 	s.buf = op.Buf
 	s.rbuf = recvBuf(s.flags, op.Buf)
 	s.ctx = op.Context
+	t.words[i] = op.Word
 	s.refuse = refuse | opRefuse(s.flags)
 	if t.single {
 		// The completer runs in this goroutine, or after it in an order
@@ -339,6 +347,22 @@ func (t *Table) EachID(f func(id uint32, ctx any)) {
 		}
 	}
 }
+
+// EachPosted calls f with the id, context, buffer and driver word (Op.Word)
+// of every outstanding operation, in slot order: the one record of what a
+// closing queue still has posted. Call it only while nobody posts to the
+// table or reads the ring it is bound to.
+func (t *Table) EachPosted(f func(id uint32, ctx any, buf uintptr, word uint64)) {
+	for i := range t.slots {
+		if s := &t.slots[i]; atomic.LoadUint32(&s.state) != slotFree {
+			f(s.id, s.ctx, s.buf, t.words[i])
+		}
+	}
+}
+
+// word returns the driver word of the operation outstanding under id
+// (lookup found it, so its slot is below Cap).
+func (t *Table) word(id uint32) uint64 { return t.words[id&t.slotMask] }
 
 // ErrFull means a posted-operation table has no free slot.
 var ErrFull = errors.New("cq/ring: no free slot for a posted operation")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,16 +107,15 @@ type Device struct {
 	nVectors   int
 	vmode      vectorMode
 	efds       []*eventfd.FD
-	vectorFDs  []int
-	bound      []*cq.CQ
 
 	rx []*RxQueue
 	tx []*TxQueue
 
-	mu         sync.Mutex
-	closed     bool
-	linkIntr   atomic.Uint64
-	closeError error
+	// core is the lock (Close, BindCQ, register reads of the link), the
+	// closed state, the queues as the shared core sees them and the
+	// MSI-X wiring.
+	core     qcore.Device
+	linkIntr atomic.Uint64
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -167,7 +165,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: name, mac: m, own: own}
+	d := &Device{name: name, mac: m, own: own, core: qcore.Device{Name: name}}
 	fail := func(err error) (*Device, error) {
 		// Whatever was set up is released and the device goes back
 		// where it was.
@@ -496,7 +494,7 @@ func (d *Device) setupInterrupts(pairs, need int, moderation time.Duration) erro
 		d.efds = append(d.efds, e)
 		fds[i] = e.Fd()
 	}
-	d.vectorFDs = fds
+	d.core.Name, d.core.FDs, d.core.Enable = d.name, fds, d.enableMSIX
 	if d.enableMSIX != nil {
 		if err := d.enableMSIX(fds); err != nil {
 			return err
@@ -576,10 +574,12 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: receive buffers of %s: %w", d.name, err)
 		}
 		rq.bufs, rq.bufLen = rxbuf.New(pool, 0), uint32(cfg.BufferSize)
-		rq.posBuf = make([]uint32, n)
+		rq.Queue.Init(ops{&rq.queue}, n, &rq.bufs)
+		rq.Rx = qcore.NewRx(&rq.Queue, ops{&rq.queue}, cfg.BufferSize)
 		rq.meta = make([]rxMeta, pool.Cap())
 		rq.rss = pairs > 1
 		d.rx = append(d.rx, rq)
+		d.core.Rx = append(d.core.Rx, &rq.Queue)
 
 		r.write(rxReg(regRXDCTL0, i), 0)
 		r.write(rxReg(regRDBAL0, i), uint32(rxIOVA))
@@ -602,7 +602,9 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: transmit buffers of %s: %w", d.name, err)
 		}
 		tq.pool = tpool
+		tq.Queue.Init(ops{&tq.queue}, n, nil)
 		d.tx = append(d.tx, tq)
+		d.core.Tx = append(d.core.Tx, &tq.Queue)
 
 		r.write(txReg(regTXDCTL0, i), 0)
 		r.write(txReg(regTDBAL0, i), uint32(txIOVA))
@@ -650,7 +652,7 @@ func (d *Device) newQueue(q *queue, region *dma.Region, i, n int, tx bool) (uint
 	if err != nil {
 		return 0, err
 	}
-	q.Name, q.Pair, q.qnum, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, !tx, uint32(n)
+	q.Name, q.Pair, q.QNum, q.Driver, q.rx, q.n = fmt.Sprintf("%s%d", kind, i), i, qnum, "igb", !tx, uint32(n)
 	q.NoIRQHint = " (NoQueueInterrupts: read it by polling)"
 	q.desc, q.r, q.db = mem.Bytes, rg, doorbell.NewDoorbell(tail)
 	q.Vector, q.VDev = vec, d.vdev
@@ -757,12 +759,7 @@ func (d *Device) maxPairs() int {
 }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.addr...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.addr) }
 
 // MAC implements nic.Device.
 func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.addr...) }
@@ -771,22 +768,10 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	q, err := d.RxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	q, err := d.TxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
@@ -800,9 +785,9 @@ func (d *Device) TxQueue(i int) (*TxQueue, error) {
 
 // Link implements nic.Device: STATUS.LU, FD and SPEED.
 func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return nic.Link{}, nic.ErrClosed
 	}
 	d.takeLinkInterrupts()
@@ -861,9 +846,9 @@ type InterruptRegisters struct {
 // InterruptRegisters reads the interrupt routing registers. It reads none
 // of the read-to-clear cause registers (ICR, EICR), so it changes nothing.
 func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return InterruptRegisters{}, nic.ErrClosed
 	}
 	r := d.regs
@@ -877,23 +862,12 @@ func (d *Device) InterruptRegisters() (InterruptRegisters, error) {
 
 // Stats implements nic.Device.
 func (d *Device) Stats() nic.Stats {
-	d.mu.Lock()
-	if !d.closed {
+	d.core.Mu.Lock()
+	if !d.core.Closed {
 		d.takeLinkInterrupts()
 	}
-	d.mu.Unlock()
-	s := nic.Stats{ConfigInterrupts: d.linkIntr.Load()}
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.RxQueues = append(s.RxQueues, qs)
-		s.Rx.Add(qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.TxQueues = append(s.TxQueues, qs)
-		s.Tx.Add(qs)
-	}
-	return s
+	d.core.Mu.Unlock()
+	return d.core.Stats(d.linkIntr.Load())
 }
 
 // BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue
@@ -902,98 +876,31 @@ func (d *Device) Stats() nic.Stats {
 // wake one CQ only: both queues are bound to the same CQ (dir
 // nic.Recv|nic.Send), or neither.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := qcore.CheckBind(d.name, d.closed, c, i, len(d.rx), dir); err != nil {
-		return err
-	}
-	var qs []*queue
-	if dir&nic.Recv != 0 {
-		qs = append(qs, &d.rx[i].queue)
-	}
-	if dir&nic.Send != 0 {
-		qs = append(qs, &d.tx[i].queue)
-	}
-	for _, q := range qs {
-		q.Mu.Lock()
-		bound := q.Src != nil
-		q.Mu.Unlock()
-		if bound {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.name, q.Name)
+	return d.core.BindCQ(c, i, dir, func(qs []*qcore.Queue) error {
+		if d.vmode == perPair && len(qs) == 1 {
+			return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
+				nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
 		}
-	}
-	if d.vmode == perPair && len(qs) == 1 {
-		return fmt.Errorf("%w: %s: rx%d and tx%d share MSI-X vector %d, which can wake one CQ: bind both (nic.Recv|nic.Send) to it",
-			nic.ErrNotSupported, d.name, i, i, qs[0].Vector)
-	}
-	for _, q := range qs {
-		s := &cqSource{q: q, dev: d}
-		if err := c.Driver().Bind(); err != nil {
-			return err
-		}
-		if err := c.Driver().AddSource(s.source()); err != nil {
-			c.Driver().Unbind()
-			return err
-		}
-		d.bound = append(d.bound, c)
-		s.irq = c.Driver().Interrupt()
-		q.Mu.Lock()
-		q.Src = s
-		q.disarm()
-		q.Mu.Unlock()
-		if efd := s.irq; efd != nil && q.Vector >= 0 {
-			if err := d.wire(q.Vector, efd.Fd()); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+		return nil
+	}, d.unbind)
 }
 
-// unbind gives a queue its own completions and interrupt back.
-func (d *Device) unbind(s *cqSource) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	q := s.q
-	q.Mu.Lock()
-	if q.Src == s {
-		q.Src = nil
-		// Flushed completions the CQ did not read go with it (a closed
-		// CQ loses what it held).
-		q.flushed.Drop()
-	}
-	q.Mu.Unlock()
-	if d.closed || q.Vector < 0 || q.EFD == nil {
-		return nil
-	}
-	if q.shared != nil {
-		// The vector goes back to the pair's eventfd once neither
-		// queue feeds the CQ any more.
-		other := &d.tx[q.Pair].queue
-		if !q.rx {
-			other = &d.rx[q.Pair].queue
+// unbind gives a queue its own completions and interrupt back; a vector
+// the queues of a pair share goes back to the pair's eventfd once
+// neither feeds the CQ any more.
+func (d *Device) unbind(s *qcore.Source) error {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	q := s.Queue()
+	keep := false
+	if d.vmode == perPair && !d.core.Closed {
+		other := d.core.Tx[q.Pair]
+		if other == q {
+			other = d.core.Rx[q.Pair]
 		}
-		other.Mu.Lock()
-		stillBound := other.Src != nil
-		other.Mu.Unlock()
-		if stillBound {
-			return nil
-		}
+		keep = other.Bound()
 	}
-	return d.wire(q.Vector, q.EFD.Fd())
-}
-
-// wire points MSI-X vector v at fd, rewiring all vectors in one call
-// (MSI-X cannot be resized while enabled). Called with d.mu held.
-func (d *Device) wire(v, fd int) error {
-	if v < 0 || v >= len(d.vectorFDs) {
-		return fmt.Errorf("%w: %s: MSI-X vector %d of %d", nic.ErrInvalid, d.name, v, len(d.vectorFDs))
-	}
-	d.vectorFDs[v] = fd
-	if d.enableMSIX == nil {
-		return nil
-	}
-	return d.enableMSIX(d.vectorFDs)
+	return d.core.Unbind(s, keep)
 }
 
 // Close stops the device and releases everything: it waits for queue
@@ -1014,29 +921,16 @@ func (d *Device) Close() error {
 
 // close tears the device down once, queues then failing with why, and
 // gives it back to its previous driver.
-func (d *Device) close(why error) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeError
-	}
-	d.closed = true
-	err := d.teardown(why)
-	d.closeError = errors.Join(err, d.own.GiveBack(why))
-	return d.closeError
-}
+func (d *Device) close(why error) error { return d.core.Close(why, d.own, d.hw) }
 
-// teardown releases whatever was set up, in the order the device needs:
-// no DMA memory is freed while the device may still use it. Queue
-// operations fail with why from then on.
-func (d *Device) teardown(why error) error {
+// teardown releases whatever was set up, queue operations failing with
+// why from then on (qcore.Device.Teardown).
+func (d *Device) teardown(why error) error { return d.core.Teardown(why, d.hw) }
+
+// hw releases the device's resources in the order the device needs: no
+// DMA memory is freed while the device may still use it.
+func (d *Device) hw() error {
 	var errs []error
-	for _, q := range d.rx {
-		q.close(why)
-	}
-	for _, q := range d.tx {
-		q.close(why)
-	}
 	if d.regs != nil {
 		d.stopIO()
 		for i := range d.rx {
@@ -1065,10 +959,6 @@ func (d *Device) teardown(why error) error {
 	for _, e := range d.efds {
 		errs = append(errs, e.Close())
 	}
-	for _, c := range d.bound {
-		c.Driver().Unbind()
-	}
-	d.bound = nil
 	return errors.Join(errs...)
 }
 

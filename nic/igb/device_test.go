@@ -311,3 +311,13 @@ func TestMatch(t *testing.T) {
 	}
 	require.True(t, errors.Is(errBadLen, cq.ProvBadLen))
 }
+
+// TestRingsTakeTheBatchLoop: the receive and transmit write-back rings
+// take the ring reader's batch loop (NextBatch), not the generic read of
+// each entry; a change to rxLayout or txLayout that this test catches
+// needs cq/ring's batchPlan to take it.
+func TestRingsTakeTheBatchLoop(t *testing.T) {
+	d, _ := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 16}})
+	require.True(t, d.rx[0].r.src.Batched(), "receive")
+	require.True(t, d.tx[0].r.src.Batched(), "transmit")
+}

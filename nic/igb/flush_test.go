@@ -211,8 +211,9 @@ func TestCloseFlushUnread(t *testing.T) {
 }
 
 // TestUnboundBeforeCloseFlushesNothing: a queue unbound from its CQ before
-// the device closes reports nothing into that CQ, nor to its own Poll, as
-// before.
+// the device closes reports nothing into that CQ; its own Poll reports
+// nothing after Close, and each operation canceled after a removal (as
+// every driver on the shared queue core does, nic.ErrCanceled).
 func TestUnboundBeforeCloseFlushesNothing(t *testing.T) {
 	for _, why := range []error{nic.ErrClosed, nic.ErrRemovedClosed} {
 		d, _ := newFakeDevice(t, Config{Config: nic.Config{QueueSize: 16}})
@@ -221,14 +222,29 @@ func TestUnboundBeforeCloseFlushesNothing(t *testing.T) {
 		rx, tx := d.rx[0], d.tx[0]
 		fill(t, rx)
 		require.NoError(t, tx.Send(frameOf(1, 64), nil))
+		posted := rx.Outstanding()
 		require.NoError(t, rx.Src.Unbind()) // what the CQ's Close does
 		require.NoError(t, tx.Src.Unbind())
 		require.NoError(t, d.close(why))
 		_, err := c.Read(make([]cq.Entry, 4))
 		require.ErrorIs(t, err, cq.ErrAgain, "%v: nothing in the CQ", why)
 		comps := make([]nic.Completion, 4)
-		require.Zero(t, rx.Poll(comps))
-		require.Zero(t, tx.Poll(comps))
+		canceled := func(q nic.Queue) int {
+			n := 0
+			for q.Poll(comps) == 1 {
+				require.ErrorIs(t, comps[0].Err, nic.ErrCanceled)
+				require.ErrorIs(t, comps[0].Err, nic.ErrRemoved)
+				n++
+			}
+			return n
+		}
+		if why == nic.ErrClosed {
+			require.Zero(t, canceled(rx), "a plain Close reports none")
+			require.Zero(t, canceled(tx))
+		} else {
+			require.Equal(t, posted, canceled(rx), "a removal cancels each, for Poll")
+			require.Equal(t, 1, canceled(tx))
+		}
 		require.NoError(t, c.Close())
 	}
 }

@@ -1,6 +1,10 @@
 package igb
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vfnic/vfnic/nic"
+)
 
 // Checksum is the device's verdict on one checksum of a received frame.
 type Checksum uint8
@@ -118,7 +122,7 @@ func (q *RxQueue) Offload(buf uintptr) (RxOffload, error) {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	if q.Closed {
-		return RxOffload{}, errClosed
+		return RxOffload{}, nic.ErrClosed
 	}
 	b, err := q.bufs.Lent(buf)
 	if err != nil {

@@ -9,8 +9,6 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
-	"github.com/vfnic/vfnic/eventfd"
-	"github.com/vfnic/vfnic/nic/internal/canceled"
 )
 
 // Status values of the receive layout's Status field (the DD and EOP bits
@@ -92,7 +90,9 @@ func newRing(mem []byte, n int, tx bool) (*ring, error) {
 	if err := src.Attach(cq.FormatData); err != nil {
 		return nil, err
 	}
-	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
+	// The queue's lock serialises posts and reads: no lock or release
+	// store of the table's own.
+	tab, err := cqring.NewSingleThreadedTable(n, bits.Len(uint(n-1)))
 	if err != nil {
 		return nil, err
 	}
@@ -103,13 +103,14 @@ func newRing(mem []byte, n int, tx bool) (*ring, error) {
 	return &ring{src: src, tab: tab}, nil
 }
 
-// post records a descriptor and returns its position.
-func (r *ring) post(ctx any, buf uintptr, length int, recv bool) (uint32, error) {
+// post records a descriptor, with the driver word word (qcore.Queue.Word),
+// and returns its position.
+func (r *ring) post(ctx any, buf uintptr, length int, recv bool, word uint64) (uint32, error) {
 	fl := cq.FlagSend | cq.FlagMsg
 	if recv {
 		fl = cq.FlagRecv | cq.FlagMsg
 	}
-	return r.tab.Post(cqring.Op{Context: ctx, Buf: buf, Len: length, Flags: fl})
+	return r.tab.Post(cqring.Op{Context: ctx, Buf: buf, Len: length, Flags: fl, Word: word})
 }
 
 // pending counts ready entries (an error counts) up to max.
@@ -120,106 +121,76 @@ func (r *ring) strError(prov cq.ProvErrno, data []byte) (string, bool) {
 	return r.src.StrError(prov, data)
 }
 
-// cqSource is an igb queue as the cq.CQ it feeds reads it (BindCQ): the
-// QueueReader behind a cq/ring.QueueSource, which keeps the CQ's format
-// and error order. Its batch read is the queue's next, the same take per
-// entry as Poll's, so the queue keeps its bookkeeping (buffers lent,
-// error recycling) whichever way it is read. Once the queue is closed it
-// reads the operations close kept, each as a flushed error completion
-// (cq.ECANCELED), then nothing.
-type cqSource struct {
-	q   *queue
-	dev *Device
-	irq *eventfd.FD // the CQ's interrupt eventfd (nil: none)
-}
+// ops is a queue's qcore.Ring, and a receive queue's qcore.RxPoster: what
+// the core asks of igb's ring. Called with the queue's lock held.
+type ops struct{ q *queue }
 
-var _ cqring.QueueReader = (*cqSource)(nil)
+// Read implements qcore.Ring: the queue's read.
+func (o ops) Read(cs []cqring.Completion) int { return o.q.read(cs) }
 
-// source wraps s for a CQ.
-func (s *cqSource) source() *cqring.QueueSource {
-	return cqring.NewQueueSource(s, s.q.Name, s.q.qnum)
-}
+// Publish implements qcore.Ring.
+func (o ops) Publish() { o.q.r.src.Publish() }
 
-// ReadBatch implements cqring.QueueReader.
-func (s *cqSource) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.Completion) (int, bool) {
-	q := s.q
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		// A source unbound before the close has none (they went to
-		// the one bound then, or nowhere).
-		return 0, q.Src == s && q.flushed.Next(bad, s.flags())
-	}
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(ents) && q.next(&c) {
-		if c.Err != 0 {
-			*bad = c
-			errs = 1
-			break
-		}
-		qs.Store(&ents[n], &c)
-		bytes += uint64(c.Len)
-		n++
-	}
-	q.finish(n+errs, errs, bytes)
-	return n, errs > 0
-}
-
-// flags are those the queue's operations are posted with (ring.post), for
-// its flushed completions.
-func (s *cqSource) flags() cq.Flags {
-	if s.q.rx {
-		return cq.FlagRecv | cq.FlagMsg
-	}
-	return cq.FlagSend | cq.FlagMsg
-}
-
-// Pending implements cqring.QueueReader.
-func (s *cqSource) Pending(max int) int {
-	q := s.q
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		if q.Src != s {
-			return 0
-		}
-		return min(q.flushed.Len(), max)
-	}
-	if q.broken || !q.settle() {
+// Pending implements qcore.Ring.
+func (o ops) Pending(max int) int {
+	if !o.q.settle() {
 		return 0
 	}
-	return q.r.pending(max)
+	return o.q.r.pending(max)
 }
 
-// Arm implements cqring.QueueReader: unmask the queue's vector. The device
+// Outstanding implements qcore.Ring: context descriptors are the queue's
+// own.
+func (o ops) Outstanding() int { return o.q.out - o.q.ctxOut }
+
+// Broken implements qcore.Ring.
+func (o ops) Broken() bool { return o.q.broken }
+
+// Notify implements qcore.Ring: the tail register, once per batch (the
+// doorbell skips an unchanged value and orders the descriptor stores
+// before it).
+func (o ops) Notify() (rang, suppressed bool) {
+	before := o.q.db.Rings()
+	o.q.db.Ring(o.q.tail)
+	return o.q.db.Rings() != before, false
+}
+
+// Arm implements qcore.Ring: unmask the queue's vector. The device raises
+// one interrupt per written descriptor (subject to EITR moderation) and
 // has no completion counter, so the threshold is served by sleeping
-// through moderated interrupts (EITR) and polling again; every completion
-// is solicited.
-func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
-	q := s.q
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
+// through moderated interrupts and polling again.
+func (o ops) Arm(int) (late, ok bool) {
+	if !o.q.eims.Valid() {
+		return false, false
+	}
+	o.q.arm()
+	return false, true
+}
+
+// Disarm implements qcore.Ring.
+func (o ops) Disarm() { o.q.disarm() }
+
+// Err implements qcore.Ring.
+func (o ops) Err(c *cqring.Completion) error { return errOf(c.Prov) }
+
+// StrError implements qcore.Ring: the device's status values.
+func (o ops) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
+	return o.q.r.strError(prov, data)
+}
+
+// Table implements qcore.Ring.
+func (o ops) Table() *cqring.Table { return o.q.r.tab }
+
+// Room implements qcore.RxPoster.
+func (o ops) Room() bool { return o.q.room() }
+
+// PostBuf implements qcore.RxPoster: pool buffer b at the tail.
+func (o ops) PostBuf(b uint32, ctx any) error {
+	q := o.q
+	if err := q.postTail(ctx, q.bufs.Start(b), int(q.bufLen), 0); err != nil {
 		return err
 	}
-	if !q.eims.Valid() {
-		return q.NoInterrupt()
-	}
-	q.arm()
+	q.writeDesc(q.tail, q.bufs.Addr(b), 0)
+	q.advance()
 	return nil
 }
-
-// StrError implements cqring.QueueReader: the device's status values, and
-// 0 for a flushed operation.
-func (s *cqSource) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
-	if prov == 0 {
-		return "igb " + s.q.Name + ": " + canceled.Flushed, true
-	}
-	return s.q.r.strError(prov, data)
-}
-
-// Unbind implements cqring.QueueReader: the queue reads its own
-// completions again.
-func (s *cqSource) Unbind() error { return s.dev.unbind(s) }

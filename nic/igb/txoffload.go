@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // TxChecksum names the checksums SendChecksum has the device compute.
@@ -153,7 +154,7 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 	}
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
+	if err := q.Usable(); err != nil {
 		return err
 	}
 	idx := -1
@@ -195,7 +196,7 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 // postContext writes a context descriptor for c into context idx at the
 // tail. Called locked, with room for it and a data descriptor.
 func (q *TxQueue) postContext(c txContext, idx int) error {
-	if err := q.postTail(ctxSlot, 0, 0); err != nil {
+	if err := q.postTail(ctxSlot, 0, 0, qcore.Own); err != nil {
 		return err
 	}
 	lens := uint64(c.ipLen) | uint64(c.macLen)<<txcMACLenSh

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // BenchmarkRxPoll: the receive path per frame, ns/op per frame, in batches
@@ -59,10 +60,9 @@ func benchBind(b *testing.B, rx *RxQueue) *cq.CQ {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s := &cqSource{dev: &Device{name: "test", closed: true}, rx: rx, q: &rx.queue, qnum: uint32(rx.vq.qidx)}
-	if err := c.Driver().AddSource(s.source()); err != nil {
+	var v qcore.Device
+	if err := v.Bind(c, []*qcore.Queue{&rx.Queue}, func(s *qcore.Source) error { return v.Unbind(s, false) }); err != nil {
 		b.Fatal(err)
 	}
-	rx.Src = s
 	return c
 }

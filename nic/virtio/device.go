@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"math/bits"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
-	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
@@ -64,18 +62,16 @@ type Device struct {
 	space     *dma.Space
 	cfgEFD    *eventfd.FD
 	efds      []*eventfd.FD // the device's eventfds, one per vector, config first
-	vectorFDs []int         // what each MSI-X vector signals now (BindCQ rewires)
-	bound     []*cq.CQ      // one entry per queue bound with BindCQ
 	rx        []*RxQueue
 	tx        []*TxQueue
 	ctrl      *ctrlQueue
 
 	own *owner.Owner // the hold on the PCI device: its driver, giving it back
 
-	mu         sync.Mutex // Close and config-space reads
-	closed     bool
-	cfgIntr    atomic.Uint64
-	closeError error
+	// core is the lock (Close, BindCQ, config-space reads), the closed
+	// state, the queues as the shared core sees them and the MSI-X wiring.
+	core    qcore.Device
+	cfgIntr atomic.Uint64
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -127,7 +123,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: name, own: own}
+	d := &Device{name: name, own: own, core: qcore.Device{Name: name}}
 	if err := d.open(ctx, a, cfg); err != nil {
 		// Whatever was set up is released, the device reset first, and
 		// the device goes back where it was.
@@ -375,7 +371,7 @@ func (d *Device) setupInterrupts(pairs int) error {
 		fds[i] = e.Fd()
 	}
 	d.cfgEFD = d.efds[0]
-	d.vectorFDs = fds
+	d.core.FDs, d.core.Enable = fds, d.vdev.EnableMSIX
 	if err := d.vdev.EnableMSIX(fds); err != nil {
 		return err
 	}
@@ -542,6 +538,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			}
 			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.rx = append(d.rx, q)
+			d.core.Rx = append(d.core.Rx, &q.Queue)
 		case "tx":
 			pool, err := dma.NewPool(region, s.size, txBuf)
 			if err != nil {
@@ -553,6 +550,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 			}
 			q.Vector, q.VDev = int(s.vector), d.vdev
 			d.tx = append(d.tx, q)
+			d.core.Tx = append(d.core.Tx, &q.Queue)
 		default:
 			buf, err := region.Carve(ctrlBufLen, 64)
 			if err != nil {
@@ -626,12 +624,7 @@ func (d *Device) fillInfo(cfg Config, pairs int) {
 }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
 
 // Features returns the negotiated feature bits.
 func (d *Device) Features() Features { return d.features }
@@ -646,22 +639,10 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	q, err := d.RxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	q, err := d.TxQueue(i)
-	if err != nil {
-		return nil, err
-	}
-	return q, nil
-}
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
 
 // RxQueue returns receive queue i as its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) {
@@ -677,9 +658,9 @@ func (d *Device) TxQueue(i int) (*TxQueue, error) {
 // when negotiated (otherwise the link is reported up), and speed and duplex
 // when the device reports them.
 func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return nic.Link{}, nic.ErrClosed
 	}
 	d.takeConfigInterrupts()
@@ -729,23 +710,12 @@ func (d *Device) ConfigInterrupt() *eventfd.FD { return d.cfgEFD }
 
 // Stats implements nic.Device.
 func (d *Device) Stats() nic.Stats {
-	d.mu.Lock()
-	if !d.closed {
+	d.core.Mu.Lock()
+	if !d.core.Closed {
 		d.takeConfigInterrupts()
 	}
-	d.mu.Unlock()
-	s := nic.Stats{ConfigInterrupts: d.cfgIntr.Load()}
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.RxQueues = append(s.RxQueues, qs)
-		s.Rx.Add(qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.TxQueues = append(s.TxQueues, qs)
-		s.Tx.Add(qs)
-	}
-	return s
+	d.core.Mu.Unlock()
+	return d.core.Stats(d.cfgIntr.Load())
 }
 
 // Close stops the device and releases everything: it waits for queue
@@ -766,29 +736,16 @@ func (d *Device) Close() error {
 
 // close tears the device down once, queues then failing with why, and
 // gives it back to its previous driver.
-func (d *Device) close(why error) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeError
-	}
-	d.closed = true
-	err := d.teardown(why)
-	d.closeError = errors.Join(err, d.own.GiveBack(why))
-	return d.closeError
-}
+func (d *Device) close(why error) error { return d.core.Close(why, d.own, d.hw) }
 
-// teardown releases whatever Open set up, in the order the device needs:
-// no DMA memory is freed while the device may still use it. Queue
-// operations fail with why from then on.
-func (d *Device) teardown(why error) error {
+// teardown releases whatever Open set up, queue operations failing with
+// why from then on (qcore.Device.Teardown).
+func (d *Device) teardown(why error) error { return d.core.Teardown(why, d.hw) }
+
+// hw releases the device's resources in the order the device needs: no
+// DMA memory is freed while the device may still use it.
+func (d *Device) hw() error {
 	var errs []error
-	for _, q := range d.rx {
-		q.close(why)
-	}
-	for _, q := range d.tx {
-		q.close(why)
-	}
 	if d.t != nil {
 		if err := d.t.reset(context.Background(), resetTimeout); err != nil {
 			errs = append(errs, err)
@@ -809,10 +766,6 @@ func (d *Device) teardown(why error) error {
 	for _, e := range d.efds {
 		errs = append(errs, e.Close())
 	}
-	for _, c := range d.bound {
-		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
-	}
-	d.bound = nil
 	return errors.Join(errs...)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/tests/leakcheck"
 	"github.com/vfnic/vfnic/verbs"
 )
@@ -26,7 +27,8 @@ func pairDevice(t *testing.T, packed bool, size int) (*Device, *rig, *rig) {
 	rr.v.qidx, tr.v.qidx = 0, 1 // the rig's ring is queue 3 otherwise
 	rx := rr.rxQueue(t, 2*size, 2048, true)
 	tx := tr.txQueue(t, 1500)
-	return &Device{name: "test", rx: []*RxQueue{rx}, tx: []*TxQueue{tx}}, rr, tr
+	return &Device{name: "test", rx: []*RxQueue{rx}, tx: []*TxQueue{tx},
+		core: qcore.Device{Name: "test", Rx: []*qcore.Queue{&rx.Queue}, Tx: []*qcore.Queue{&tx.Queue}}}, rr, tr
 }
 
 // newCQ opens a CQ with an eventfd wait object.

@@ -60,7 +60,7 @@ func TestRemovedCancelsOutstanding(t *testing.T) {
 			}
 		}()
 		time.Sleep(20 * time.Millisecond)
-		rx.close(nic.ErrRemovedClosed)
+		rx.CloseQueue(nic.ErrRemovedClosed)
 		_ = rx.Interrupt().Close() // as teardown does, after the queues
 		select {
 		case res := <-woke:
@@ -83,7 +83,7 @@ func TestCloseCancelsNothing(t *testing.T) {
 	tx := r.txQueue(t, 1500)
 	require.NoError(t, tx.Send(frameFor(1, 64), "a"))
 	require.NoError(t, tx.Flush())
-	tx.close(nic.ErrClosed)
+	tx.CloseQueue(nic.ErrClosed)
 	var comps [4]nic.Completion
 	require.Zero(t, tx.Poll(comps[:]))
 	require.ErrorIs(t, tx.Send(frameFor(2, 64), nil), nic.ErrClosed)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 )
 
 // bindTest binds a rig's queue to a new CQ the way Device.BindCQ does,
@@ -16,16 +17,12 @@ func bindTest(t *testing.T, q *queue, pq any, f cq.Format) *cq.CQ {
 	t.Helper()
 	c, err := cq.New(cq.Attr{Format: f, WaitObj: cq.WaitFD}, cq.Limits{})
 	require.NoError(t, err)
-	s := &cqSource{dev: &Device{name: "test", closed: true}, q: q, qnum: uint32(q.vq.qidx)}
-	switch pq := pq.(type) {
-	case *RxQueue:
-		s.rx = pq
-	case *TxQueue:
-		s.tx = pq
-	}
-	require.NoError(t, c.Driver().AddSource(s.source()))
-	q.Src = s
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	var v qcore.Device
+	require.NoError(t, v.Bind(c, []*qcore.Queue{&q.Queue}, func(s *qcore.Source) error { return v.Unbind(s, false) }))
+	t.Cleanup(func() {
+		v.UnbindAll() // as the device's close does
+		require.NoError(t, c.Close())
+	})
 	return c
 }
 
@@ -198,17 +195,17 @@ func TestCQReadNoAllocations(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
-// TestUsedRingsTakeTheirLoops: the receive queue's used ring, packed or
-// split, takes the ring reader's loop made for its shape (cq/ring's
-// gen_fast.go copies virtio's geometry as constants); a change to
-// PackedLayout or SplitLayout that this test catches needs the shape
-// updated there. (A transmit queue's used ring reports no length: the
-// id-only ring takes the kind's loop.)
-func TestUsedRingsTakeTheirLoops(t *testing.T) {
+// TestUsedRingsTakeTheBatchLoop: the used ring of either direction, packed
+// or split, takes the ring reader's batch loop (NextBatch), not the
+// generic read of each entry; a change to PackedLayout or SplitLayout
+// that this test catches needs cq/ring's batchPlan to take it.
+func TestUsedRingsTakeTheBatchLoop(t *testing.T) {
 	for _, packed := range []bool{true, false} {
-		r := newRig(t, 256, packed, false, 256*2048)
-		q := r.rxQueue(t, 256, 2048, false)
-		want := map[bool]string{true: "readPhaseContextVirtioPacked", false: "readPhaseContextVirtioUsed"}[packed]
-		require.Equal(t, want, q.vq.rd.Loop())
+		r := newRig(t, 256, packed, false, 256*2048+64<<10)
+		require.True(t, r.rxQueue(t, 256, 2048, false).vq.rd.Batched(), "receive, packed=%v", packed)
+	}
+	for _, packed := range []bool{true, false} {
+		r := newRig(t, 256, packed, false, 256*2048+64<<10)
+		require.True(t, r.txQueue(t, 1500).vq.rd.Batched(), "transmit, packed=%v", packed)
 	}
 }

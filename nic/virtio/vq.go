@@ -1,9 +1,7 @@
 package virtio
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -93,16 +91,10 @@ type vq struct {
 	// it checks. Ids are table slots, below size: a split ring's id is the
 	// head descriptor's index.
 	rd     *cqring.RingSource
-	tab    *cqring.Table
+	tab    *cqring.Table // its Op.Word: the posting order (qcore.Queue.Word), low 16 bits the descriptors
 	mem    ringMem
-	ndesc  []uint16 // descriptors of the buffer posted under each id
-	ndescs int      // descriptors outstanding
-	nbufs  int      // buffers outstanding
-	// seq is the post number of the buffer posted under each id, of
-	// posts: ids are reused as buffers complete, in any order, so only
-	// these give the order the outstanding ones were posted in (close).
-	seq   []uint64
-	posts uint64
+	ndescs int // descriptors outstanding
+	nbufs  int // buffers outstanding
 
 	armed  bool
 	broken bool
@@ -127,7 +119,7 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 		return nil, fmt.Errorf("%w: %s: ring memory misaligned", nic.ErrInvalid, name)
 	}
 	q := &vq{name: name, qidx: qidx, size: uint16(size), packed: packed, eventIdx: eventIdx,
-		notify: notify, desc: unsafe.Pointer(&mem.desc[0]), mem: mem, ndesc: make([]uint16, size), seq: make([]uint64, size)}
+		notify: notify, desc: unsafe.Pointer(&mem.desc[0]), mem: mem}
 	if err := q.setReader(usedPlain); err != nil {
 		return nil, err
 	}
@@ -145,31 +137,15 @@ func newVQ(name string, qidx uint16, size int, packed, eventIdx bool, mem ringMe
 	return q, nil
 }
 
-// outstanding returns the contexts of the buffers still posted, in the
-// order they were posted. Cold path (close).
-func (q *vq) outstanding() []any {
-	type op struct {
-		seq uint64
-		ctx any
-	}
-	var ops []op
-	q.tab.EachID(func(id uint32, ctx any) { ops = append(ops, op{q.seq[id], ctx}) })
-	slices.SortFunc(ops, func(a, b op) int { return cmp.Compare(a.seq, b.seq) })
-	ctxs := make([]any, len(ops))
-	for i, o := range ops {
-		ctxs[i] = o.ctx
-	}
-	return ctxs
-}
-
 // room returns how many descriptors can still be posted.
 func (q *vq) room() int { return int(q.size) - q.ndescs }
 
 // reserve records a buffer of ndesc descriptors in the table of posted
-// buffers and returns its id; false when every id is outstanding (the
-// caller checked room, so only a table whose freed ids are not yet
-// published).
+// buffers, in the low 16 bits of op.Word, and returns its id; false when
+// every id is outstanding (the caller checked room, so only a table
+// whose freed ids are not yet published).
 func (q *vq) reserve(op cqring.Op, ndesc int) (uint16, bool) {
+	op.Word = op.Word&^0xffff | uint64(ndesc)
 	op.Span = ndesc
 	if !q.packed {
 		op.Span = 0 // the used ring has one element per buffer
@@ -178,9 +154,6 @@ func (q *vq) reserve(op cqring.Op, ndesc int) (uint16, bool) {
 	if err != nil {
 		return 0, false
 	}
-	q.ndesc[id] = uint16(ndesc)
-	q.seq[id] = q.posts
-	q.posts++
 	q.ndescs += ndesc
 	q.nbufs++
 	return uint16(id), true

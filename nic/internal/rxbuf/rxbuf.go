@@ -1,7 +1,9 @@
-// Package rxbuf keeps a receive queue's buffers for the NIC drivers: which
-// are free, posted to the device or lent to the caller in a completion,
-// and the checks on a buffer address the caller hands back (Repost,
-// Release, Frame), which every driver makes alike.
+// Package rxbuf keeps a receive queue's buffers for the NIC drivers: the
+// free list, which buffers are lent to the caller in a completion, and the
+// checks on a buffer address the caller hands back (Repost, Release,
+// Frame), which every driver makes alike. Which buffers the device holds
+// is recorded once, by the ring's table of posted operations (the buffer
+// address of each): a buffer neither free nor lent is posted.
 package rxbuf
 
 import (
@@ -18,15 +20,8 @@ var (
 	ErrNotBuffer = fmt.Errorf("%w: address is not the start of a frame in this queue's buffers", nic.ErrBadBuffer)
 )
 
-// Buffer states.
-const (
-	stFree   = 0
-	stPosted = 1 // lent to the device
-	stLent   = 2 // lent to the caller in a completion
-)
-
 // Pool is one queue's receive buffers: a dma.Pool (its methods give the
-// bytes, the IOVA and the free list) and each buffer's state. The frame
+// bytes, the IOVA and the free list) and which are lent to the caller. The frame
 // in buffer b starts Headroom bytes in (virtio-net's header); completions
 // report that address. It is not safe for concurrent use: the queue's
 // lock guards it.
@@ -35,14 +30,14 @@ type Pool struct {
 	base     uintptr // address of buffer 0
 	stride   uintptr
 	headroom uintptr
-	state    []uint8
+	lent     []bool
 }
 
 // New returns the receive buffers of p, with frames headroom bytes into
 // each buffer.
 func New(p *dma.Pool, headroom int) Pool {
 	return Pool{Pool: p, base: uintptr(unsafe.Pointer(&p.Buf(0)[0])), stride: uintptr(p.BufSize()),
-		headroom: uintptr(headroom), state: make([]uint8, p.Cap())}
+		headroom: uintptr(headroom), lent: make([]bool, p.Cap())}
 }
 
 // Start is the address of buffer b, as a posted operation records it.
@@ -52,43 +47,31 @@ func (p *Pool) Start(b uint32) uintptr { return p.base + uintptr(b)*p.stride }
 // reported from a posted operation (not from the device).
 func (p *Pool) Of(addr uintptr) uint32 { return uint32((addr - p.base) / p.stride) }
 
-// Posted records that buffer b is lent to the device.
-func (p *Pool) Posted(b uint32) { p.state[b] = stPosted }
+// Lend records that buffer b, which the device held, is lent to the
+// caller in a completion.
+func (p *Pool) Lend(b uint32) { p.lent[b] = true }
 
-// Lend records that buffer b is lent to the caller in a completion.
-func (p *Pool) Lend(b uint32) { p.state[b] = stLent }
+// Unlend records that buffer b, lent to the caller, was posted again
+// (Repost).
+func (p *Pool) Unlend(b uint32) { p.lent[b] = false }
 
 // Recycle returns buffer b, which this queue took from the free list, to
-// it.
+// it: a buffer the device held whose completion lends nothing (refused,
+// canceled, flushed), or one lent and released.
 func (p *Pool) Recycle(b uint32) {
-	p.state[b] = stFree
+	p.lent[b] = false
 	_ = p.Put(b) // b is in range and not free: Put cannot fail
-}
-
-// RecyclePosted returns every buffer still lent to the device to the free
-// list and reports how many: a closing queue's, whose operations complete
-// as canceled or flushed (which lend the caller nothing), so each posted
-// buffer goes back exactly once. Buffers lent to the caller stay lent.
-func (p *Pool) RecyclePosted() int {
-	n := 0
-	for b, s := range p.state {
-		if s == stPosted {
-			p.Recycle(uint32(b))
-			n++
-		}
-	}
-	return n
 }
 
 // Lent maps the frame address of a buffer lent to the caller back to the
 // buffer.
 func (p *Pool) Lent(frame uintptr) (uint32, error) {
 	off := frame - p.base - p.headroom
-	if frame < p.base+p.headroom || off%p.stride != 0 || off/p.stride >= uintptr(len(p.state)) {
+	if frame < p.base+p.headroom || off%p.stride != 0 || off/p.stride >= uintptr(len(p.lent)) {
 		return 0, ErrNotBuffer
 	}
 	b := uint32(off / p.stride)
-	if p.state[b] != stLent {
+	if !p.lent[b] {
 		return 0, ErrNotLent
 	}
 	return b, nil
@@ -127,16 +110,13 @@ func (p *Pool) frame(b uint32, length int) []byte {
 	return p.Buf(b)[h : h+length]
 }
 
-// Counts returns how many buffers are posted to the device and lent to
-// the caller (the rest are free), for a queue's accounting checks.
+// Counts returns how many buffers are posted to the device (neither free
+// nor lent) and lent to the caller, for a queue's accounting checks.
 func (p *Pool) Counts() (posted, lent int) {
-	for _, s := range p.state {
-		switch s {
-		case stPosted:
-			posted++
-		case stLent:
+	for _, l := range p.lent {
+		if l {
 			lent++
 		}
 	}
-	return posted, lent
+	return p.Cap() - p.Free() - lent, lent
 }

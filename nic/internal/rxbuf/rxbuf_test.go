@@ -27,8 +27,7 @@ func TestLifecycle(t *testing.T) {
 	for _, headroom := range []int{0, 12} {
 		p := newPool(t, headroom)
 		b, ok := p.Get()
-		require.True(t, ok)
-		p.Posted(b)
+		require.True(t, ok, "taken off the free list: posted")
 		frame := p.Start(b) + uintptr(headroom)
 		require.Equal(t, b, p.Of(frame), "an address inside the buffer")
 		_, err := p.Lent(frame)
@@ -65,24 +64,22 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
-// TestRecyclePosted: a closing queue's posted buffers go back once; lent
-// ones stay lent.
-func TestRecyclePosted(t *testing.T) {
+// TestRecycle: a buffer the device held goes back to the free list once;
+// a lent one stays lent until released.
+func TestRecycle(t *testing.T) {
 	p := newPool(t, 0)
 	var bs [3]uint32
 	for i := range bs {
 		b, ok := p.Get()
 		require.True(t, ok)
-		p.Posted(b)
 		bs[i] = b
 	}
 	p.Lend(bs[1])
-	require.Equal(t, 2, p.RecyclePosted())
+	p.Recycle(bs[0])
+	p.Recycle(bs[2])
 	posted, lent := p.Counts()
 	require.Equal(t, [2]int{0, 1}, [2]int{posted, lent})
 	require.Equal(t, 3, p.Free(), "the never-used one and the two posted")
-	require.Zero(t, p.RecyclePosted(), "nothing twice")
-	require.Equal(t, 3, p.Free())
 	require.NoError(t, p.Release(p.Start(bs[1])))
 	require.Equal(t, 4, p.Free())
 }

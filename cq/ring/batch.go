@@ -1,0 +1,267 @@
+package ring
+
+import (
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vfnic/vfnic/cq"
+)
+
+// The drivers' batch read (NextBatch): the loop a NIC driver runs over
+// its own ring, for the layouts of one queue per ring whose entries carry
+// no more than an id, a length, a status and the driver's Meta words
+// (virtio's packed ring and split used ring, igb's write-back
+// descriptors). It takes the common entry (driver-owned, naming an
+// operation outstanding in one ring position, a known success status, a
+// length within the posted buffer) with no call and no branch on fields
+// the layout lacks; every other entry (refused, spanning several
+// positions, a hole, a used index beyond the limit) is handed to take,
+// the generic path, which decides from its own read. Both fill the same
+// Completion for the same entry (batch_test.go).
+
+// batchPlan is what NextBatch's loop reads of a layout, made once with
+// the source; nil when the layout has fields the loop does not decode.
+type batchPlan struct {
+	idx    bool // IDIsIndex: the id is the ring position
+	hasLen bool // else the posted length is reported
+	idLen  bool // an id and a length alone, no status or Meta (runIDLen)
+	status bool // a Status field, looked up in okStatus
+	meta   bool
+	// id32 and ln32 are the id and length of an idLen plan, each read
+	// with one 32-bit load and a mask (ln32's mask 0: no length); idOwn
+	// says the id lies in the ownership word, read once for both.
+	id32, ln32 word32
+	idOwn      bool
+	// okStatus is true for the status values the codes call a success.
+	okStatus [256]bool
+	id, ln   cfield
+	st       cfield
+	m0, m1   cfield
+}
+
+// newBatchPlan returns the batch loop's plan for q's layout, or nil.
+func newBatchPlan(q *RingSource, r *Ring) *batchPlan {
+	f := &r.l.Fields
+	for _, x := range []Field{f.Queue, f.Opcode, f.Flags, f.Data, f.Tag, f.Src, f.BufOff} {
+		if x.Bits != 0 {
+			return nil
+		}
+	}
+	if q.hasOp || r.esz > 64 {
+		return nil
+	}
+	p := &batchPlan{idx: r.idx, hasLen: f.Len.Bits != 0, status: f.Status.Bits != 0, meta: r.meta,
+		id: r.f[fID], ln: r.f[fLen], st: r.f[fStatus], m0: r.f[fMeta0], m1: r.f[fMeta1]}
+	for v := range p.okStatus {
+		p.okStatus[v] = q.stat[v].known && q.stat[v].err == 0
+	}
+	if !p.status && !p.okStatus[0] {
+		return nil // every entry reads status 0, which these codes refuse
+	}
+	var ok1, ok2 bool
+	p.id32, ok1 = planWord32(f.ID, int(r.esz))
+	p.ln32, ok2 = planWord32(f.Len, int(r.esz))
+	p.idOwn = !r.used && p.id32.off == int(r.own)
+	p.idLen = !p.idx && !p.status && !p.meta && !r.clear && ok1 && ok2 && (r.used || r.flip)
+	return p
+}
+
+// Batched reports whether NextBatch has its own loop for the source's
+// layout; without it NextBatch takes every entry with Next's generic
+// read.
+func (q *RingSource) Batched() bool { return q.plan != nil }
+
+// NextBatch takes up to len(cs) entries into cs, as that many calls of
+// Next would, and returns how many: it stops after a refused entry (Err
+// set) or at the first entry not handed over. Like Next it is the
+// driver's read, serialised by the driver, a batch ended with Publish.
+func (q *RingSource) NextBatch(cs []Completion) int {
+	tabs := *q.tables.Load()
+	n := 0
+	for n < len(cs) {
+		if p := q.plan; p != nil {
+			n += q.runBatch(p, tabs, cs[n:])
+			if n == len(cs) {
+				break
+			}
+		}
+		// The entry the loop stopped at, read again by the generic path.
+		if !q.take(tabs, &cs[n], true) {
+			break
+		}
+		n++
+		if cs[n-1].Err != 0 {
+			break
+		}
+	}
+	return n
+}
+
+// runBatch is NextBatch's loop: it takes entries while they are the
+// common kind and returns how many; at any other it stops without
+// consuming it.
+func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int {
+	r := q.ring
+	t := tableFor(tabs, 0)
+	if t == nil || decodeHook != nil {
+		return 0 // every entry is refused; a test's hook runs in take
+	}
+	if p.idLen {
+		return q.runIDLen(p, t, cs)
+	}
+	comp := t.completer()
+	ftl := t.ftailLocal
+	var raw [8]uint64 // the entry's copy: up to 64 bytes
+	e := unsafe.Pointer(&raw[0])
+	n := 0
+	for n < len(cs) {
+		pos := r.head
+		if r.used {
+			if !r.usedReady() {
+				break
+			}
+		} else if atomic.LoadUint32(r.ownerWord(pos))&r.mask != r.want {
+			break
+		}
+		// The one read of the device's entry: every field below comes
+		// from this copy (Meta words overlap the other fields).
+		copyEntry(e, r.entry(pos), r.esz)
+		id := pos
+		if !p.idx {
+			id = uint32(p.id.get(e))
+		}
+		s := comp.at(id)
+		if !s.outstanding(id) || s.multi {
+			break // not posted, spanning several positions, multi-receive: take's
+		}
+		if p.status {
+			if v := p.st.get(e); v > 0xff || !p.okStatus[v] {
+				break
+			}
+		}
+		ln := s.len
+		if p.hasLen {
+			if ln = uint32(p.ln.get(e)); ln > s.len {
+				break
+			}
+		}
+		c := &cs[n]
+		c.set(s, id, pos, ln, t.words[id&comp.mask])
+		if p.meta {
+			c.Meta = [2]uint64{p.m0.get(e), p.m1.get(e)}
+		}
+		ftl = comp.release(s, id, ftl)
+		r.advance()
+		n++
+	}
+	t.stored(q, ftl)
+	return n
+}
+
+// runIDLen is runBatch for entries of an id and a length alone, each
+// loaded in place, once, with one 32-bit load (virtio's packed ring), the
+// ring's position held in locals and stored back once.
+func (q *RingSource) runIDLen(p *batchPlan, t *Table, cs []Completion) int {
+	r := q.ring
+	if r.used {
+		return q.runUsed(p, t, cs)
+	}
+	comp, ftl := t.completer(), t.ftailLocal
+	base, esz, own, omask := r.base, r.esz, r.own, r.mask
+	head, want := r.head, r.want
+	n := 0
+	for ; n < len(cs); n++ {
+		e := unsafe.Add(base, uintptr(head)*esz)
+		w := atomic.LoadUint32((*uint32)(unsafe.Add(e, own)))
+		if w&omask != want {
+			break
+		}
+		id := w // the id shares the ownership word: loaded once
+		if !p.idOwn {
+			id = *(*uint32)(unsafe.Add(e, p.id32.off))
+		}
+		id = le32(id) & p.id32.mask
+		s := comp.at(id)
+		if !s.outstanding(id) || s.multi {
+			break // not posted, spanning several positions, multi-receive: take's
+		}
+		ln := s.len
+		if p.ln32.mask != 0 {
+			if ln = le32(*(*uint32)(unsafe.Add(e, p.ln32.off))) & p.ln32.mask; ln > s.len {
+				break
+			}
+		}
+		cs[n].set(s, id, head, ln, t.words[id&comp.mask])
+		ftl = comp.release(s, id, ftl)
+		if head++; head == r.n {
+			head = 0
+			want ^= omask // the lap's ownership value flips (idLen: never DD)
+		}
+	}
+	r.head, r.want = head, want
+	r.count += uint32(n)
+	t.stored(q, ftl)
+	return n
+}
+
+// runUsed is runIDLen for a used-index ring (virtio's split used ring):
+// the producer index is loaded once per run of entries it covers.
+func (q *RingSource) runUsed(p *batchPlan, t *Table, cs []Completion) int {
+	r := q.ring
+	comp, ftl := t.completer(), t.ftailLocal
+	n := 0
+run:
+	for n < len(cs) && r.usedReady() {
+		k := min(int((r.prod-r.count)&r.imask), len(cs)-n)
+		base, esz, head, m := r.base, r.esz, r.head, uint32(0)
+		for ; int(m) < k; m++ {
+			e := unsafe.Add(base, uintptr(head)*esz)
+			id := le32(*(*uint32)(unsafe.Add(e, p.id32.off))) & p.id32.mask
+			s := comp.at(id)
+			if !s.outstanding(id) || s.multi {
+				r.head, r.count = head, r.count+m
+				n += int(m)
+				break run
+			}
+			ln := s.len
+			if p.ln32.mask != 0 {
+				if ln = le32(*(*uint32)(unsafe.Add(e, p.ln32.off))) & p.ln32.mask; ln > s.len {
+					r.head, r.count = head, r.count+m
+					n += int(m)
+					break run
+				}
+			}
+			cs[n+int(m)].set(s, id, head, ln, t.words[id&comp.mask])
+			ftl = comp.release(s, id, ftl)
+			if head++; head == r.n {
+				head = 0
+			}
+		}
+		r.head, r.count = head, r.count+m
+		n += int(m)
+	}
+	t.stored(q, ftl)
+	return n
+}
+
+// set fills c for the good entry at pos naming id, outstanding in slot s
+// with driver word w, of ln bytes: field by field, where a composite
+// literal would clear the whole Completion first.
+func (c *Completion) set(s *slot, id, pos, ln uint32, w uint64) {
+	c.Context, c.Flags, c.Len, c.Buf = s.ctx, s.flags, int(ln), s.rbuf
+	c.Data, c.Tag, c.Queue = 0, 0, 0
+	c.Err, c.Prov, c.OLen = 0, 0, 0
+	c.ID, c.Pos, c.Done, c.Src, c.Word = id, pos, true, cq.AddrNotAvail, w
+	c.Meta = [2]uint64{}
+}
+
+// stored takes back the free-queue tail a batch loop advanced to ftl,
+// listing the table for the flush at the end of the batch.
+func (t *Table) stored(q *RingSource, ftl uint32) {
+	if ftl != t.ftailLocal {
+		t.ftailLocal = ftl
+		if !t.dirty {
+			q.markDirty(t)
+		}
+	}
+}
