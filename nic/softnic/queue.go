@@ -388,7 +388,8 @@ func (q *queue) close(why error) {
 		}
 	}
 	if q.rx {
-		q.bufs.RecyclePosted()
+		// The table is the one record of the buffers the wire still holds.
+		q.tab.EachPosted(func(_ uint32, _ any, buf uintptr, _ uint64) { q.bufs.Recycle(q.bufs.Of(buf)) })
 	}
 	if bound && q.flushed.Len() > 0 && q.Src.irq != nil {
 		_ = q.Src.irq.Add(1) // a reader asleep on the CQ wakes to read them
@@ -496,11 +497,7 @@ func (q *RxQueue) postFree(ctx any) (uint32, error) {
 // postBuf lends pool buffer b to the device. Called locked.
 func (q *RxQueue) postBuf(b uint32, ctx any) error {
 	op := cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: int(q.bufLen), Flags: cq.FlagRecv | cq.FlagMsg}
-	if err := q.post(op, q.bufs.Addr(b)); err != nil {
-		return err
-	}
-	q.bufs.Posted(b)
-	return nil
+	return q.post(op, q.bufs.Addr(b))
 }
 
 // Repost implements nic.RxQueue.
@@ -514,7 +511,11 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 	if err != nil {
 		return err
 	}
-	return q.postBuf(b, ctx)
+	if err := q.postBuf(b, ctx); err != nil {
+		return err // still lent: the caller may Release it
+	}
+	q.bufs.Unlend(b)
+	return nil
 }
 
 // Release implements nic.RxQueue.
