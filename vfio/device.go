@@ -373,17 +373,21 @@ const (
 	pciCommandMaster = 0x4 // bus master: the device may issue DMA and MSI writes
 )
 
-// SetBusMaster turns the device's bus mastering on or off (and memory-space
-// decoding on). VFIO does not enable it: without it the device's DMA and its
-// MSI/MSI-X messages go nowhere, so a driver sets it before starting queues
-// and clears it on the way out.
+// SetBusMaster turns the device's bus mastering on or off, and its
+// memory-space decoding on either way, so that its registers answer. VFIO
+// does not enable bus mastering: without it the device's DMA and its
+// MSI/MSI-X messages go nowhere. A driver turns it off when it takes the
+// device (a previous owner may have left it running), resets the device
+// through its registers, turns it on before starting queues, and off on
+// the way out.
 func (d *Device) SetBusMaster(on bool) error {
 	cmd, err := d.ReadConfig16(pciCommand)
 	if err != nil {
 		return err
 	}
+	cmd |= pciCommandMemory
 	if on {
-		cmd |= pciCommandMemory | pciCommandMaster
+		cmd |= pciCommandMaster
 	} else {
 		cmd &^= pciCommandMaster
 	}

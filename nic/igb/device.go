@@ -104,9 +104,12 @@ type Device struct {
 	// enableMSIX wires MSI-X vectors to eventfds (vfio, or nothing in
 	// tests); nVectors is how many the device has.
 	enableMSIX func(fds []int) error
-	nVectors   int
-	vmode      vectorMode
-	efds       []*eventfd.FD
+	// busMaster turns the device's bus mastering on or off (vfio, a
+	// recorder or nothing in tests).
+	busMaster func(on bool) error
+	nVectors  int
+	vmode     vectorMode
+	efds      []*eventfd.FD
 
 	rx []*RxQueue
 	tx []*TxQueue
@@ -246,7 +249,12 @@ func (d *Device) openVFIO(group int, cfg Config) error {
 	if d.vdev, err = g.OpenDevice(d.name); err != nil {
 		return err
 	}
-	if err = d.vdev.SetBusMaster(true); err != nil {
+	// A process killed while it drove the device leaves it as it was;
+	// no DMA or MSI-X until start has reset it (vfio-pci turns bus
+	// mastering off when a device fd is released, and resets the device
+	// only when it has a function reset).
+	d.busMaster = d.vdev.SetBusMaster
+	if err = d.busMaster(false); err != nil {
 		return err
 	}
 	bar, err := d.vdev.MapRegion(0)
@@ -359,7 +367,10 @@ func (d *Device) queueVector(i int, tx bool) int {
 	return -1
 }
 
-// start brings the device up from whatever state it is in.
+// start brings the device up from whatever state it is in: it resets
+// it, and only then turns bus mastering on, before any interrupt is wired
+// or DMA memory mapped, so that nothing a previous owner left in the
+// device (enabled rings, their addresses) can reach memory.
 func (d *Device) start(ctx context.Context, cfg Config) error {
 	pairs := cfg.QueuePairs
 	if pairs > d.mac.queues {
@@ -372,6 +383,11 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	d.vmode = mode
 	if err := d.reset(ctx); err != nil {
 		return err
+	}
+	if d.busMaster != nil {
+		if err := d.busMaster(true); err != nil {
+			return err
+		}
 	}
 	d.regs.write(regCTRLEXT, d.regs.read(regCTRLEXT)|ctrlExtDrvLoad)
 	if err := d.readMAC(); err != nil {

@@ -25,6 +25,19 @@ type fakeRegs struct {
 	reads    map[uint32]int // how often each was read through the control path
 	rstStuck bool
 	phy      [32]uint16
+	resets   int            // CTRL writes with RST
+	master   []masterChange // bus mastering turned on or off, in order
+}
+
+// masterChange is a change of the bus master bit and what the device
+// held then.
+type masterChange struct {
+	on         bool
+	resets     int    // resets the device had been through
+	rctl, tctl uint32 // receive and transmit control
+	eims       uint32 // extended interrupt mask
+	rings      int    // ring base registers written
+	queues     int    // queues (and their DMA memory) the driver had made
 }
 
 var testMAC = [6]byte{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
@@ -56,6 +69,9 @@ func (f *fakeRegs) write(off, v uint32) {
 	f.writes[off]++
 	switch off {
 	case regCTRL:
+		if v&ctrlRST != 0 {
+			f.resets++
+		}
 		if !f.rstStuck {
 			v &^= ctrlRST
 		}
@@ -95,6 +111,15 @@ func startFake(f *fakeRegs, cfg Config) (*Device, error) {
 		return nil, err
 	}
 	d := &Device{name: "fake", mac: &macs[0], regs: f, win: f.w, space: dma.NewIdentitySpace(), nVectors: 10}
+	d.busMaster = func(on bool) error {
+		rings := 0
+		for i := range 16 {
+			rings += f.writes[rxReg(regRDBAL0, i)] + f.writes[txReg(regTDBAL0, i)]
+		}
+		f.master = append(f.master, masterChange{on: on, resets: f.resets, rctl: f.get(regRCTL), tctl: f.get(regTCTL),
+			eims: f.get(regEIMS), rings: rings, queues: len(d.rx) + len(d.tx)})
+		return nil
+	}
 	if err := d.start(context.Background(), cfg); err != nil {
 		_ = d.teardown(nic.ErrClosed)
 		return nil, err

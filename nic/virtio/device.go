@@ -58,6 +58,9 @@ type Device struct {
 
 	container *vfio.Container
 	vdev      *vfio.Device
+	// busMaster turns the device's bus mastering on or off (vfio, or a
+	// recorder in tests).
+	busMaster func(on bool) error
 	t         *transport
 	space     *dma.Space
 	cfgEFD    *eventfd.FD
@@ -162,7 +165,12 @@ func (d *Device) bringUp(ctx context.Context, cfg Config) error {
 	if d.vdev, err = g.OpenDevice(d.name); err != nil {
 		return err
 	}
-	if err = d.vdev.SetBusMaster(true); err != nil {
+	// A process killed while it drove the device leaves its queues
+	// enabled at that process's addresses (virtio-net has no function
+	// reset for vfio-pci to run at release, which only turns bus
+	// mastering off): no DMA or MSI-X until start has reset it.
+	d.busMaster = d.vdev.SetBusMaster
+	if err = d.busMaster(false); err != nil {
 		return err
 	}
 	if err = d.mapTransport(); err != nil {
@@ -224,9 +232,15 @@ func (d *Device) mapTransport() error {
 }
 
 // start resets the device and brings it up (3.1.1 of the specification).
+// Bus mastering goes on once the reset is complete (status reads 0: the
+// device has forgotten every queue), before any interrupt is wired or DMA
+// memory mapped, so that nothing a previous owner left can reach memory.
 func (d *Device) start(ctx context.Context, cfg Config) error {
 	t := d.t
 	if err := t.reset(ctx, resetTimeout); err != nil {
+		return err
+	}
+	if err := d.busMaster(true); err != nil {
 		return err
 	}
 	t.setStatus(statusAcknowledge)

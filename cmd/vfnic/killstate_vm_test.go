@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
+	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/pci"
+	"github.com/vfnic/vfnic/qemu"
+	"github.com/vfnic/vfnic/vfio"
+)
+
+// commonCfg maps a virtio device's common configuration structure.
+func commonCfg(t *testing.T, d *vfio.Device) doorbell.Window {
+	t.Helper()
+	cs, err := pci.ReadConfig(d.ConfigReader())
+	require.NoError(t, err)
+	caps, err := cs.VirtioCaps()
+	require.NoError(t, err)
+	for _, c := range caps {
+		if c.CfgType == pci.VirtioCommonCfg {
+			m, err := d.MapRegion(int(c.Bar))
+			require.NoError(t, err)
+			b, err := m.Slice(c.Offset, c.Length)
+			require.NoError(t, err)
+			return doorbell.NewWindow(b)
+		}
+	}
+	t.Fatal("no virtio common configuration capability")
+	return doorbell.Window{}
+}
+
+// Offsets in virtio's common configuration structure (4.1.4.3) and igb's
+// BAR0 that deviceLeft reads.
+const (
+	vDeviceStatus = 20
+	vNumQueues    = 18
+	vQueueSelect  = 22
+	vQueueEnable  = 28
+	vQueueDesc    = 32
+	vStatusOK     = 4 // DRIVER_OK
+
+	igbRCTL  = 0x100
+	igbTCTL  = 0x400
+	igbRDBAL = 0xC000
+	igbRDLEN = 0xC008
+	igbEN    = 2 // RCTL.EN, TCTL.EN
+)
+
+// deviceLeft opens the device a killed process left as the next Open
+// finds it, before any reset, and checks what QEMU and vfio-pci left
+// there: vfio-pci turned bus mastering off when the process's device fd
+// was released; igb has a function reset (FLR), which vfio-pci ran then,
+// so nothing is enabled and no ring is left; virtio-net has none, so its
+// queues keep the dead process's ring addresses and only DRIVER_OK is
+// gone (QEMU's virtio-pci clears it with bus mastering), until the
+// driver's status-0 reset. Then it does what Open did before it reset
+// first: bus mastering on, here with DMA memory poisoned at the IOVAs the
+// dead process used and the peer sending. No byte may change: on QEMU
+// the old order did no harm (the nic/igb and nic/virtio
+// TestBusMasterAfterReset cases hold the new order, for devices that
+// keep running without bus mastering or a function reset).
+func deviceLeft(t *testing.T, w killWire, addr string) {
+	a, err := pci.ParseAddress(addr)
+	require.NoError(t, err)
+	pd, err := pci.Lookup(a)
+	require.NoError(t, err)
+	c, err := vfio.OpenContainer()
+	require.NoError(t, err)
+	defer c.Close()
+	g, err := c.OpenGroup(pd.IOMMUGroup)
+	require.NoError(t, err)
+	d, err := g.OpenDevice(addr)
+	require.NoError(t, err)
+	cmd, err := d.ReadConfig16(4)
+	require.NoError(t, err)
+	require.Zero(t, cmd&4, "bus mastering of the killed process's device, off after vfio-pci's release (command %#x)", cmd)
+	rm, _ := os.ReadFile("/sys/bus/pci/devices/" + addr + "/reset_method")
+	resets := d.Info().Flags&vfio.DeviceFlagReset != 0
+	var left string
+	if w.model == qemu.IGB {
+		require.True(t, resets, "igb has a VFIO reset (reset_method %q)", rm)
+		m, err := d.MapRegion(0)
+		require.NoError(t, err)
+		b, err := m.Slice(0, 0x10000)
+		require.NoError(t, err)
+		win := doorbell.NewWindow(b)
+		rd := func(off uintptr) uint32 { v, _ := win.Read32(off); return v }
+		left = fmt.Sprintf("RCTL %#x TCTL %#x RDBAL0 %#x RDLEN0 %d", rd(igbRCTL), rd(igbTCTL), rd(igbRDBAL), rd(igbRDLEN))
+		require.Zero(t, rd(igbRCTL)&igbEN|rd(igbTCTL)&igbEN|rd(igbRDLEN), "igb after the FLR: %s", left)
+	} else {
+		require.False(t, resets, "virtio-net has no VFIO reset (reset_method %q)", rm)
+		win := commonCfg(t, d)
+		st, _ := win.Read8(vDeviceStatus)
+		nq, _ := win.Read16(vNumQueues)
+		left = fmt.Sprintf("status %#x", st)
+		enabled := 0
+		for q := range nq {
+			_ = win.Write16(vQueueSelect, q)
+			en, _ := win.Read16(vQueueEnable)
+			lo, _ := win.Read32(vQueueDesc)
+			hi, _ := win.Read32(vQueueDesc + 4)
+			desc := uint64(hi)<<32 | uint64(lo)
+			if en != 0 {
+				enabled++
+				left += fmt.Sprintf(", queue %d enabled at %#x", q, desc)
+			}
+		}
+		require.Zero(t, st&vStatusOK, "virtio status after bus mastering went off: %s", left)
+		require.Positive(t, enabled, "virtio keeps the dead process's queues until reset: %s", left)
+	}
+	space, err := dma.NewVFIOSpace(c, 4<<30) // the drivers' default IOVA floor
+	require.NoError(t, err)
+	defer space.Close()
+	r, err := space.Alloc(8<<20, hugepage.Options{PageSize: hugepage.Size4K})
+	require.NoError(t, err)
+	mem := r.Bytes()
+	for i := range mem {
+		mem[i] = 0x5a
+	}
+	faults := dmarFaults()
+	require.NoError(t, d.SetBusMaster(true))
+	time.Sleep(300 * time.Millisecond)
+	changed := 0
+	for _, b := range mem {
+		if b != 0x5a {
+			changed++
+		}
+	}
+	require.NoError(t, d.SetBusMaster(false))
+	t.Logf("%s: the device the killed process left: reset_method %q, VFIO reset %v, %s; with bus mastering on and DMA memory poisoned at IOVA %#x: %d bytes changed, %d DMA faults",
+		w.name, strings.TrimSpace(string(rm)), resets, left, r.IOVA(), changed, dmarFaults()-faults)
+	require.Zero(t, changed, "bytes of poisoned DMA memory written by the device before any reset")
+	require.Zero(t, dmarFaults()-faults, "DMA faults")
+}
+
+// txStalled reports whether Linux's watchdog found a transmit queue of
+// ifc stuck since the dmesg line count before.
+func txStalled(ifc string, before int) bool {
+	out, _ := exec.Command("dmesg").Output()
+	lines := strings.Split(string(out), "\n")
+	for _, l := range lines[min(before, len(lines)):] {
+		if strings.Contains(l, ifc+": NETDEV WATCHDOG") || strings.Contains(l, ifc+": TX timeout") {
+			return true
+		}
+	}
+	return false
+}
+
+func dmesgLines() int {
+	out, _ := exec.Command("dmesg").Output()
+	return strings.Count(string(out), "\n")
+}
+
+// killStall: while the Linux NIC pings echo 0 every 10 ms, both echoes
+// are SIGKILLed, so that no NIC on the hub can take a frame for 3 s (a
+// virtio device loses DRIVER_OK when vfio-pci turns its bus mastering
+// off; the peer's transmit ring of 256 fills meanwhile), deviceLeft
+// checks what the killed process left, and both echoes are started again.
+// Both must answer then, except where the Linux NIC has packed rings:
+// there it stalls for good, which this asserts (see below).
+func killStall(t *testing.T, w killWire) {
+	ifc := netIf(t, pciAddr(w.slots[2]))
+	ips := [2]string{w.subnet + ".1", w.subnet + ".2"}
+	var echo [2]*vfnicProc
+	start := func(i int) {
+		echo[i] = startVfnic(t, "echo", "-ip", ips[i], "-progress", "0", pciAddr(w.slots[i]))
+		echo[i].waitReady(t)
+	}
+	answers := func(ip string) int {
+		out, _ := exec.Command("ping", "-c", "5", "-i", "0.05", "-W", "2", "-I", ifc, ip).CombinedOutput()
+		m := pingReceived.FindStringSubmatch(string(out))
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[2])
+		return n
+	}
+	start(0)
+	start(1)
+	for i := range 2 {
+		require.Equal(t, 5, answers(ips[i]), "echo %d before the kill", i)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	flood := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("while :; do ping -q -i 0.01 -W 1 -I %s %s >/dev/null 2>&1; sleep 0.05; done", ifc, ips[0]))
+	flood.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	flood.Cancel = func() error { return syscall.Kill(-flood.Process.Pid, syscall.SIGKILL) }
+	require.NoError(t, flood.Start())
+	defer func() { _ = flood.Wait() }()
+	defer stop()
+	time.Sleep(500 * time.Millisecond)
+
+	lines := dmesgLines()
+	for i := range 2 {
+		require.NoError(t, echo[i].cmd.Process.Kill())
+		_, ended := echo[i].wait(10 * time.Second)
+		require.True(t, ended, "echo %d still running 10 s after SIGKILL", i)
+	}
+	deviceLeft(t, w, pciAddr(w.slots[0]))
+	time.Sleep(3 * time.Second) // the peer keeps sending; nothing on the hub can take it
+	start(0)
+	start(1)
+	var got [2]int
+	for i := range 2 {
+		got[i] = answers(ips[i])
+	}
+	if w.peerPacked {
+		time.Sleep(2 * time.Second)
+		for i := range 2 {
+			got[i] += answers(ips[i])
+		}
+	}
+	stalled := txStalled(ifc, lines)
+	peer := "igb"
+	if w.model == qemu.VirtioNet {
+		peer = map[bool]string{true: "packed", false: "split"}[w.peerPacked] + "-ring virtio"
+	}
+	t.Logf("%s (Linux NIC: %s): after the restart, echo 0 answered %d and echo 1 %d (of 5, 10 with a packed peer); Linux's transmit watchdog fired: %v",
+		w.name, peer, got[0], got[1], stalled)
+	if w.peerPacked {
+		// QEMU held the peer's frames while no NIC on the hub could take
+		// them, and completed them once one could
+		// (virtio_net_tx_complete): that turns the transmit queue's
+		// notifications on, then takes what the peer queued meanwhile;
+		// when that is less than a burst, notifications stay on with the
+		// event where they were turned on, which a packed ring's take
+		// does not move (the behaviour nic/virtio's kickNeeded allows
+		// for since e2ab62e). Linux's virtqueue_kick_prepare_packed
+		// kicks only for an event inside the batch it has just
+		// published, so it never kicks again and every frame the peer
+		// sends stays in its ring: the lost peer of issue 30 item 5,
+		// where a restart came while the other echo could take nothing
+		// (its ring full on a loaded host). That chain is read from
+		// QEMU's and Linux's source and fits what is seen here (no
+		// answer for good, Linux's transmit watchdog); QEMU's queue state
+		// was not dumped. This asserts the stall so that a QEMU or Linux
+		// without it is noticed, and the kill rounds can have a packed
+		// peer again.
+		require.Equal(t, [2]int{}, got, "the known stall of a packed-ring Linux peer did not happen (watchdog %v)", stalled)
+	} else {
+		require.False(t, stalled, "Linux's transmit watchdog fired on %s", ifc)
+		require.Positive(t, got[0], "replies from echo 0 after the restart")
+		require.Positive(t, got[1], "replies from echo 1 after the restart")
+	}
+	for i := range 2 {
+		require.NoError(t, echo[i].cmd.Process.Signal(syscall.SIGINT))
+		err, ended := echo[i].wait(10 * time.Second)
+		require.True(t, ended)
+		require.NoError(t, err, echo[i].output())
+	}
+}
