@@ -117,14 +117,14 @@ func TestPktgenOnCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300, limited: true}
 			var human, js bytes.Buffer
 			p := newProgress(&human, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			require.NoError(t, g.run(ctx, core, p))
 			require.NoError(t, ctx.Err(), "stopped by the count, not the timeout")
-			require.EqualValues(t, 300, g.sent)
+			require.EqualValues(t, 300, g.sent.Load())
 			require.EqualValues(t, 300, tx.Counters().Posts)
 			require.NotZero(t, tx.Counters().Flushes, "the core rang the doorbell")
 			require.Equal(t, uint64(299), binary.BigEndian.Uint64(g.src.(*seqFrame).frame[42:]), "the last frame carries sequence number 299")
@@ -152,7 +152,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, rate: 500}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, limited: true, rate: 500}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
@@ -160,7 +160,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 			require.NoError(t, g.run(ctx, core, p))
 			took := time.Since(start)
 			require.NoError(t, ctx.Err(), "stopped by the count, not the timeout")
-			require.EqualValues(t, 20, g.sent)
+			require.EqualValues(t, 20, g.sent.Load())
 			require.GreaterOrEqual(t, took, 19*time.Second/500, "paced: frame 19 is due 38 ms in")
 			// Woken only by runCore's 100 ms housekeeping, 20 frames would
 			// take about 2 s.
@@ -261,8 +261,8 @@ func TestEchoOnCore(t *testing.T) {
 	}()
 	require.NoError(t, e.run(ctx, core, p))
 	require.EqualValues(t, 40, rx.Counters().Posts, "every buffer posted again")
-	require.EqualValues(t, 40, e.ignored)
-	require.Zero(t, e.errs)
+	require.EqualValues(t, 40, e.ignored.Load())
+	require.Zero(t, e.errs.Load())
 }
 
 // TestCaptureFilterOnCore: frames the filter refuses are counted and their
