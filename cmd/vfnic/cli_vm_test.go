@@ -969,6 +969,7 @@ func TestGuestCLIInfo(t *testing.T) {
 		require.Regexp(t, `(?m)^  queue pairs      1 used, \d+ offered$`, out)
 		require.Regexp(t, `(?m)^  rings            \d+ descriptors; \d+ receive buffers of \d+ bytes$`, out)
 		require.Contains(t, out, "  binding          vfio-pci\n", "already bound: nothing rebound")
+		require.Regexp(t, `(?m)^  hw counters      (rx good \d+ \(\d+ bytes\), missed 0, no buffer 0|virtio has no statistics registers)`, out)
 		for _, re := range tc.text {
 			require.Regexp(t, re, out)
 		}
@@ -996,6 +997,13 @@ func TestGuestCLIInfo(t *testing.T) {
 			require.Contains(t, in.Offloads, f)
 		}
 		require.Zero(t, in.Counters.Tx.Packets, "info sends nothing")
+		if tc.driver == "igb" {
+			require.NotNil(t, in.Hardware, "igb's statistics registers: %s", in.HardwareNote)
+			require.Zero(t, in.Hardware.TxGood, "info sends nothing, and the counters start at open")
+		} else {
+			require.Nil(t, in.Hardware)
+			require.Contains(t, in.HardwareNote, "virtio has no statistics registers")
+		}
 		require.False(t, in.Rebound)
 		if tc.driver == "virtio" {
 			require.True(t, in.Link.Up, "link: %+v", in.Link)
@@ -1096,6 +1104,9 @@ func TestGuestCLISinkRSS(t *testing.T) {
 	for i, q := range gen.Queues {
 		require.EqualValues(t, frames/4, q.Tx.Frames, "queue %d sent its quarter", i)
 	}
+	require.NotNil(t, gen.Hardware, "the 82576's statistics registers: %s", gen.HardwareNote)
+	require.EqualValues(t, frames, gen.Hardware.TxGood, "the MAC counted every frame sent (GPTC)")
+	require.EqualValues(t, frames*(64+4), gen.Hardware.TxGoodBytes, "64-byte frames and their FCS (GOTC)")
 	err, ended := sink.wait(40 * time.Second)
 	require.True(t, ended, "sink still running:\n%s", sink.output())
 	require.NoError(t, err, sink.output())
@@ -1103,6 +1114,10 @@ func TestGuestCLISinkRSS(t *testing.T) {
 	require.Equal(t, 4, sum.Device.QueuePairs)
 	require.EqualValues(t, frames, sum.Details["received"], "every frame pktgen sent")
 	counts := perQueue("sink", sum)
+	require.NotNil(t, sum.Hardware, sum.HardwareNote)
+	require.GreaterOrEqual(t, sum.Hardware.RxGood, uint64(frames), "the MAC counted every frame (GPRC)")
+	require.Zero(t, sum.Hardware.Missed, "none missed at 2000 frames/s")
+	require.Contains(t, sink.output(), "sink: hardware counters: rx good ")
 	per := sum.Details["queues"].([]any)
 	for i, q := range per {
 		require.EqualValues(t, counts[i], q.(map[string]any)["received"], "the command's and the driver's count agree")

@@ -44,6 +44,11 @@ type infoOutput struct {
 	PreviousDriver string `json:"previous_driver"`
 	// Counters are the driver's since this open: what info itself cost.
 	Counters nic.Stats `json:"counters"`
+	// Hardware are the device's statistics registers since this open
+	// (igb's; cleared at open, as the driver resets the device);
+	// HardwareNote says why there are none (virtio).
+	Hardware     *igb.HWStats `json:"hardware_counters,omitempty"`
+	HardwareNote string       `json:"hardware_note,omitempty"`
 }
 
 type infoLink struct {
@@ -101,6 +106,7 @@ func runInfo(ctx context.Context, args []string, o stdio) error {
 		out.Link = infoLink{Up: l.Up, Reported: l.Reported, SpeedMbps: l.SpeedMbps, FullDuplex: l.FullDuplex}
 	}
 	out.Counters = dev.Stats()
+	out.Hardware, out.HardwareNote = hardwareCounters(dev)
 	if *asJSON {
 		enc := json.NewEncoder(o.out)
 		enc.SetIndent("", "  ")
@@ -121,6 +127,7 @@ func printInfo(w io.Writer, in infoOutput) {
 	line("MSI-X vectors", "%d", in.Vectors)
 	line("features", "%s", listText(in.Features))
 	line("offloads", "%s", listText(in.Offloads))
+	line("hw counters", "%s", hardwareText(in.Hardware, in.HardwareNote))
 	if in.Rebound {
 		line("binding", "bound to vfio-pci for this look (was %s), given back on exit", driverName(in.PreviousDriver))
 	} else {

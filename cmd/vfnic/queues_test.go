@@ -18,6 +18,7 @@ import (
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/lcore/lcoretest"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/igb"
 )
 
 // indexRecorder is a frame source that records which of the run's frames
@@ -204,4 +205,38 @@ func TestQueueSummary(t *testing.T) {
 	require.NoError(t, json.Unmarshal(js.Bytes(), &s))
 	require.Len(t, s.Queues, 2)
 	require.EqualValues(t, 7, s.Queues[1].Rx.Frames)
+}
+
+// hwDevice is a fake device with statistics registers.
+type hwDevice struct {
+	fakeDevice
+	hw igb.HWStats
+}
+
+func (d *hwDevice) HWStats() (igb.HWStats, error) { return d.hw, nil }
+
+// TestHardwareSummary: a device with statistics registers has them in
+// the summary, the drop counters always and the others when not zero;
+// one without says so.
+func TestHardwareSummary(t *testing.T) {
+	dev := &hwDevice{hw: igb.HWStats{RxGood: 5, RxGoodBytes: 340, Missed: 2, NoBuffer: 3, RxBroadcast: 1}}
+	var human, js bytes.Buffer
+	p := newProgress(&human, dev, 0, func() string { return "x" })
+	require.NoError(t, p.summary("sink", &js, nil))
+	require.Contains(t, human.String(), "sink: hardware counters: rx good 5 (340 bytes), missed 2, no buffer 3, crc errors 0, "+
+		"undersize 0, oversize 0; tx good 0 (0 bytes); rx broadcast 1\n")
+	var s trafficSummary
+	require.NoError(t, json.Unmarshal(js.Bytes(), &s))
+	require.Equal(t, &dev.hw, s.Hardware)
+	require.Contains(t, js.String(), `"rx_missed":2,"rx_no_buffer":3`)
+
+	human.Reset()
+	js.Reset()
+	p = newProgress(&human, &fakeDevice{}, 0, func() string { return "x" })
+	require.NoError(t, p.summary("sink", &js, nil))
+	require.Contains(t, human.String(), "sink: hardware counters: fake has no statistics registers: only the driver's counters\n")
+	var none trafficSummary
+	require.NoError(t, json.Unmarshal(js.Bytes(), &none))
+	require.Nil(t, none.Hardware)
+	require.Contains(t, none.HardwareNote, "no statistics registers")
 }

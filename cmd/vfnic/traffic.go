@@ -16,7 +16,7 @@ import (
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
-	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
+	"github.com/vfnic/vfnic/nic/igb"      // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
@@ -528,8 +528,13 @@ type trafficSummary struct {
 	Rx      dirSummary    `json:"rx"`
 	Tx      dirSummary    `json:"tx"`
 	// Queues are per queue, with their cores, when there are several.
-	Queues  []queueSummary `json:"queues,omitempty"`
-	Details map[string]any `json:"details,omitempty"`
+	Queues []queueSummary `json:"queues,omitempty"`
+	// Hardware are the device's own counters since open (igb's
+	// statistics registers: frames the MAC missed or refused, which the
+	// driver never sees); HardwareNote says why there are none.
+	Hardware     *igb.HWStats   `json:"hardware,omitempty"`
+	HardwareNote string         `json:"hardware_note,omitempty"`
+	Details      map[string]any `json:"details,omitempty"`
 }
 
 // queueSummary is one queue pair's counters and the core that polled it.
@@ -645,6 +650,8 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 	if cs != nil {
 		fmt.Fprintf(p.out, "%s: %s\n", what, cs)
 	}
+	hw, hwNote := hardwareCounters(p.dev)
+	fmt.Fprintf(p.out, "%s: hardware counters: %s\n", what, hardwareText(hw, hwNote))
 	qs := p.queues(s, el)
 	for _, q := range qs {
 		fmt.Fprintf(p.out, "%s: queue %d: rx %d frames (%.0f pps), tx %d frames (%.0f pps), errors rx %d tx %d, interrupts rx %d tx %d\n",
@@ -654,7 +661,8 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 		return nil
 	}
 	return json.NewEncoder(jsonOut).Encode(trafficSummary{Command: what, Device: describeDevice(p.dev, p.promisc),
-		Core: cs, Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Queues: qs, Details: details})
+		Core: cs, Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Queues: qs, Hardware: hw, HardwareNote: hwNote,
+		Details: details})
 }
 
 // queues summarizes each queue pair when there are several, with the

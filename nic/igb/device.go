@@ -118,6 +118,7 @@ type Device struct {
 	closed     bool
 	linkIntr   atomic.Uint64
 	closeError error
+	hw         HWStats // the statistics registers' totals (HWStats), under mu
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -375,6 +376,7 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 	if err := d.reset(ctx); err != nil {
 		return err
 	}
+	d.clearHWStats()
 	d.regs.write(regCTRLEXT, d.regs.read(regCTRLEXT)|ctrlExtDrvLoad)
 	if err := d.readMAC(); err != nil {
 		return err
