@@ -98,8 +98,8 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	defer core.Close()    // after the device
-	defer df.closeExtra() // after the device
+	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	var dst io.Writer = o.out
 	var f *os.File

@@ -70,8 +70,8 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	defer core.Close()    // after the device
-	defer df.closeExtra() // after the device
+	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()

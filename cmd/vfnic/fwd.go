@@ -8,7 +8,6 @@ import (
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
-	"github.com/vfnic/vfnic/pci"
 )
 
 // Forwarding modes, as testpmd's: io passes frames on untouched; macswap
@@ -47,13 +46,11 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	defer core.Close()    // after the devices
-	defer df.closeExtra() // after the devices
+	defer core.Close() // after the devices
+	defer df.cleanup() // after the devices
 	defer devA.Close()
 	if df.force {
-		if w := forceWarning(pci.Sysfs{}, nil, as[1]); w != "" {
-			fmt.Fprintln(o.err, w)
-		}
+		df.kernel.take(as[1], o.err)
 	}
 	nq := df.nqueues()
 	cfgB := nic.Config{Promiscuous: true, QueueSize: df.queueSize, BufferSize: df.bufferSize, Force: df.force}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/igb"
-	"github.com/vfnic/vfnic/pci"
 )
 
 // infoOutput is 'vfnic info -json': what testpmd's "show port info",
@@ -76,10 +75,10 @@ func runInfo(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
+	var kernel kernelState
+	defer kernel.giveBack(o.err) // after the device
 	if *force {
-		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
-			fmt.Fprintln(o.err, w)
-		}
+		kernel.take(as[0], o.err)
 	}
 	dev, err := openNIC(ctx, fs.Arg(0), nic.Config{Force: *force})
 	if err != nil {

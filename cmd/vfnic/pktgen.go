@@ -122,8 +122,8 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	defer core.Close()    // after the device
-	defer df.closeExtra() // after the device
+	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	out := df.human(o)
 	describe(out, dev)

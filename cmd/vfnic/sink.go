@@ -36,8 +36,8 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	defer core.Close()    // after the device
-	defer df.closeExtra() // after the device
+	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	queues := df.nqueues()
 	extra := df.extra

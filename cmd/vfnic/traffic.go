@@ -38,8 +38,11 @@ type deviceFlags struct {
 	hasQueues  bool // the command takes -queues
 
 	// extra are the polling cores of queues 1 to queues-1, made by openAt
-	// before the device is opened and closed by closeExtra after it.
+	// before the device is opened and closed by cleanup after it.
 	extra []*lcore.Core
+	// kernel is what -force took from the kernel; warn where it is told.
+	kernel kernelState
+	warn   io.Writer
 }
 
 // registerQueues adds -queues: queue pairs, each polled by a core of its
@@ -53,7 +56,17 @@ func (d *deviceFlags) registerQueues(fs *flag.FlagSet, what string) {
 // nqueues is -queues, at least 1.
 func (d *deviceFlags) nqueues() int { return max(d.queues, 1) }
 
-// closeExtra closes the cores of queues 1 and up, after the device.
+// cleanup runs after the devices are closed: it closes the cores of
+// queues 1 and up and gives the kernel's interfaces back what -force
+// took from them.
+func (d *deviceFlags) cleanup() {
+	d.closeExtra()
+	if d.warn != nil {
+		d.kernel.giveBack(d.warn)
+	}
+}
+
+// closeExtra closes the cores of queues 1 and up.
 func (d *deviceFlags) closeExtra() {
 	for _, c := range d.extra {
 		_ = c.Close()
@@ -186,20 +199,19 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 		cfg.QueuePairs = d.queues
 	}
 	if d.force {
-		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
-			fmt.Fprintln(warn, w)
-		}
+		d.warn = warn
+		d.kernel.take(as[0], warn)
 	}
 	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
-		d.closeExtra()
+		d.cleanup()
 		return nil, nil, err
 	}
 	if n := dev.QueuePairs(); n < d.nqueues() {
 		dev.Close()
 		core.Close()
-		d.closeExtra()
+		d.cleanup()
 		return nil, nil, fmt.Errorf("%w: -queues %d: %s has %d queue pair(s)", errUsage, d.queues, addr, n)
 	}
 	return core, dev, nil
@@ -273,8 +285,8 @@ func forceWarning(sys pci.Sysfs, ns pci.NetState, a pci.Address) string {
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit "+
-		"without their addresses and routes (add them again with 'ip addr add', 'ip route add')",
+	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit, "+
+		"where vfnic gives them back their state, addresses and routes (what the kernel refuses is named then)",
 		a, driverName(d.Driver), strings.Join(reasons, ", "))
 }
 
