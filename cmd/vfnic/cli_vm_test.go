@@ -1118,6 +1118,11 @@ func TestGuestCLISinkRSS(t *testing.T) {
 	require.GreaterOrEqual(t, sum.Hardware.RxGood, uint64(frames), "the MAC counted every frame (GPRC)")
 	require.Zero(t, sum.Hardware.Missed, "none missed at 2000 frames/s")
 	require.Contains(t, sink.output(), "sink: hardware counters: rx good ")
+	for _, l := range strings.Split(errw+sink.output(), "\n") {
+		if strings.Contains(l, "hardware counters") || strings.Contains(l, ": queue ") {
+			t.Log(l)
+		}
+	}
 	per := sum.Details["queues"].([]any)
 	for i, q := range per {
 		require.EqualValues(t, counts[i], q.(map[string]any)["received"], "the command's and the driver's count agree")
