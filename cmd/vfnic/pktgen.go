@@ -236,7 +236,8 @@ type pktgen struct {
 	// Written on the core's thread (once per round); read by the live
 	// line on queue 0's core and by the summary once the cores stopped.
 	sent, failed, full atomic.Uint64
-	blocked            bool // the last Send found the ring full (core's thread only)
+	blocked            bool        // the last Send found the ring full (core's thread only)
+	timer              *time.Timer // wakes a sleeping core when the next frame is due (-rate)
 }
 
 func (g *pktgen) line() string { return pktgens{g}.line() }
@@ -279,7 +280,13 @@ func (gs pktgens) run(ctx context.Context, cores []*lcore.Core, p *progress) err
 			return err
 		}
 	}
-	if err := runCores(ctx, done, cores, p); err != nil {
+	err := runCores(ctx, done, cores, p)
+	for _, g := range gs {
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+	}
+	if err != nil {
 		return err
 	}
 	var errs []error
@@ -299,6 +306,7 @@ func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 	if g.rate > 0 && core.Config().Mode != lcore.Busy {
 		timer = time.AfterFunc(time.Hour, func() { _ = core.Wake() })
 		timer.Stop()
+		g.timer = timer
 	}
 	err := core.AddQueue(g.tx, func(_ nic.Queue, batch []nic.Completion) error {
 		if n := failures(batch); n > 0 {
