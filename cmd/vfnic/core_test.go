@@ -76,6 +76,10 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		{"capture", "-w", "/dev/null", "-mode", "interrupt", "0000:7f:1f.7"},
 		{"sink", "0000:7f:1f.7", "-mode", "busy", "-cpu", cpu, "-p"},
 		{"sink", "0000:7f:1f.7", "-mode", "adaptive", "-idle", "300us", "-batch", "64"},
+		{"pktgen", "-queues", "4", "0000:7f:1f.7"},
+		{"capture", "0000:7f:1f.7", "-queues=2", "udp"},
+		{"echo", "-ip", "10.0.0.1", "-queues", "3", "0000:7f:1f.7"},
+		{"fwd", "-queues", "2", "0000:7f:1f.7", "0000:7f:1f.6"},
 	} {
 		code, _, errw := runCLI(args...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
@@ -90,6 +94,13 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		require.Contains(t, out, "-mode busy|adaptive|interrupt\n")
 		require.Contains(t, out, "(default adaptive)")
 		require.Contains(t, out, "before it sleeps (0: "+lcore.DefaultIdleInterval.String()+")")
+	}
+	for _, cmd := range []string{"pktgen", "echo", "capture", "sink", "fwd"} {
+		code, out, errw := runCLI("help", cmd)
+		require.Zero(t, code, errw)
+		require.Contains(t, out, "-queues int\n", cmd)
+		require.Contains(t, out, "queue pairs, each polled by its own core (with -cpu N, queue i's on CPU N+i)", cmd)
+		require.Contains(t, out, "(default 1)", cmd)
 	}
 }
 
