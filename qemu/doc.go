@@ -43,8 +43,9 @@
 //
 // Environment: $VFNIC_QEMU overrides the qemu-system-x86_64 found in PATH;
 // the kernel and modules come from the cache directory ($VFNIC_CACHE, else
-// $XDG_CACHE_HOME/vfnic, else ~/.cache/vfnic) where scripts/setup.sh puts
-// them; $VFNIC_BUSYBOX overrides /bin/busybox. Host VM tests call
+// $XDG_CACHE_HOME/vfnic, else ~/.cache/vfnic) where `go run
+// github.com/vfnic/vfnic/qemu/cmd/vmsetup` (or, in a checkout,
+// scripts/setup.sh) puts them; $VFNIC_BUSYBOX overrides /bin/busybox. Host VM tests call
 // RequireVM, which fails under CI=true and skips elsewhere when these are
 // missing.
 package qemu

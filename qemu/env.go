@@ -15,15 +15,16 @@ import (
 // Sentinel errors for a missing or unusable environment.
 var (
 	// ErrNoQEMU means qemu-system-x86_64 was not found or does not run.
-	ErrNoQEMU = errors.New("qemu: qemu-system-x86_64 not found (run `make setup` or scripts/setup.sh)")
+	ErrNoQEMU = errors.New("qemu: qemu-system-x86_64 not found (" + SetupHint + ")")
 	// ErrNoKernel means no guest kernel with a modules directory is in the cache.
-	ErrNoKernel = errors.New("qemu: guest kernel not found (run `make setup` or scripts/setup.sh)")
+	ErrNoKernel = errors.New("qemu: guest kernel not found (" + SetupHint + ")")
 	// ErrNoBusybox means no static busybox was found for the initramfs.
-	ErrNoBusybox = errors.New("qemu: static busybox not found (run `make setup` or scripts/setup.sh)")
+	ErrNoBusybox = errors.New("qemu: static busybox not found (" + SetupHint + ")")
 )
 
-// SetupHint names what a user runs to install QEMU, busybox and the kernel.
-const SetupHint = "run `make setup` (scripts/setup.sh)"
+// SetupHint names what a user runs to install QEMU, busybox and the
+// kernel: the Go entry point from any module, make in a vfnic checkout.
+const SetupHint = "run `go run github.com/vfnic/vfnic/qemu/cmd/vmsetup` as root; in a vfnic checkout `make setup` (scripts/setup.sh)"
 
 // CacheDir returns the vfnic cache directory: $VFNIC_CACHE, else
 // $XDG_CACHE_HOME/vfnic, else ~/.cache/vfnic.
@@ -152,7 +153,7 @@ func FindBusybox() (string, error) {
 			continue
 		}
 		if err := checkStatic(p); err != nil {
-			why = append(why, err.Error())
+			why = append(why, err.Error()+" (install busybox-static)")
 			continue
 		}
 		return p, nil
@@ -169,7 +170,7 @@ func checkStatic(p string) error {
 	defer f.Close()
 	for _, prog := range f.Progs {
 		if prog.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked (install busybox-static)", p)
+			return fmt.Errorf("%s is dynamically linked", p)
 		}
 	}
 	return nil

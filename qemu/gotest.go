@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -260,6 +261,29 @@ type TestEvent struct {
 // framing lines, so live output reads like `go test -v`.
 type stripFraming struct{ w io.Writer }
 
+// lineLogger hands each whole line written to it to logf, prefixed
+// "guest: " so that the guest's own "--- PASS" lines are not taken for
+// the host's by go test's output parser.
+type lineLogger struct {
+	logf func(format string, args ...any)
+	mu   sync.Mutex
+	part []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.part = append(l.part, p...)
+	for {
+		i := bytes.IndexByte(l.part, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.logf("guest: %s", bytes.TrimRight(l.part[:i], "\r"))
+		l.part = l.part[i+1:]
+	}
+}
+
 func (s stripFraming) Write(p []byte) (int, error) {
 	if bytes.IndexByte(p, 0x16) < 0 {
 		return s.w.Write(p)
@@ -439,10 +463,21 @@ func (r *TestReport) outputTail() string {
 // RunGoTestT is RunGoTest for a host test: it fails t (or, outside CI,
 // skips it) when no VM can run, then reports every guest test as a subtest
 // of t (see Report). The guest console is logged when the run failed.
+// Under go test -v (and when cfg.Output is nil) the guest test binary's
+// output is logged line by line as the guest prints it.
+//
+// The test binary is built static (CGO_ENABLED=0, GOOS=linux,
+// GOARCH=amd64) whatever the caller's environment: the guest has no
+// shared libraries.
 func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
 	t.Helper()
 	RequireVM(t)
 	ctx := t.Context()
+	if cfg.Output == nil && testing.Verbose() {
+		// go test -v: the guest's lines as they come, so that a slow run
+		// is told from a stuck one (the report comes at the end).
+		cfg.Output = &lineLogger{logf: t.Logf}
+	}
 	rep, err := RunGoTest(ctx, cfg, gt)
 	if rep == nil {
 		t.Fatalf("guest test run of %s: %v", gt.Package, err)

@@ -311,7 +311,8 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 		if f, err := elf.Open(cmd.Path); err == nil {
 			f.Close()
 			if err := checkStatic(cmd.Path); err != nil {
-				return nil, fmt.Errorf("%w: payload %v; build it with CGO_ENABLED=0", ErrBadConfig, err)
+				return nil, fmt.Errorf("%w: payload %v (built with cgo?): the guest has no shared libraries; "+
+					"build it static with CGO_ENABLED=0 (go test: CGO_ENABLED=0 go test -exec vmexec ./pkg)", ErrBadConfig, err)
 			}
 		}
 		p.argv = []string{"/vfnic/bin/" + filepath.Base(cmd.Path)}

@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -518,4 +519,17 @@ func TestStripFraming(t *testing.T) {
 		require.Equal(t, len(s), n)
 	}
 	require.Equal(t, "=== RUN   TestA\n  log\n--- PASS: TestA (0.00s)\n", b.String())
+}
+
+// TestLineLogger: the guest's output reaches the log a whole line at a
+// time, prefixed, however the writes cut it.
+func TestLineLogger(t *testing.T) {
+	var got []string
+	l := &lineLogger{logf: func(f string, a ...any) { got = append(got, fmt.Sprintf(f, a...)) }}
+	for _, w := range []string{"=== RUN   TestX\n--- PA", "SS: TestX (0.00s)\r\n", "partial"} {
+		n, err := l.Write([]byte(w))
+		require.NoError(t, err)
+		require.Equal(t, len(w), n)
+	}
+	require.Equal(t, []string{"guest: === RUN   TestX", "guest: --- PASS: TestX (0.00s)"}, got)
 }

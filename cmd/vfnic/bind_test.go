@@ -188,7 +188,7 @@ func TestForceWarning(t *testing.T) {
 	w := forceWarning(sys, upAndAddressed{}, addrs(t, "0000:7f:01.0")[0])
 	require.Contains(t, w, "warning: -force takes 0000:7f:01.0 from virtio-pci although interface eth1 is up")
 	require.Contains(t, w, "has address 10.0.0.2/24")
-	require.Contains(t, w, "come back on exit without their addresses and routes")
+	require.Contains(t, w, "come back on exit, where vfnic gives them back their state, addresses and routes")
 	require.Empty(t, forceWarning(sys, upAndAddressed{}, addrs(t, "0000:7f:02.0")[0]))
 	require.Empty(t, forceWarning(sys, noRoutes{}, addrs(t, "0000:7f:09.0")[0]), "no such device: nothing to say")
 }

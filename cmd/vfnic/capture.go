@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gopacket/gopacket"
@@ -37,6 +38,7 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode (as tcpdump -p): only frames for its MAC, broadcast and multicast")
 	fs.BoolVar(&noPromisc, "no-promisc", false, "same as -p")
 	fs.Bool("n", true, "accepted for tcpdump's habit: addresses and ports are always printed as numbers")
+	df.registerQueues(fs, "the NIC spreads flows over them (RSS); frames from all queues go to the one output, in the order written")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: vfnic capture [-w FILE] [flags] PCI-ADDR [FILTER EXPRESSION]\n"+
 			"       vfnic capture -i PCI-ADDR [-w FILE] [flags] [FILTER EXPRESSION]\n\n"+
@@ -97,6 +99,7 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 		return err
 	}
 	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	var dst io.Writer = o.out
 	var f *os.File
@@ -121,16 +124,21 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
 	describe(human, dev)
-	rx, err := dev.Rx(0)
-	if err != nil {
-		return err
+	var rxs []nic.RxQueue
+	for i := range df.nqueues() {
+		rx, err := dev.Rx(i)
+		if err != nil {
+			return err
+		}
+		if err := fillRx(rx); err != nil {
+			return err
+		}
+		rxs = append(rxs, rx)
 	}
-	if err := fillRx(rx); err != nil {
-		return err
-	}
-	cw := &capturer{rx: rx, w: fw, bw: bw, filter: filter, count: uint64(count), snaplen: snaplen, pipe: *file == "-" || text,
+	rx := rxs[0]
+	cw := &capturer{rxs: rxs, w: fw, bw: bw, filter: filter, count: uint64(count), snaplen: snaplen, pipe: *file == "-" || text,
 		c: captureCounts{bufFrame: rx.MaxFrame(), filtered: filter != nil}}
-	p := newProgress(human, dev, df.interval, cw.c.line)
+	p := newProgress(human, dev, df.interval, cw.line)
 	p.promisc = !noPromisc
 	mode := "promiscuous"
 	if noPromisc {
@@ -144,9 +152,13 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	if filter != nil {
 		filterNote = fmt.Sprintf("filter %q (%d BPF instructions)", expr, len(filter.Program()))
 	}
+	cores := coreNote(core)
+	if len(rxs) > 1 {
+		cores = fmt.Sprintf("%d queues, each %s", len(rxs), cores)
+	}
 	fmt.Fprintf(human, "capture: writing frames to %s (%s, snap length %d, buffers hold frames of up to %d bytes, %s), %s\n",
-		where, mode, snaplen, cw.c.bufFrame, filterNote, coreNote(core))
-	if err := cw.run(ctx, core, p); err != nil {
+		where, mode, snaplen, cw.c.bufFrame, filterNote, cores)
+	if err := cw.runOn(ctx, df.cores(core), p); err != nil {
 		return removed(err, rx)
 	}
 	if f != nil {
@@ -169,56 +181,84 @@ func (p pcapWriter) write(ts time.Time, data []byte, length int) error {
 	return p.w.WritePacket(gopacket.CaptureInfo{Timestamp: ts, CaptureLength: len(data), Length: length}, data)
 }
 
-// capturer is capture's receive loop: a Handler of a polling core that
-// writes each frame to the pcap and posts its buffer again.
+// capturer is capture's receive loop: a Handler of a polling core per
+// queue that writes each frame to the pcap and posts its buffer again.
 type capturer struct {
-	rx      nic.RxQueue
+	rx      nic.RxQueue   // the queue, when rxs is empty
+	rxs     []nic.RxQueue // the queues: rxs[i] is polled by cores[i]
 	w       frameWriter
-	bw      *bufio.Writer      // under w: flushed when the queue goes idle
+	bw      *bufio.Writer      // under w: flushed when a queue goes idle
 	filter  *pcapfilter.Filter // nil: every frame
 	count   uint64             // frames to write, 0 for no limit
 	snaplen int
 	pipe    bool // stdout: flush every batch
 
-	// Written on the core's thread; read by the summary once it stopped.
-	c   captureCounts
-	got int // completions in the current round
+	// mu guards w, bw and c between the queues' cores (taken once per
+	// batch); the summary reads c once they stopped.
+	mu sync.Mutex
+	c  captureCounts
+}
+
+// line is the live line, taken on queue 0's core.
+func (cw *capturer) line() string {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	return cw.c.line()
 }
 
 // run captures on core until count frames are written, ctx ends, or an
 // operation fails, and flushes the pcap.
 func (cw *capturer) run(ctx context.Context, core *lcore.Core, p *progress) error {
+	return cw.runOn(ctx, []*lcore.Core{core}, p)
+}
+
+// runOn is run with queue i on cores[i].
+func (cw *capturer) runOn(ctx context.Context, cores []*lcore.Core, p *progress) error {
 	ctx, done := context.WithCancel(ctx)
 	defer done()
-	err := core.AddQueue(cw.rx, func(_ nic.Queue, batch []nic.Completion) error {
-		cw.got += len(batch)
-		return cw.handle(batch, done)
-	})
-	if err != nil {
-		return err
+	rxs := cw.rxs
+	if len(rxs) == 0 {
+		rxs = []nic.RxQueue{cw.rx}
 	}
-	err = core.AddFunc(func() (int, error) {
-		// A reader on a pipe (tshark -r -) sees each batch at once; a file
-		// gets what is buffered whenever the queue is idle, as the core
-		// polls once more before it sleeps.
-		if cw.pipe || cw.got == 0 {
-			if err := cw.bw.Flush(); err != nil {
-				return 0, err
-			}
+	for i, rx := range rxs {
+		got := 0 // completions in the current round of this core
+		err := cores[i].AddQueue(rx, func(_ nic.Queue, batch []nic.Completion) error {
+			got += len(batch)
+			return cw.handle(rx, batch, done)
+		})
+		if err != nil {
+			return err
 		}
-		cw.got = 0
-		return 0, nil
-	})
-	if err != nil {
-		return err
+		err = cores[i].AddFunc(func() (int, error) {
+			// A reader on a pipe (tshark -r -) sees each batch at once; a
+			// file gets what is buffered whenever the queue is idle, as
+			// the core polls once more before it sleeps.
+			if cw.pipe || got == 0 {
+				cw.mu.Lock()
+				err := cw.bw.Flush()
+				cw.mu.Unlock()
+				if err != nil {
+					return 0, err
+				}
+			}
+			got = 0
+			return 0, nil
+		})
+		if err != nil {
+			return err
+		}
 	}
-	err = runCore(ctx, core, p)
+	err := runCores(ctx, done, cores, p)
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
 	return errors.Join(err, cw.bw.Flush())
 }
 
-// handle writes a batch of frames, up to count, and posts their buffers
-// again; done stops the core once count frames are written.
-func (cw *capturer) handle(comps []nic.Completion, done func()) error {
+// handle writes a batch of frames received on rx, up to count, and posts
+// their buffers again; done stops the cores once count frames are written.
+func (cw *capturer) handle(rx nic.RxQueue, comps []nic.Completion, done func()) error {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
 	refill := false
 	for i := range comps {
 		cp := &comps[i]
@@ -243,12 +283,12 @@ func (cw *capturer) handle(comps []nic.Completion, done func()) error {
 				done()
 			}
 		}
-		if err := cw.rx.Repost(cp.Buf, nil); err != nil {
+		if err := rx.Repost(cp.Buf, nil); err != nil {
 			return err
 		}
 	}
 	if refill {
-		return fillRx(cw.rx)
+		return fillRx(rx)
 	}
 	return nil
 }

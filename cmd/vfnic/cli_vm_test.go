@@ -37,11 +37,12 @@ const (
 	cliSpareNIC = "0000:00:05.0"
 	cliIGB      = "0000:00:08.0"
 	cliIGBPeer  = "0000:00:09.0"
-	cliFrames   = 200   // frames capture writes
-	cliPktgen   = 20000 // frames pktgen sends
-	cliMTU      = 9000  // the vfio NIC's host_mtu
-	cliVLAN     = 100   // the tag of pktgen's tagged frames
-	cliTagged   = 100   // tagged frames pktgen sends per size
+	cliIGB2     = "0000:00:0a.0" // a second 82576 on the wire: multi-queue pktgen
+	cliFrames   = 200            // frames capture writes
+	cliPktgen   = 20000          // frames pktgen sends
+	cliMTU      = 9000           // the vfio NIC's host_mtu
+	cliVLAN     = 100            // the tag of pktgen's tagged frames
+	cliTagged   = 100            // tagged frames pktgen sends per size
 )
 
 // TestVMTools runs vfnic's list, unbind, bind, capture and pktgen in a
@@ -88,6 +89,9 @@ func TestVMTools(t *testing.T) {
 			// The 82576's wire partner: pktgen's flows into its RSS
 			// (TestGuestCLISinkRSS).
 			{Model: qemu.VirtioNet, Packed: true, Slot: 9, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
+			// A second 82576 on that wire: 'pktgen -queues 4' sends from
+			// its 4 transmit queues (TestGuestCLISinkRSS).
+			{Model: qemu.IGB, Slot: 10, Bind: qemu.BindVFIO, Net: qemu.Hub(1)},
 		},
 		Timeout: 3 * time.Minute,
 	}
@@ -965,6 +969,7 @@ func TestGuestCLIInfo(t *testing.T) {
 		require.Regexp(t, `(?m)^  queue pairs      1 used, \d+ offered$`, out)
 		require.Regexp(t, `(?m)^  rings            \d+ descriptors; \d+ receive buffers of \d+ bytes$`, out)
 		require.Contains(t, out, "  binding          vfio-pci\n", "already bound: nothing rebound")
+		require.Regexp(t, `(?m)^  hw counters      (rx good \d+ \(\d+ bytes\), missed 0, no buffer 0|virtio has no statistics registers)`, out)
 		for _, re := range tc.text {
 			require.Regexp(t, re, out)
 		}
@@ -992,6 +997,13 @@ func TestGuestCLIInfo(t *testing.T) {
 			require.Contains(t, in.Offloads, f)
 		}
 		require.Zero(t, in.Counters.Tx.Packets, "info sends nothing")
+		if tc.driver == "igb" {
+			require.NotNil(t, in.Hardware, "igb's statistics registers: %s", in.HardwareNote)
+			require.Zero(t, in.Hardware.TxGood, "info sends nothing, and the counters start at open")
+		} else {
+			require.Nil(t, in.Hardware)
+			require.Contains(t, in.HardwareNote, "virtio has no statistics registers")
+		}
 		require.False(t, in.Rebound)
 		if tc.driver == "virtio" {
 			require.True(t, in.Link.Up, "link: %+v", in.Link)
@@ -1026,10 +1038,12 @@ func TestGuestCLIPktgenFlows(t *testing.T) {
 	require.Zero(t, sum.Tx.Errors)
 }
 
-// TestGuestCLISinkRSS: 'sink -queues 4' on the 82576 receives pktgen's
-// 64 flows (sources and ports in ranges) from the NIC across the wire,
-// spread by RSS over its 4 queues, each polled by its own core, with
-// per-queue counts in the summary.
+// TestGuestCLISinkRSS: 'pktgen -queues 4' on one 82576 sends 64 flows
+// (sources and ports in ranges) from its 4 transmit queues, each on its
+// own core; 'sink -queues 4' on the other 82576 receives them spread by
+// RSS over its 4 queues, with per-queue counts in both summaries. Then
+// 'capture -queues 4' and 'echo -queues 4' on the same NIC: every queue
+// takes a share of the flows, and echo answers each on its queue.
 func TestGuestCLISinkRSS(t *testing.T) {
 	if !qemu.InGuest() {
 		t.Skip("needs VFIO: runs inside the guest booted by TestVMTools")
@@ -1039,38 +1053,125 @@ func TestGuestCLISinkRSS(t *testing.T) {
 	require.Zero(t, code, errw)
 	var in infoOutput
 	require.NoError(t, json.Unmarshal([]byte(out), &in), out)
-	sink := startVfnic(t, "sink", "-queues", "4", "-count", strconv.Itoa(frames), "-duration", "60s", "-progress", "0", "-json", cliIGB)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(sink.output(), "sink: receiving and dropping frames") {
-		require.True(t, time.Now().Before(deadline), "sink did not start:\n%s", sink.output())
-		time.Sleep(50 * time.Millisecond)
+	flows := []string{"-src-ip", "10.1.0.1-10.1.0.64", "-dst-ip", "10.2.0.1", "-src-port", "1000-1063", "-port", "7"}
+
+	// start runs a command that waits for traffic, until it says so.
+	start := func(ready string, args ...string) *vfnicProc {
+		p := startVfnic(t, args...)
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(p.output(), ready) {
+			require.True(t, time.Now().Before(deadline), "%s did not start:\n%s", args[0], p.output())
+			time.Sleep(50 * time.Millisecond)
+		}
+		require.Contains(t, p.output(), "4 queues, each polling in adaptive mode")
+		return p
 	}
-	require.Contains(t, sink.output(), "4 queues, each polling in adaptive mode")
-	code, _, errw = runCLI("pktgen", cliIGBPeer, "-count", strconv.Itoa(frames), "-rate", "2000", "-progress", "0", "-dst-mac", in.MAC,
-		"-src-ip", "10.1.0.1-10.1.0.64", "-dst-ip", "10.2.0.1", "-src-port", "1000-1063", "-port", "7000")
+	// summary is the -json summary line of a command's output.
+	summary := func(command, output string) trafficSummary {
+		var sum trafficSummary
+		for _, l := range strings.Split(output, "\n") {
+			if strings.HasPrefix(l, `{"command":"`+command+`"`) {
+				require.NoError(t, json.Unmarshal([]byte(l), &sum), l)
+			}
+		}
+		require.Equal(t, command, sum.Command, output)
+		require.Len(t, sum.Queues, 4, "per-queue counters")
+		return sum
+	}
+	// perQueue is each queue's receive count; all must have some.
+	perQueue := func(what string, sum trafficSummary) []uint64 {
+		counts := make([]uint64, 4)
+		for i, q := range sum.Queues {
+			require.Equal(t, i, q.Queue)
+			counts[i] = q.Rx.Frames
+			require.Positive(t, q.Rx.Frames, "%s: queue %d received some of the 64 flows: %+v", what, i, sum.Queues)
+			if i > 0 {
+				require.NotNil(t, q.Core, "queue %d's core is described", i)
+			}
+		}
+		t.Logf("%s: RSS over 4 queues: %v", what, counts)
+		return counts
+	}
+
+	sink := start("sink: receiving and dropping frames", "sink", "-queues", "4", "-count", strconv.Itoa(frames), "-duration", "60s",
+		"-progress", "0", "-json", cliIGB)
+	code, out, errw = runCLI(append([]string{"pktgen", cliIGB2, "-queues", "4", "-count", strconv.Itoa(frames), "-rate", "2000",
+		"-progress", "0", "-json", "-dst-mac", in.MAC}, flows...)...)
 	require.Zero(t, code, errw)
+	require.Contains(t, errw, "4 queues, each polling in adaptive mode")
+	gen := summary("pktgen", out)
+	require.EqualValues(t, frames, gen.Tx.Frames)
+	for i, q := range gen.Queues {
+		require.EqualValues(t, frames/4, q.Tx.Frames, "queue %d sent its quarter", i)
+	}
+	require.NotNil(t, gen.Hardware, "the 82576's statistics registers: %s", gen.HardwareNote)
+	require.EqualValues(t, frames, gen.Hardware.TxGood, "the MAC counted every frame sent (GPTC)")
+	require.EqualValues(t, frames*(64+4), gen.Hardware.TxGoodBytes, "64-byte frames and their FCS (GOTC)")
 	err, ended := sink.wait(40 * time.Second)
 	require.True(t, ended, "sink still running:\n%s", sink.output())
 	require.NoError(t, err, sink.output())
-	t.Log(sink.output())
-	var sum trafficSummary
-	for _, l := range strings.Split(sink.output(), "\n") {
-		if strings.HasPrefix(l, `{"command":"sink"`) {
-			require.NoError(t, json.Unmarshal([]byte(l), &sum), l)
-		}
-	}
-	require.Equal(t, "sink", sum.Command, sink.output())
+	sum := summary("sink", sink.output())
 	require.Equal(t, 4, sum.Device.QueuePairs)
 	require.EqualValues(t, frames, sum.Details["received"], "every frame pktgen sent")
-	per := sum.Details["queues"].([]any)
-	require.Len(t, per, 4)
-	counts := make([]int, 4)
-	for i, q := range per {
-		counts[i] = int(q.(map[string]any)["received"].(float64))
+	counts := perQueue("sink", sum)
+	require.NotNil(t, sum.Hardware, sum.HardwareNote)
+	require.GreaterOrEqual(t, sum.Hardware.RxGood, uint64(frames), "the MAC counted every frame (GPRC)")
+	require.Zero(t, sum.Hardware.Missed, "none missed at 2000 frames/s")
+	require.Contains(t, sink.output(), "sink: hardware counters: rx good ")
+	for _, l := range strings.Split(errw+sink.output(), "\n") {
+		if strings.Contains(l, "hardware counters") || strings.Contains(l, ": queue ") {
+			t.Log(l)
+		}
 	}
-	t.Logf("RSS over 4 queues: %v", counts)
-	for i, n := range counts {
-		require.Positive(t, n, "queue %d received some of the 64 flows: %v", i, counts)
+	per := sum.Details["queues"].([]any)
+	for i, q := range per {
+		require.EqualValues(t, counts[i], q.(map[string]any)["received"], "the command's and the driver's count agree")
+	}
+
+	// capture: the frames of all queues in one pcap.
+	file := filepath.Join(t.TempDir(), "rss.pcap")
+	capt := start("capture: writing frames to", "capture", "-queues", "4", "-c", strconv.Itoa(frames), "-duration", "60s",
+		"-progress", "0", "-json", "-w", file, cliIGB)
+	code, _, errw = runCLI(append([]string{"pktgen", cliIGB2, "-count", strconv.Itoa(frames), "-rate", "2000", "-progress", "0",
+		"-dst-mac", in.MAC}, flows...)...)
+	require.Zero(t, code, errw)
+	err, ended = capt.wait(40 * time.Second)
+	require.True(t, ended, "capture still running:\n%s", capt.output())
+	require.NoError(t, err, capt.output())
+	sum = summary("capture", capt.output())
+	require.EqualValues(t, frames, sum.Details["written"])
+	perQueue("capture", sum)
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	require.NoError(t, err)
+	seqs := map[uint64]bool{}
+	for {
+		data, _, err := r.ReadPacketData()
+		if err != nil {
+			break
+		}
+		require.GreaterOrEqual(t, len(data), 14+20+8+8, "a pktgen frame")
+		seqs[binary.BigEndian.Uint64(data[42:])] = true
+	}
+	require.Len(t, seqs, frames, "each frame once in the one pcap")
+
+	// echo answers on the queue each flow arrives on.
+	echo := start("(ready)", "echo", "-queues", "4", "-ip", "10.2.0.1", "-udp-ports", "7", "-progress", "0", "-json", cliIGB)
+	code, _, errw = runCLI(append([]string{"pktgen", cliIGB2, "-count", strconv.Itoa(frames), "-rate", "2000", "-progress", "0",
+		"-dst-mac", in.MAC}, flows...)...)
+	require.Zero(t, code, errw)
+	time.Sleep(500 * time.Millisecond) // the last answers
+	require.NoError(t, echo.cmd.Process.Signal(syscall.SIGINT))
+	err, ended = echo.wait(20 * time.Second)
+	require.True(t, ended, "echo still running:\n%s", echo.output())
+	require.NoError(t, err, echo.output())
+	sum = summary("echo", echo.output())
+	require.EqualValues(t, frames, sum.Details["answered_udp"], "each datagram answered")
+	perQueue("echo", sum)
+	for i, q := range sum.Queues {
+		require.Equal(t, q.Rx.Frames, q.Tx.Frames, "queue %d answers on its own transmit queue", i)
 	}
 }
 

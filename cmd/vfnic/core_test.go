@@ -76,6 +76,10 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		{"capture", "-w", "/dev/null", "-mode", "interrupt", "0000:7f:1f.7"},
 		{"sink", "0000:7f:1f.7", "-mode", "busy", "-cpu", cpu, "-p"},
 		{"sink", "0000:7f:1f.7", "-mode", "adaptive", "-idle", "300us", "-batch", "64"},
+		{"pktgen", "-queues", "4", "0000:7f:1f.7"},
+		{"capture", "0000:7f:1f.7", "-queues=2", "udp"},
+		{"echo", "-ip", "10.0.0.1", "-queues", "3", "0000:7f:1f.7"},
+		{"fwd", "-queues", "2", "0000:7f:1f.7", "0000:7f:1f.6"},
 	} {
 		code, _, errw := runCLI(args...)
 		require.Equal(t, exitFailure, code, "%v: %s", args, errw)
@@ -90,6 +94,13 @@ func TestCoreFlagsAccepted(t *testing.T) {
 		require.Contains(t, out, "-mode busy|adaptive|interrupt\n")
 		require.Contains(t, out, "(default adaptive)")
 		require.Contains(t, out, "before it sleeps (0: "+lcore.DefaultIdleInterval.String()+")")
+	}
+	for _, cmd := range []string{"pktgen", "echo", "capture", "sink", "fwd"} {
+		code, out, errw := runCLI("help", cmd)
+		require.Zero(t, code, errw)
+		require.Contains(t, out, "-queues int\n", cmd)
+		require.Contains(t, out, "queue pairs, each polled by its own core (with -cpu N, queue i's on CPU N+i)", cmd)
+		require.Contains(t, out, "(default 1)", cmd)
 	}
 }
 
@@ -117,14 +128,14 @@ func TestPktgenOnCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 300, limited: true}
 			var human, js bytes.Buffer
 			p := newProgress(&human, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			require.NoError(t, g.run(ctx, core, p))
 			require.NoError(t, ctx.Err(), "stopped by the count, not the timeout")
-			require.EqualValues(t, 300, g.sent)
+			require.EqualValues(t, 300, g.sent.Load())
 			require.EqualValues(t, 300, tx.Counters().Posts)
 			require.NotZero(t, tx.Counters().Flushes, "the core rang the doorbell")
 			require.Equal(t, uint64(299), binary.BigEndian.Uint64(g.src.(*seqFrame).frame[42:]), "the last frame carries sequence number 299")
@@ -152,7 +163,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			tx := newTestQueue(t)
 			core := newTestCore(t, mode)
-			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, rate: 500}
+			g := &pktgen{tx: tx, src: &seqFrame{frame: make([]byte, 64), seqOff: 42}, count: 20, limited: true, rate: 500}
 			p := newProgress(io.Discard, &fakeDevice{}, 0, g.line)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
@@ -160,7 +171,7 @@ func TestPktgenRateOnSleepingCore(t *testing.T) {
 			require.NoError(t, g.run(ctx, core, p))
 			took := time.Since(start)
 			require.NoError(t, ctx.Err(), "stopped by the count, not the timeout")
-			require.EqualValues(t, 20, g.sent)
+			require.EqualValues(t, 20, g.sent.Load())
 			require.GreaterOrEqual(t, took, 19*time.Second/500, "paced: frame 19 is due 38 ms in")
 			// Woken only by runCore's 100 ms housekeeping, 20 frames would
 			// take about 2 s.
@@ -261,8 +272,8 @@ func TestEchoOnCore(t *testing.T) {
 	}()
 	require.NoError(t, e.run(ctx, core, p))
 	require.EqualValues(t, 40, rx.Counters().Posts, "every buffer posted again")
-	require.EqualValues(t, 40, e.ignored)
-	require.Zero(t, e.errs)
+	require.EqualValues(t, 40, e.ignored.Load())
+	require.Zero(t, e.errs.Load())
 }
 
 // TestCaptureFilterOnCore: frames the filter refuses are counted and their

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -51,6 +52,7 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 	fs := newFlags("echo", "-ip ADDR [flags] PCI-ADDR")
 	var df deviceFlags
 	df.register(fs)
+	df.registerQueues(fs, "the NIC spreads flows over them (RSS); each queue answers on the queue pair it received on")
 	ipFlag := fs.String("ip", "", "IPv4 unicast address vfnic answers for (ARP, ICMP echo, UDP echo)")
 	portsFlag := fs.String("udp-ports", "7", "comma-separated UDP ports whose datagrams are echoed")
 	if err := parse(fs, args); err != nil {
@@ -69,20 +71,33 @@ func runEcho(ctx context.Context, args []string, o stdio) error {
 		return err
 	}
 	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
 	out := df.human(o)
 	describe(out, dev)
-	e, err := newEchoer(dev, ip)
-	if err != nil {
-		return err
+	var es []*echoer
+	for i := range df.nqueues() {
+		e, err := newEchoerOn(dev, ip, i)
+		if err != nil {
+			return err
+		}
+		e.ports = ports
+		if i > 0 {
+			e.echoTally = es[0].echoTally // one set of counters
+		}
+		es = append(es, e)
 	}
-	e.ports = ports
+	e := es[0]
+	where := coreNote(core)
+	if len(es) > 1 {
+		where = fmt.Sprintf("%d queues, each %s", len(es), where)
+	}
 	fmt.Fprintf(out, "echo: answering ARP, ICMP echo and UDP on port(s) %s for %s at %s, %s (ready)\n",
-		*portsFlag, ip, dev.MAC(), coreNote(core))
+		*portsFlag, ip, dev.MAC(), where)
 	p := newProgress(out, dev, df.interval, e.counters)
-	err = removed(e.run(ctx, core, p), e.rx)
+	err = removed(runEchoers(ctx, es, df.cores(core), p), e.rx)
 	if serr := p.summary("echo", df.jsonOut(o), e.details()); serr != nil && err == nil {
 		err = serr
 	}
@@ -144,15 +159,25 @@ type echoer struct {
 	// ports are the UDP destination ports echoed.
 	ports map[uint16]bool
 
-	arps, pings, udps, ignored, refused, txDrops, errs uint64
+	// The counters, shared by the queues' echoers (-queues) and read by
+	// the live line on another core.
+	*echoTally
 }
 
-func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) {
-	rx, err := dev.Rx(0)
+// echoTally are echo's counters.
+type echoTally struct {
+	arps, pings, udps, ignored, refused, txDrops, errs atomic.Uint64
+}
+
+func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) { return newEchoerOn(dev, ip, 0) }
+
+// newEchoerOn is newEchoer on queue pair i.
+func newEchoerOn(dev nic.Device, ip netip.Addr, i int) (*echoer, error) {
+	rx, err := dev.Rx(i)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := dev.Tx(0)
+	tx, err := dev.Tx(i)
 	if err != nil {
 		return nil, err
 	}
@@ -167,21 +192,22 @@ func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) {
 // newAnswerer returns an echoer that builds replies but has no device yet.
 func newAnswerer(mac net.HardwareAddr, ip netip.Addr, ports map[uint16]bool) *echoer {
 	a4 := ip.As4()
-	e := &echoer{mac: mac, ip: net.IP(a4[:]), ports: ports, sbuf: gopacket.NewSerializeBuffer()}
+	e := &echoer{mac: mac, ip: net.IP(a4[:]), ports: ports, sbuf: gopacket.NewSerializeBuffer(), echoTally: &echoTally{}}
 	e.parser = gopacket.NewDecodingLayerParser(layers.LayerTypeEthernet, &e.eth, &e.arp, &e.ip4, &e.icmp, &e.udp, &e.payload)
 	e.parser.IgnoreUnsupported = true
 	return e
 }
 
-func (e *echoer) counters() string {
+func (e *echoTally) counters() string {
 	return fmt.Sprintf("answered arp %d icmp %d udp %d, ignored %d, refused %d, tx drops %d, errors %d",
-		e.arps, e.pings, e.udps, e.ignored, e.refused, e.txDrops, e.errs)
+		e.arps.Load(), e.pings.Load(), e.udps.Load(), e.ignored.Load(), e.refused.Load(), e.txDrops.Load(), e.errs.Load())
 }
 
 // details are the counters for the -json summary.
 func (e *echoer) details() map[string]any {
-	return map[string]any{"ip": e.ip.String(), "answered_arp": e.arps, "answered_icmp": e.pings, "answered_udp": e.udps,
-		"ignored": e.ignored, "refused": e.refused, "tx_drops": e.txDrops, "errors": e.errs}
+	return map[string]any{"ip": e.ip.String(), "answered_arp": e.arps.Load(), "answered_icmp": e.pings.Load(),
+		"answered_udp": e.udps.Load(), "ignored": e.ignored.Load(), "refused": e.refused.Load(),
+		"tx_drops": e.txDrops.Load(), "errors": e.errs.Load()}
 }
 
 // run answers on core until ctx ends or an operation fails. The core
@@ -189,15 +215,24 @@ func (e *echoer) details() map[string]any {
 // completions (their buffers are free again) and flushes both queues once
 // per round.
 func (e *echoer) run(ctx context.Context, core *lcore.Core, p *progress) error {
-	txc := make([]nic.Completion, 256)
-	err := core.AddQueue(e.rx, func(_ nic.Queue, batch []nic.Completion) error { return e.handle(batch, txc) })
-	if err != nil {
-		return err
+	return runEchoers(ctx, []*echoer{e}, []*lcore.Core{core}, p)
+}
+
+// runEchoers runs es[i] on cores[i] until ctx ends or an operation fails.
+func runEchoers(ctx context.Context, es []*echoer, cores []*lcore.Core, p *progress) error {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for i, e := range es {
+		txc := make([]nic.Completion, 256)
+		err := cores[i].AddQueue(e.rx, func(_ nic.Queue, batch []nic.Completion) error { return e.handle(batch, txc) })
+		if err != nil {
+			return err
+		}
+		if err := cores[i].AddQueue(e.tx, nil); err != nil {
+			return err
+		}
 	}
-	if err := core.AddQueue(e.tx, nil); err != nil {
-		return err
-	}
-	return runCore(ctx, core, p)
+	return runCores(ctx, stop, cores, p)
 }
 
 // handle answers a batch of receive completions and posts their buffers
@@ -212,7 +247,7 @@ func (e *echoer) handle(comps, txc []nic.Completion) error {
 			// the next Flush instead. A buffer canceled because the
 			// kernel took the device back is no error of the device's.
 			if !errors.Is(c.Err, nic.ErrCanceled) {
-				e.errs++
+				e.errs.Add(1)
 			}
 			refill = true
 			continue
@@ -248,14 +283,14 @@ func (e *echoer) send(frame []byte, txc []nic.Completion) {
 		err = e.tx.Send(frame, nil)
 	}
 	if err != nil {
-		e.txDrops++
+		e.txDrops.Add(1)
 	}
 }
 
 // answer returns the reply to frame, or nil when it needs none.
 func (e *echoer) answer(frame []byte) []byte {
 	if err := e.parser.DecodeLayers(frame, &e.decoded); err != nil && len(e.decoded) == 0 {
-		e.ignored++
+		e.ignored.Add(1)
 		return nil
 	}
 	has := func(t gopacket.LayerType) bool {
@@ -267,7 +302,7 @@ func (e *echoer) answer(frame []byte) []byte {
 		return false
 	}
 	if refuse(e) {
-		e.refused++
+		e.refused.Add(1)
 		return nil
 	}
 	opts := gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}
@@ -276,7 +311,7 @@ func (e *echoer) answer(frame []byte) []byte {
 	switch {
 	case has(layers.LayerTypeARP):
 		if e.arp.Operation != layers.ARPRequest || !net.IP(e.arp.DstProtAddress).Equal(e.ip) {
-			e.ignored++
+			e.ignored.Add(1)
 			return nil
 		}
 		arp := layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
@@ -284,32 +319,32 @@ func (e *echoer) answer(frame []byte) []byte {
 			SourceHwAddress: e.mac, SourceProtAddress: e.ip,
 			DstHwAddress: e.arp.SourceHwAddress, DstProtAddress: e.arp.SourceProtAddress}
 		err = gopacket.SerializeLayers(e.sbuf, opts, &ethr, &arp)
-		e.arps++
+		e.arps.Add(1)
 	case has(layers.LayerTypeIPv4) && e.ip4.DstIP.Equal(e.ip) && has(layers.LayerTypeICMPv4):
 		if e.icmp.TypeCode.Type() != layers.ICMPv4TypeEchoRequest {
-			e.ignored++
+			e.ignored.Add(1)
 			return nil
 		}
 		ip := e.reverseIP()
 		icmp := layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(layers.ICMPv4TypeEchoReply, 0), Id: e.icmp.Id, Seq: e.icmp.Seq}
 		err = gopacket.SerializeLayers(e.sbuf, opts, &ethr, &ip, &icmp, gopacket.Payload(e.icmp.Payload))
-		e.pings++
+		e.pings.Add(1)
 	case has(layers.LayerTypeIPv4) && e.ip4.DstIP.Equal(e.ip) && has(layers.LayerTypeUDP):
 		if !e.ports[uint16(e.udp.DstPort)] {
-			e.ignored++
+			e.ignored.Add(1)
 			return nil
 		}
 		ip := e.reverseIP()
 		udp := layers.UDP{SrcPort: e.udp.DstPort, DstPort: e.udp.SrcPort}
 		_ = udp.SetNetworkLayerForChecksum(&ip)
 		err = gopacket.SerializeLayers(e.sbuf, opts, &ethr, &ip, &udp, gopacket.Payload(e.udp.Payload))
-		e.udps++
+		e.udps.Add(1)
 	default:
-		e.ignored++
+		e.ignored.Add(1)
 		return nil
 	}
 	if err != nil {
-		e.errs++
+		e.errs.Add(1)
 		return nil
 	}
 	return e.sbuf.Bytes()

@@ -93,7 +93,7 @@ func TestEchoSafety(t *testing.T) {
 			e := newAnswerer(echoMAC, netip.MustParseAddr("10.0.0.1"), ports)
 			reply := e.answer(tc.frame(t))
 			require.Equal(t, tc.answer, reply != nil, "answered")
-			require.Equal(t, tc.refused, e.refused == 1, "refused counter %d", e.refused)
+			require.Equal(t, tc.refused, e.refused.Load() == 1, "refused counter %d", e.refused.Load())
 			if reply != nil {
 				p := gopacket.NewPacket(reply, layers.LayerTypeEthernet, gopacket.Default)
 				eth := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)

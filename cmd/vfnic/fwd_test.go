@@ -51,13 +51,13 @@ func TestForward(t *testing.T) {
 			want = []byte{2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 0x88, 0xb5, 9}
 		}
 		require.Equal(t, [][]byte{want}, tx.sent)
-		require.EqualValues(t, 1, out.forwarded)
+		require.EqualValues(t, 1, out.forwarded.Load())
 		require.Equal(t, 1, rx.reposts)
 		tx.full = true
 		require.NoError(t, f.forward(in, out, batch[:1]))
-		require.EqualValues(t, 1, out.dropped, "dropped when the other ring is full")
+		require.EqualValues(t, 1, out.dropped.Load(), "dropped when the other ring is full")
 		require.Equal(t, 2, rx.reposts, "its buffer goes back all the same")
-		f.ports[0], f.ports[1] = *in, *out
+		f.queues = [][2]*fwdPort{{in, out}}
 		require.Equal(t, "a->b 1 (dropped 1), b->a 0 (dropped 0)", f.line())
 	}
 }
@@ -66,9 +66,7 @@ func TestForward(t *testing.T) {
 func TestForwardOnCore(t *testing.T) {
 	aRx, aTx, bRx, bTx := newTestQueue(t), newTestQueue(t), newTestQueue(t), newTestQueue(t)
 	core := newTestCore(t, lcore.Interrupt)
-	f := &forwarder{}
-	f.ports[0] = fwdPort{addr: "a", rx: aRx, tx: aTx}
-	f.ports[1] = fwdPort{addr: "b", rx: bRx, tx: bTx}
+	f := &forwarder{queues: [][2]*fwdPort{{{addr: "a", rx: aRx, tx: aTx}, {addr: "b", rx: bRx, tx: bTx}}}}
 	p := newProgress(io.Discard, &fakeDevice{}, 0, f.line)
 	aRx.Inject(20)
 	bRx.Inject(10)
@@ -82,8 +80,8 @@ func TestForwardOnCore(t *testing.T) {
 		cancel()
 	}()
 	require.NoError(t, f.run(ctx, core, p))
-	require.EqualValues(t, 20, f.ports[1].forwarded, "a's frames out of b")
-	require.EqualValues(t, 10, f.ports[0].forwarded, "b's frames out of a")
+	require.EqualValues(t, 20, f.queues[0][1].forwarded.Load(), "a's frames out of b")
+	require.EqualValues(t, 10, f.queues[0][0].forwarded.Load(), "b's frames out of a")
 	require.EqualValues(t, 20, aRx.Counters().Posts, "a's buffers posted again")
 	d := f.details("io", nic.Stats{})
 	require.Equal(t, "io", d["forward"])

@@ -10,7 +10,6 @@ import (
 
 	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/igb"
-	"github.com/vfnic/vfnic/pci"
 )
 
 // infoOutput is 'vfnic info -json': what testpmd's "show port info",
@@ -44,6 +43,11 @@ type infoOutput struct {
 	PreviousDriver string `json:"previous_driver"`
 	// Counters are the driver's since this open: what info itself cost.
 	Counters nic.Stats `json:"counters"`
+	// Hardware are the device's statistics registers since this open
+	// (igb's; cleared at open, as the driver resets the device);
+	// HardwareNote says why there are none (virtio).
+	Hardware     *igb.HWStats `json:"hardware_counters,omitempty"`
+	HardwareNote string       `json:"hardware_note,omitempty"`
 }
 
 type infoLink struct {
@@ -71,10 +75,10 @@ func runInfo(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
+	var kernel kernelState
+	defer kernel.giveBack(o.err) // after the device
 	if *force {
-		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
-			fmt.Fprintln(o.err, w)
-		}
+		kernel.take(as[0], o.err)
 	}
 	dev, err := openNIC(ctx, fs.Arg(0), nic.Config{Force: *force})
 	if err != nil {
@@ -101,6 +105,7 @@ func runInfo(ctx context.Context, args []string, o stdio) error {
 		out.Link = infoLink{Up: l.Up, Reported: l.Reported, SpeedMbps: l.SpeedMbps, FullDuplex: l.FullDuplex}
 	}
 	out.Counters = dev.Stats()
+	out.Hardware, out.HardwareNote = hardwareCounters(dev)
 	if *asJSON {
 		enc := json.NewEncoder(o.out)
 		enc.SetIndent("", "  ")
@@ -121,6 +126,7 @@ func printInfo(w io.Writer, in infoOutput) {
 	line("MSI-X vectors", "%d", in.Vectors)
 	line("features", "%s", listText(in.Features))
 	line("offloads", "%s", listText(in.Offloads))
+	line("hw counters", "%s", hardwareText(in.Hardware, in.HardwareNote))
 	if in.Rebound {
 		line("binding", "bound to vfio-pci for this look (was %s), given back on exit", driverName(in.PreviousDriver))
 	} else {

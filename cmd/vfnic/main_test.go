@@ -74,6 +74,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sink", "-count", "-1", "0000:7f:1f.0"}, "-count -1 is negative"},
 		{[]string{"sink", "-queues", "0", "0000:7f:1f.0"}, "-queues 0 outside [1, 64]"},
 		{[]string{"sink", "-queues", "65", "0000:7f:1f.0"}, "-queues 65 outside [1, 64]"},
+		{[]string{"pktgen", "-queues", "0", "0000:7f:1f.0"}, "-queues 0 outside [1, 64]"},
+		{[]string{"capture", "-queues", "65", "0000:7f:1f.0"}, "-queues 65 outside [1, 64]"},
+		{[]string{"echo", "-ip", "10.0.0.1", "-queues", "-1", "0000:7f:1f.0"}, "-queues -1 outside [1, 64]"},
+		{[]string{"fwd", "-queues", "0", "0000:7f:1f.0", "0000:7f:1f.1"}, "-queues 0 outside [1, 64]"},
+		{[]string{"pktgen", "-queues", "2", "-cpu", "1000000", "0000:7f:1f.0"}, "(CPU 1000001 for a queue's core): not a CPU this process may run on"},
 		{[]string{"sink", "-queues", "2", "-cpu", "1000000", "0000:7f:1f.0"}, "(CPU 1000001 for a queue's core): not a CPU this process may run on"},
 		// Every traffic command's device flags, before the device is opened.
 		{[]string{"pktgen", "0000:7f:1f.0", "-queue-size", "-1"}, "-queue-size -1 is negative"},

@@ -236,14 +236,24 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Contains(t, errw, "run 'vfnic bind -force "+ownLinuxNIC+"' to take it anyway")
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
 		// With -force: a warning of what the kernel loses; info binds it for
-		// the look and gives it back, without its address (put back here).
+		// the look and gives it back, and vfnic gives the interface made
+		// again its state, address and route back.
+		ifc := netIf(t, ownLinuxNIC)
+		sh(t, "ip route add 10.9.0.0/16 via 10.0.0.1 dev "+ifc)
+		defer exec.Command("sh", "-c", "ip route del 10.9.0.0/16").Run()
 		code, out, errw = runCLI("info", "-force", ownLinuxNIC)
 		require.Zero(t, code, errw)
+		t.Log(errw)
 		require.Contains(t, errw, "warning: -force takes "+ownLinuxNIC+" from virtio-pci although ")
 		require.Contains(t, errw, "has address "+ownLinuxIP+"/24")
 		require.Contains(t, out, "binding          bound to vfio-pci for this look (was virtio-pci), given back on exit")
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
-		sh(t, fmt.Sprintf("ip link set %s up && ip addr add %s/24 dev %s", netIf(t, ownLinuxNIC), ownLinuxIP, netIf(t, ownLinuxNIC)))
+		ifc = netIf(t, ownLinuxNIC)
+		require.Contains(t, errw, "gave "+ownLinuxNIC+"'s interfaces back what they had: "+ifc+": up, "+ownLinuxIP+"/24, route to 10.9.0.0/16 via 10.0.0.1")
+		require.NotContains(t, errw, "refused")
+		require.Contains(t, sh(t, "ip addr show dev "+ifc), "inet "+ownLinuxIP+"/24")
+		require.Regexp(t, `<[^>]*\bUP\b`, sh(t, "ip link show dev "+ifc))
+		require.Contains(t, sh(t, "ip route show"), "10.9.0.0/16 via 10.0.0.1 dev "+ifc)
 	})
 
 	t.Run("UsageBeforeBinding", func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gopacket/gopacket"
@@ -38,6 +39,8 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	replay := fs.String("replay", "", "send the frames of this pcap or pcapng `FILE` as they are, in order, at -rate, instead of UDP frames")
 	loops := fs.Int("loop", 1, "with -replay: times through the file (0: until -count, -duration or interrupted)")
 	srcPort := fs.String("src-port", "9000", "UDP source port, or a range N-M (several: RSS spreads the flows over queues)")
+	df.registerQueues(fs, "queue i sends frames i, i+N, i+2N... of the run (each at -rate/N), so that the frames, their\n"+
+		"sequence numbers and flows are those of one queue")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -120,6 +123,7 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 		return err
 	}
 	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
 	out := df.human(o)
 	describe(out, dev)
@@ -127,7 +131,10 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if err != nil {
 		return err
 	}
-	var src frameSource
+	nq := df.nqueues()
+	// newSource gives each queue its own frame source: a flow generator
+	// rewrites its one frame in place.
+	var newSource func() (frameSource, error)
 	details := map[string]any{"rate_pps": *rate, "duration_seconds": df.duration.Seconds()}
 	var what string
 	if *replay != "" {
@@ -135,7 +142,7 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%w: -replay %s: frames of %d to %d bytes, outside [%d, %d] for %s (MTU %d)",
 				errUsage, *replay, lo, hi, nic.MinFrame, tx.MaxFrame(), dev.Info().Address, dev.Info().MTU)
 		}
-		src = &replayFrames{frames: frames}
+		newSource = func() (frameSource, error) { return &replayFrames{frames: frames}, nil }
 		details["replay"], details["replay_frames"], details["loop"] = *replay, len(frames), *loops
 		what = fmt.Sprintf("the %d frames of %s (%d to %d bytes) as they are, %s", len(frames), *replay, lo, hi,
 			rateNote(*rate, meanLen(frames)))
@@ -148,11 +155,7 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 			m := dev.MAC()
 			spec.srcMAC = numRange{lo: uint64(m[0])<<40 | uint64(m[1])<<32 | uint64(binary.BigEndian.Uint32(m[2:])), n: 1}
 		}
-		gen, err := newFlowGen(spec)
-		if err != nil {
-			return err
-		}
-		src = gen
+		newSource = func() (frameSource, error) { return newFlowGen(spec) }
 		for k, v := range map[string]any{"frame_size": sizeNote(spec.sizes), "src_ip": *srcIP, "dst_ip": *dstIP,
 			"dst_port": spec.dstPort.String(), "src_port": spec.srcPort.String(), "dst_mac": *dstMAC,
 			"src_mac": macRangeNote(spec.srcMAC), "vlan": *vlan} {
@@ -162,52 +165,140 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 			spec.dstPort, srcNote(*srcMAC, spec.srcPort), vlanNote(*vlan), rateNote(*rate, spec.sizes.mean()))
 	}
 	details["count"] = *count
-	g := &pktgen{tx: tx, src: src, count: uint64(*count), rate: *rate}
-	p := newProgress(out, dev, df.interval, g.line)
-	fmt.Fprintf(out, "pktgen: sending %s, %s, %s\n", what, stopNote(*count, df.duration), coreNote(core))
+	gens := make(pktgens, nq)
+	for i := range gens {
+		q, err := dev.Tx(i)
+		if err != nil {
+			return err
+		}
+		src, err := newSource()
+		if err != nil {
+			return err
+		}
+		// Queue i sends the run's frames i, i+nq, ...: its share of -count.
+		n := uint64(*count / nq)
+		if i < *count%nq {
+			n++
+		}
+		gens[i] = &pktgen{tx: q, src: src, count: n, limited: *count > 0, rate: *rate / float64(nq),
+			first: uint64(i), stride: uint64(nq)}
+	}
+	p := newProgress(out, dev, df.interval, gens.line)
+	where := coreNote(core)
+	if nq > 1 {
+		where = fmt.Sprintf("%d queues, each %s", nq, where)
+	}
+	fmt.Fprintf(out, "pktgen: sending %s, %s, %s\n", what, stopNote(*count, df.duration), where)
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
-	if err := g.run(ctx, core, p); err != nil {
+	if err := gens.run(ctx, df.cores(core), p); err != nil {
 		return removed(err, tx)
 	}
 	// Wait (bounded) for the last completions so the counters are final.
 	txc := make([]nic.Completion, 256)
-	for tx.Outstanding() > 0 {
-		n, err := tx.SRead(context.Background(), txc, tx.Outstanding(), 2*time.Second)
-		g.failed += uint64(failures(txc[:n]))
-		if err != nil {
-			fmt.Fprintf(out, "pktgen: %d sends not completed: %v\n", tx.Outstanding(), err)
-			break
+	for _, g := range gens {
+		for g.tx.Outstanding() > 0 {
+			n, err := g.tx.SRead(context.Background(), txc, g.tx.Outstanding(), 2*time.Second)
+			g.failed.Add(uint64(failures(txc[:n])))
+			if err != nil {
+				fmt.Fprintf(out, "pktgen: %d sends not completed on queue %d: %v\n", g.tx.Outstanding(), g.tx.Index(), err)
+				break
+			}
 		}
 	}
-	details["queued"], details["send_errors"], details["ring_full_waits"] = g.sent, g.failed, g.full
+	sent, failed, full := gens.totals()
+	details["queued"], details["send_errors"], details["ring_full_waits"] = sent, failed, full
+	if nq > 1 {
+		per := make([]map[string]any, nq)
+		for i, g := range gens {
+			per[i] = map[string]any{"queue": i, "queued": g.sent.Load(), "send_errors": g.failed.Load(), "ring_full_waits": g.full.Load()}
+		}
+		details["queues"] = per
+	}
 	return p.summary("pktgen", df.jsonOut(o), details)
 }
 
-// pktgen is pktgen's sending loop: a Func of a polling core that queues
-// up to a batch of frames per round (the core rings the doorbell once per
-// round), with the transmit queue's completions counted by the core.
+// pktgen is pktgen's sending loop on one queue: a Func of a polling core
+// that queues up to a batch of frames per round (the core rings the
+// doorbell once per round), with the transmit queue's completions counted
+// by the core.
 type pktgen struct {
-	tx    nic.TxQueue
-	src   frameSource
-	count uint64  // frames to send, 0 for no limit
-	rate  float64 // frames per second, 0 for as fast as the NIC takes them
+	tx  nic.TxQueue
+	src frameSource
+	// count frames to send when limited, else no limit.
+	count   uint64
+	limited bool
+	rate    float64 // frames per second, 0 for as fast as the NIC takes them
+	// first and stride place this queue's frames in the run: its frame k
+	// is the run's frame first+k*stride (stride 0 means 1).
+	first, stride uint64
 
-	// Written on the core's thread; read by the progress line there and
-	// by the summary once the core has stopped.
-	sent, failed, full uint64
-	blocked            bool // the last Send found the ring full
+	// Written on the core's thread (once per round); read by the live
+	// line on queue 0's core and by the summary once the cores stopped.
+	sent, failed, full atomic.Uint64
+	blocked            bool        // the last Send found the ring full (core's thread only)
+	timer              *time.Timer // wakes a sleeping core when the next frame is due (-rate)
 }
 
-func (g *pktgen) line() string {
-	return fmt.Sprintf("queued %d, send errors %d, ring-full waits %d", g.sent, g.failed, g.full)
+func (g *pktgen) line() string { return pktgens{g}.line() }
+
+// pktgens are the queues of one run, each on its core.
+type pktgens []*pktgen
+
+func (gs pktgens) totals() (sent, failed, full uint64) {
+	for _, g := range gs {
+		sent, failed, full = sent+g.sent.Load(), failed+g.failed.Load(), full+g.full.Load()
+	}
+	return sent, failed, full
+}
+
+func (gs pktgens) line() string {
+	sent, failed, full := gs.totals()
+	return fmt.Sprintf("queued %d, send errors %d, ring-full waits %d", sent, failed, full)
 }
 
 // run sends on core until count frames are queued, ctx ends, or a send
 // fails. It flushes what it queued; completions may still be outstanding.
 func (g *pktgen) run(ctx context.Context, core *lcore.Core, p *progress) error {
+	return pktgens{g}.run(ctx, []*lcore.Core{core}, p)
+}
+
+// run sends on each queue with its core (gs[i] on cores[i]) until every
+// queue has sent its count, ctx ends, or a send fails, and flushes them.
+func (gs pktgens) run(ctx context.Context, cores []*lcore.Core, p *progress) error {
 	ctx, done := context.WithCancel(ctx)
 	defer done()
+	var left atomic.Int32
+	left.Store(int32(len(gs)))
+	finished := func() {
+		if left.Add(-1) == 0 {
+			done() // the cores finish this round (their doorbells) and stop
+		}
+	}
+	for i, g := range gs {
+		if err := g.attach(cores[i], finished); err != nil {
+			return err
+		}
+	}
+	err := runCores(ctx, done, cores, p)
+	for _, g := range gs {
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, g := range gs {
+		errs = append(errs, g.tx.Flush())
+	}
+	return errors.Join(errs...)
+}
+
+// attach adds g's queue and sending Func to core; finished is called
+// once, when g has queued its count.
+func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 	// A sleeping core wakes only for interrupts: when the next frame is
 	// not due yet, a timer wakes it then. A busy core looks by itself.
 	var timer *time.Timer
@@ -215,24 +306,35 @@ func (g *pktgen) run(ctx context.Context, core *lcore.Core, p *progress) error {
 	if g.rate > 0 && core.Config().Mode != lcore.Busy {
 		timer = time.AfterFunc(time.Hour, func() { _ = core.Wake() })
 		timer.Stop()
-		defer timer.Stop()
+		g.timer = timer
 	}
 	err := core.AddQueue(g.tx, func(_ nic.Queue, batch []nic.Completion) error {
-		g.failed += uint64(failures(batch))
+		if n := failures(batch); n > 0 {
+			g.failed.Add(uint64(n))
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	stride := max(g.stride, 1)
 	var start time.Time
-	err = core.AddFunc(func() (int, error) {
-		if g.count > 0 && g.sent >= g.count {
-			done() // the core finishes this round (its doorbell) and stops
+	sent, done := uint64(0), false
+	return core.AddFunc(func() (int, error) {
+		if done {
+			return 0, nil
+		}
+		if g.limited && sent >= g.count {
+			done = true
+			if timer != nil {
+				timer.Stop()
+			}
+			finished()
 			return 0, nil
 		}
 		limit := uint64(lcore.DefaultBatch)
-		if g.count > 0 {
-			limit = min(limit, g.count-g.sent)
+		if g.limited {
+			limit = min(limit, g.count-sent)
 		}
 		if g.rate > 0 {
 			if start.IsZero() {
@@ -240,42 +342,39 @@ func (g *pktgen) run(ctx context.Context, core *lcore.Core, p *progress) error {
 			}
 			// Frame i is due i/rate seconds after the start.
 			due := uint64(time.Since(start).Seconds()*g.rate) + 1
-			if due <= g.sent {
-				if at := start.Add(time.Duration(float64(g.sent) / g.rate * float64(time.Second))); timer != nil && at != timerAt {
+			if due <= sent {
+				if at := start.Add(time.Duration(float64(sent) / g.rate * float64(time.Second))); timer != nil && at != timerAt {
 					timerAt = at
 					timer.Reset(time.Until(at))
 				}
 				return 0, nil
 			}
-			limit = min(limit, due-g.sent)
+			limit = min(limit, due-sent)
 		}
 		n := 0
 		for ; uint64(n) < limit; n++ {
-			err := g.tx.Send(g.src.next(g.sent), nil)
+			err := g.tx.Send(g.src.next(g.first+sent*stride), nil)
 			if errors.Is(err, nic.ErrFull) {
 				// Counted once per wait: the core polls the ring again
 				// (or sleeps on its interrupt) until the device completes some.
 				if !g.blocked {
-					g.full++
+					g.full.Add(1)
 					g.blocked = true
 				}
 				break
 			}
 			if err != nil {
+				g.sent.Store(sent)
 				return n, err
 			}
 			g.blocked = false
-			g.sent++
+			sent++
+		}
+		if n > 0 {
+			g.sent.Store(sent)
 		}
 		return n, nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := runCore(ctx, core, p); err != nil {
-		return err
-	}
-	return g.tx.Flush()
 }
 
 // coreNote says how the polling core runs.

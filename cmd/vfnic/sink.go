@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/vfnic/vfnic/lcore"
@@ -25,44 +23,28 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	var df deviceFlags
 	df.register(fs)
 	count := fs.Int("count", 0, "stop after this many frames, on all queues (0: until -duration or interrupted)")
-	queues := fs.Int("queues", 1, "receive queues, each polled by its own core (with -cpu N, queue i's on CPU N+i);\n"+
-		"the NIC spreads flows over them (RSS); live lines and the summary count per queue")
+	df.registerQueues(fs, "the NIC spreads flows over them (RSS)")
 	var noPromisc bool
 	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode: only frames for its MAC, broadcast and multicast")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	switch {
-	case *count < 0:
+	if *count < 0 {
 		return fmt.Errorf("%w: -count %d is negative", errUsage, *count)
-	case *queues < 1 || *queues > maxQueues:
-		return fmt.Errorf("%w: -queues %d outside [1, %d]", errUsage, *queues, maxQueues)
 	}
-	// The other queues' cores first, so that a -cpu beyond the machine
-	// binds nothing.
-	var extra []*lcore.Core
-	defer func() {
-		for _, c := range extra {
-			c.Close() // after the device
-		}
-	}()
-	for i := 1; i < *queues; i++ {
-		c, err := df.newCoreOn(df.cpuFor(i))
-		if err != nil {
-			return err
-		}
-		extra = append(extra, c)
-	}
-	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc, QueuePairs: *queues}, o.err)
+	core, dev, err := df.open(ctx, fs, nic.Config{Promiscuous: !noPromisc}, o.err)
 	if err != nil {
 		return err
 	}
 	defer core.Close() // after the device
+	defer df.cleanup() // after the device
 	defer dev.Close()
+	queues := df.nqueues()
+	extra := df.extra
 	out := df.human(o)
 	describe(out, dev)
 	s := &sink{count: uint64(*count)}
-	for i := range *queues {
+	for i := range queues {
 		rx, err := dev.Rx(i)
 		if err != nil {
 			return err
@@ -74,15 +56,14 @@ func runSink(ctx context.Context, args []string, o stdio) error {
 	}
 	p := newProgress(out, dev, df.interval, s.line)
 	p.promisc = !noPromisc
-	p.extraCores = extra
 	where := coreNote(core)
 	if len(extra) > 0 {
-		where = fmt.Sprintf("%d queues, each %s", *queues, where)
+		where = fmt.Sprintf("%d queues, each %s", queues, where)
 	}
 	fmt.Fprintf(out, "sink: receiving and dropping frames, %s, %s\n", stopNote(*count, df.duration), where)
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
-	if err := s.run(ctx, append([]*lcore.Core{core}, extra...), p); err != nil {
+	if err := s.run(ctx, df.cores(core), p); err != nil {
 		return removed(err, s.queues[0].rx)
 	}
 	return p.summary("sink", df.jsonOut(o), s.details(extra))
@@ -145,32 +126,7 @@ func (s *sink) run(ctx context.Context, cores []*lcore.Core, p *progress) error 
 			return err
 		}
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-	for _, c := range cores[1:] {
-		if err := c.Start(ctx); err != nil {
-			done()
-			wg.Wait()
-			return err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := c.Wait(context.Background()); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-				done() // one core failing stops them all
-			}
-		}()
-	}
-	err := runCore(ctx, cores[0], p)
-	done()
-	wg.Wait()
-	return errors.Join(append([]error{err}, errs...)...)
+	return runCores(ctx, done, cores, p)
 }
 
 func (s *sink) handle(q *sinkQueue, batch []nic.Completion, done func()) error {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
-	_ "github.com/vfnic/vfnic/nic/igb"    // registers the igb (Intel 82576) driver
+	"github.com/vfnic/vfnic/nic/igb"      // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
@@ -35,6 +35,44 @@ type deviceFlags struct {
 	mode       lcore.Mode // -mode
 	idle       time.Duration
 	batch      int
+	queues     int  // -queues, for the commands that take it (registerQueues); 0 means 1
+	hasQueues  bool // the command takes -queues
+
+	// extra are the polling cores of queues 1 to queues-1, made by openAt
+	// before the device is opened and closed by cleanup after it.
+	extra []*lcore.Core
+	// kernel is what -force took from the kernel; warn where it is told.
+	kernel kernelState
+	warn   io.Writer
+}
+
+// registerQueues adds -queues: queue pairs, each polled by a core of its
+// own.
+func (d *deviceFlags) registerQueues(fs *flag.FlagSet, what string) {
+	d.hasQueues = true
+	fs.IntVar(&d.queues, "queues", 1, "queue pairs, each polled by its own core (with -cpu N, queue i's on CPU N+i);\n"+
+		what+"; live lines and the summary count per queue")
+}
+
+// nqueues is -queues, at least 1.
+func (d *deviceFlags) nqueues() int { return max(d.queues, 1) }
+
+// cleanup runs after the devices are closed: it closes the cores of
+// queues 1 and up and gives the kernel's interfaces back what -force
+// took from them.
+func (d *deviceFlags) cleanup() {
+	d.closeExtra()
+	if d.warn != nil {
+		d.kernel.giveBack(d.warn)
+	}
+}
+
+// closeExtra closes the cores of queues 1 and up.
+func (d *deviceFlags) closeExtra() {
+	for _, c := range d.extra {
+		_ = c.Close()
+	}
+	d.extra = nil
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
@@ -80,6 +118,8 @@ func (d *deviceFlags) check() error {
 		return fmt.Errorf("%w: -queue-size %d is negative", errUsage, d.queueSize)
 	case d.bufferSize < 0:
 		return fmt.Errorf("%w: -buffer-size %d is negative", errUsage, d.bufferSize)
+	case d.hasQueues && (d.queues < 1 || d.queues > maxQueues):
+		return fmt.Errorf("%w: -queues %d outside [1, %d]", errUsage, d.queues, maxQueues)
 	}
 	return nil
 }
@@ -145,20 +185,40 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 			return nil, nil, err
 		}
 	}
+	// The other queues' cores first (the highest CPU is the likeliest
+	// refusal), all before the device.
+	for i := 1; i < d.nqueues() && len(d.extra) < d.nqueues()-1; i++ {
+		c, err := d.newCoreOn(d.cpuFor(i))
+		if err != nil {
+			d.closeExtra()
+			return nil, nil, err
+		}
+		d.extra = append(d.extra, c)
+	}
 	core, err := d.newCore()
 	if err != nil {
+		d.closeExtra()
 		return nil, nil, err
 	}
 	cfg.QueueSize, cfg.BufferSize, cfg.Force = d.queueSize, d.bufferSize, d.force
-	if d.force && len(as) > 0 {
-		if w := forceWarning(pci.Sysfs{}, nil, as[0]); w != "" {
-			fmt.Fprintln(warn, w)
-		}
+	if d.queues > 1 {
+		cfg.QueuePairs = d.queues
+	}
+	if d.force && len(as) > 0 { // a scheme name is no PCI function
+		d.warn = warn
+		d.kernel.take(as[0], warn)
 	}
 	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
 		core.Close()
+		d.cleanup()
 		return nil, nil, err
+	}
+	if n := dev.QueuePairs(); n < d.nqueues() {
+		dev.Close()
+		core.Close()
+		d.cleanup()
+		return nil, nil, fmt.Errorf("%w: -queues %d: %s has %d queue pair(s)", errUsage, d.queues, addr, n)
 	}
 	return core, dev, nil
 }
@@ -168,6 +228,46 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 func schemeName(addr string) bool {
 	scheme, _, ok := strings.Cut(addr, ":")
 	return ok && slices.Contains(nic.Schemes(), scheme)
+}
+
+// cores is the polling core of each queue: core for queue 0, then the
+// extra ones.
+func (d *deviceFlags) cores(core *lcore.Core) []*lcore.Core {
+	return append([]*lcore.Core{core}, d.extra...)
+}
+
+// runCores runs cores[0] with runCore (the live lines) and starts the
+// others, until ctx ends, stop is called or a core fails: one failing
+// stops them all. The handlers and Funcs are added already. It returns
+// the cores' errors, joined (nil when ctx ended them).
+func runCores(ctx context.Context, stop context.CancelFunc, cores []*lcore.Core, p *progress) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, c := range cores[1:] {
+		if err := c.Start(ctx); err != nil {
+			stop()
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Wait(context.Background()); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				stop()
+			}
+		}()
+	}
+	p.extraCores = cores[1:]
+	err := runCore(ctx, cores[0], p)
+	stop()
+	wg.Wait()
+	return errors.Join(append([]error{err}, errs...)...)
 }
 
 // openNIC is nic.Open with refusals that say how to go on: a NIC the
@@ -198,8 +298,8 @@ func forceWarning(sys pci.Sysfs, ns pci.NetState, a pci.Address) string {
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit "+
-		"without their addresses and routes (add them again with 'ip addr add', 'ip route add')",
+	return fmt.Sprintf("warning: -force takes %s from %s although %s: its interfaces go down, and come back on exit, "+
+		"where vfnic gives them back their state, addresses and routes (what the kernel refuses is named then)",
 		a, driverName(d.Driver), strings.Join(reasons, ", "))
 }
 
@@ -357,16 +457,18 @@ func perSec(n uint64, sec float64) float64 {
 // progress prints a line of rates and totals every interval, and the
 // summary at the end.
 type progress struct {
-	out      io.Writer // human lines
-	dev      nic.Device
-	start    time.Time
-	last     time.Time
-	lastRx   nic.QueueStats
-	lastTx   nic.QueueStats
-	extra    func() string
-	interval time.Duration
-	promisc  bool        // for the summary's device description
-	core     *lcore.Core // the polling core, for the summary (runCore sets it)
+	out    io.Writer // human lines
+	dev    nic.Device
+	start  time.Time
+	last   time.Time
+	lastRx nic.QueueStats
+	lastTx nic.QueueStats
+	// lastRxQ and lastTxQ are per queue, for the per-queue rates.
+	lastRxQ, lastTxQ []nic.QueueStats
+	extra            func() string
+	interval         time.Duration
+	promisc          bool        // for the summary's device description
+	core             *lcore.Core // the polling core, for the summary (runCore sets it)
 	// extraCores poll the other queues (sink -queues): their interrupts
 	// count in the summary too.
 	extraCores []*lcore.Core
@@ -390,7 +492,26 @@ func (p *progress) tick() {
 		perSec(s.Rx.Packets-p.lastRx.Packets, dt), mbps(s.Rx.Bytes-p.lastRx.Bytes, dt),
 		perSec(s.Tx.Packets-p.lastTx.Packets, dt), mbps(s.Tx.Bytes-p.lastTx.Bytes, dt),
 		s.Rx.Packets, s.Tx.Packets, p.extra())
+	if len(s.RxQueues) > 1 || len(s.TxQueues) > 1 {
+		fmt.Fprintf(p.out, "%6s  per queue rx pps %s  tx pps %s\n", "", queueRates(s.RxQueues, p.lastRxQ, dt),
+			queueRates(s.TxQueues, p.lastTxQ, dt))
+	}
 	p.last, p.lastRx, p.lastTx = now, s.Rx, s.Tx
+	p.lastRxQ, p.lastTxQ = s.RxQueues, s.TxQueues
+}
+
+// queueRates is each queue's packets/s since last (none before the
+// first line), as "[r0 r1 ...]".
+func queueRates(qs, last []nic.QueueStats, dt float64) string {
+	rs := make([]string, len(qs))
+	for i, q := range qs {
+		prev := uint64(0)
+		if i < len(last) {
+			prev = last[i].Packets
+		}
+		rs[i] = fmt.Sprintf("%.0f", perSec(q.Packets-prev, dt))
+	}
+	return "[" + strings.Join(rs, " ") + "]"
 }
 
 // dirSummary is one direction of a traffic summary.
@@ -425,13 +546,28 @@ type deviceSummary struct {
 
 // trafficSummary is what -json prints when a traffic command ends.
 type trafficSummary struct {
-	Command string         `json:"command"`
-	Device  deviceSummary  `json:"device"`
-	Core    *coreSummary   `json:"core,omitempty"`
-	Seconds float64        `json:"seconds"`
-	Rx      dirSummary     `json:"rx"`
-	Tx      dirSummary     `json:"tx"`
-	Details map[string]any `json:"details,omitempty"`
+	Command string        `json:"command"`
+	Device  deviceSummary `json:"device"`
+	Core    *coreSummary  `json:"core,omitempty"`
+	Seconds float64       `json:"seconds"`
+	Rx      dirSummary    `json:"rx"`
+	Tx      dirSummary    `json:"tx"`
+	// Queues are per queue, with their cores, when there are several.
+	Queues []queueSummary `json:"queues,omitempty"`
+	// Hardware are the device's own counters since open (igb's
+	// statistics registers: frames the MAC missed or refused, which the
+	// driver never sees); HardwareNote says why there are none.
+	Hardware     *igb.HWStats   `json:"hardware,omitempty"`
+	HardwareNote string         `json:"hardware_note,omitempty"`
+	Details      map[string]any `json:"details,omitempty"`
+}
+
+// queueSummary is one queue pair's counters and the core that polled it.
+type queueSummary struct {
+	Queue int          `json:"queue"`
+	Rx    dirSummary   `json:"rx"`
+	Tx    dirSummary   `json:"tx"`
+	Core  *coreSummary `json:"core,omitempty"`
 }
 
 // coreSummary describes the polling core a traffic command ran on, with
@@ -539,11 +675,53 @@ func (p *progress) summary(what string, jsonOut io.Writer, details map[string]an
 	if cs != nil {
 		fmt.Fprintf(p.out, "%s: %s\n", what, cs)
 	}
+	hw, hwNote := hardwareCounters(p.dev)
+	fmt.Fprintf(p.out, "%s: hardware counters: %s\n", what, hardwareText(hw, hwNote))
+	qs := p.queues(s, el)
+	for _, q := range qs {
+		fmt.Fprintf(p.out, "%s: queue %d: rx %d frames (%.0f pps), tx %d frames (%.0f pps), errors rx %d tx %d, interrupts rx %d tx %d\n",
+			what, q.Queue, q.Rx.Frames, q.Rx.PPS, q.Tx.Frames, q.Tx.PPS, q.Rx.Errors, q.Tx.Errors, q.Rx.Interrupts, q.Tx.Interrupts)
+	}
 	if jsonOut == nil {
 		return nil
 	}
 	return json.NewEncoder(jsonOut).Encode(trafficSummary{Command: what, Device: describeDevice(p.dev, p.promisc),
-		Core: cs, Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Details: details})
+		Core: cs, Seconds: el, Rx: dirOf(s.Rx, el), Tx: dirOf(s.Tx, el), Queues: qs, Hardware: hw, HardwareNote: hwNote,
+		Details: details})
+}
+
+// queues summarizes each queue pair when there are several, with the
+// interrupts its core took and the core (queue i's is cores[i]).
+func (p *progress) queues(s nic.Stats, el float64) []queueSummary {
+	n := max(len(s.RxQueues), len(s.TxQueues))
+	if n < 2 {
+		return nil
+	}
+	cores := append([]*lcore.Core{p.core}, p.extraCores...)
+	qs := make([]queueSummary, n)
+	for i := range qs {
+		qs[i].Queue = i
+		var c *lcore.Core
+		if i < len(cores) {
+			c = cores[i]
+		}
+		if i < len(s.RxQueues) {
+			qs[i].Rx = dirOf(s.RxQueues[i], el)
+			if q, err := p.dev.Rx(i); err == nil && c != nil {
+				qs[i].Rx.Interrupts = c.Interrupts(q)
+			}
+		}
+		if i < len(s.TxQueues) {
+			qs[i].Tx = dirOf(s.TxQueues[i], el)
+			if q, err := p.dev.Tx(i); err == nil && c != nil {
+				qs[i].Tx.Interrupts = c.Interrupts(q)
+			}
+		}
+		if i > 0 { // queue 0's core is the summary's Core
+			qs[i].Core = summarizeCore(c)
+		}
+	}
+	return qs
 }
 
 // jsonOut is stdout under -json, else nil.

@@ -119,6 +119,7 @@ type Device struct {
 	// MSI-X wiring.
 	core     qcore.Device
 	linkIntr atomic.Uint64
+	hwTotals HWStats // the statistics registers' totals (HWStats), under core.Mu
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -389,6 +390,7 @@ func (d *Device) start(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	d.clearHWStats()
 	d.regs.write(regCTRLEXT, d.regs.read(regCTRLEXT)|ctrlExtDrvLoad)
 	if err := d.readMAC(); err != nil {
 		return err

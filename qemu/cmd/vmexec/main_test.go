@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/elf"
 	"os"
 	"path/filepath"
 	"testing"
@@ -83,4 +84,26 @@ func TestMapOutputs(t *testing.T) {
 	_, collect, _, err = mapOutputs([]string{"-test.trace=t.out"}, "")
 	require.NoError(t, err)
 	require.Equal(t, []qemu.Collect{{Guest: "/vfnic/out/f5/t.out", Host: filepath.Join(wd, "t.out")}}, collect)
+}
+
+// TestDynamicPayload: a payload built with cgo (a dynamic executable) is
+// refused before any guest boots, saying how to build it static.
+func TestDynamicPayload(t *testing.T) {
+	qemu.RequireVM(t) // the plan needs the kernel; nothing boots
+	dyn := "/bin/true"
+	f, err := elf.Open(dyn)
+	require.NoError(t, err)
+	interp := false
+	for _, p := range f.Progs {
+		interp = interp || p.Type == elf.PT_INTERP
+	}
+	f.Close()
+	require.True(t, interp, "%s is dynamic on this host", dyn)
+	cfg, cmd, err := configure(dyn, nil)
+	require.NoError(t, err)
+	_, err = qemu.Run(t.Context(), cfg, cmd)
+	require.ErrorIs(t, err, qemu.ErrBadConfig)
+	require.ErrorContains(t, err, "is dynamically linked (built with cgo?)")
+	require.ErrorContains(t, err, "CGO_ENABLED=0 go test -exec vmexec ./pkg")
+	require.NotContains(t, err.Error(), "busybox")
 }
