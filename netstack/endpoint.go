@@ -41,6 +41,9 @@ type endpoint struct {
 	closed     func()
 	closedOnce sync.Once
 
+	// capture, if not nil, records the frames received and sent.
+	capture *pcap
+
 	rxFrames, rxDropped, rxErrors atomic.Uint64
 	txFrames, txDropped           atomic.Uint64
 }
@@ -197,6 +200,9 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			continue
 		}
 		data := c.Data
+		if e.capture != nil {
+			e.capture.frame(data)
+		}
 		var v *buffer.View
 		r.seen++
 		switch {
@@ -276,6 +282,9 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		if err != nil {
 			terr = e.txError(err)
 			break
+		}
+		if e.capture != nil {
+			e.capture.frame(t.scratch[:n])
 		}
 		done++
 		posted++

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"math/big"
@@ -46,6 +47,10 @@ const (
 	dnsAAAA  = "fd00:9::77"
 	quicALPN = "vfnic-echo"
 )
+
+// repeat makes WgetHTTP fetch each URL that many times: a soak for
+// stalls (TestVM passes VFNIC_NETSTACK_REPEAT on).
+var repeat = flag.Int("netstack.repeat", 1, "fetches of each URL in WgetHTTP")
 
 // servers are the unmodified Go servers on the netstack.
 type servers struct {
@@ -93,19 +98,26 @@ func TestGuestNetstack(t *testing.T) {
 	dev, err := nic.Open(ctx, vf.GuestAddr(), nic.Config{})
 	require.NoError(t, err)
 	t.Logf("vfnic NIC: %s (%s), MTU %d", dev.Info().Model, vf.GuestAddr(), dev.Info().MTU)
+	capt := newCapture(4096)
 	n, err := netstack.New(dev, netstack.Config{
-		Addrs: []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")},
+		Addrs:   []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")},
+		Capture: capt, CaptureSnapLen: 96,
 	})
 	require.NoError(t, err)
 	t.Logf("netstack: link MTU %d", n.MTU())
+	dg := &diag{n: n, dev: dev, cap: capt, ifc: ifc}
 	srv := startServers(t, n)
 	stopMon := monitor(t, n, dev)
 	defer func() { stopMon() }()
 
 	ok := t.Run("WgetHTTP", func(t *testing.T) {
-		for _, u := range []string{"http://" + vfnicIP4 + "/big", "http://[" + vfnicIP6 + "]/big"} {
+		urls := []string{"http://" + vfnicIP4 + "/big", "http://[" + vfnicIP6 + "]/big"}
+		for i := 1; i < *repeat; i++ {
+			urls = append(urls, urls[:2]...)
+		}
+		for _, u := range urls {
 			start := time.Now()
-			sum := sh(t, "wget -q -O - "+u+" | sha256sum")
+			sum := dg.wget(t, u)
 			t.Logf("wget %s: %d bytes in %v", u, bigSize, time.Since(start).Round(time.Millisecond))
 			require.Equal(t, srv.bigSum, strings.Fields(sum)[0], "SHA-256 of the body wget fetched from %s", u)
 		}
@@ -179,7 +191,7 @@ func TestGuestNetstack(t *testing.T) {
 		n.SetDropEvery(100)
 		defer n.SetDropEvery(0)
 		start := time.Now()
-		sum := sh(t, "wget -q -O - http://"+vfnicIP4+"/big | sha256sum")
+		sum := dg.wget(t, "http://"+vfnicIP4+"/big")
 		require.Equal(t, srv.bigSum, strings.Fields(sum)[0], "SHA-256 of the body fetched with 1 frame in 100 dropped")
 		after := n.Stats()
 		rt := n.Stack().Stats().TCP.Retransmits.Value() - retrans
@@ -436,13 +448,77 @@ func getSmall(cl *http.Client, u string) error {
 // sh runs a shell command line in the guest and returns its output.
 func sh(t *testing.T, cmd string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	out, err := run(t.Context(), cmd)
+	require.NoError(t, err, "%s:\n%s", cmd, out)
+	return out
+}
+
+// run runs a shell command line in the guest for up to shTimeout.
+func run(ctx context.Context, cmd string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, shTimeout)
 	defer cancel()
 	c := exec.CommandContext(ctx, "sh", "-c", "set -o pipefail; "+cmd)
 	c.WaitDelay = 2 * time.Second // wget keeps the pipe open when sh is killed
 	out, err := c.CombinedOutput()
-	require.NoError(t, err, "%s:\n%s", cmd, out)
-	return string(out)
+	return string(out), err
+}
+
+const (
+	shTimeout = 45 * time.Second
+	// stallAfter: a 16 MiB fetch not done by then is logged with what
+	// each side says, once and again stallAfter later.
+	stallAfter = 15 * time.Second
+)
+
+// diag is what a stalled transfer is explained with: the stack, its
+// capture, and Linux's interface.
+type diag struct {
+	n   *netstack.Net
+	dev nic.Device
+	cap *capture
+	ifc string
+}
+
+// wget fetches url with busybox wget and returns the SHA-256 of the body.
+// While it runs longer than stallAfter, it logs both sides' state.
+func (d *diag) wget(t *testing.T, url string) string {
+	t.Helper()
+	cmd := "wget -q -O - " + url + " | sha256sum"
+	type result struct {
+		out string
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		out, err := run(t.Context(), cmd)
+		res <- result{out, err}
+	}()
+	tk := time.NewTicker(stallAfter)
+	defer tk.Stop()
+	for {
+		select {
+		case r := <-res:
+			require.NoError(t, r.err, "%s:\n%s", cmd, r.out)
+			return r.out
+		case <-tk.C:
+			t.Logf("%s still running after %v:\n%s", cmd, stallAfter, d.dump())
+		}
+	}
+}
+
+// dump describes both sides now.
+func (d *diag) dump() string {
+	st := d.n.Stats()
+	ds := d.dev.Stats()
+	tq, _ := d.dev.Tx(0)
+	rq, _ := d.dev.Rx(0)
+	s := fmt.Sprintf("  endpoint %+v\n  device rx %+v tx %+v; rx outstanding %d, tx outstanding %d\n",
+		st, ds.Rx, ds.Tx, rq.Outstanding(), tq.Outstanding())
+	s += stackDiag(d.n) + linuxDiag(d.ifc)
+	if d.cap != nil {
+		s += d.cap.tail(80, d.dev.MAC())
+	}
+	return s
 }
 
 // linuxInterface is the name of the network interface Linux made for the

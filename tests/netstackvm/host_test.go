@@ -40,6 +40,12 @@ func TestVM(t *testing.T) {
 		{"virtio-split", qemu.VirtioNet, false},
 		{"igb", qemu.IGB, false},
 	}
+	args, timeout := []string{"-test.timeout=160s"}, 3*time.Minute
+	if r := os.Getenv("VFNIC_NETSTACK_REPEAT"); r != "" {
+		// A soak for stalls: each fetch that many times, in a guest
+		// that may then run for minutes.
+		args, timeout = []string{"-test.timeout=30m", "-netstack.repeat=" + r}, 31*time.Minute
+	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
 			cfg := qemu.Config{
@@ -47,7 +53,7 @@ func TestVM(t *testing.T) {
 					{Model: k.model, Packed: k.packed, Slot: slotVfnic, Net: qemu.Hub(1), Bind: qemu.BindVFIO},
 					{Model: k.model, Packed: k.packed, Slot: slotLinux, Net: qemu.Hub(1), Bind: qemu.BindLinux, IPv4: linuxIP4},
 				},
-				Timeout:      3 * time.Minute,
+				Timeout:      timeout,
 				OneTCGThread: true,
 			}
 			if os.Getenv("VFNIC_GUEST_VERBOSE") != "" {
@@ -56,7 +62,7 @@ func TestVM(t *testing.T) {
 			qemu.RunGoTestT(t, cfg, qemu.GoTest{
 				Package: "github.com/vfnic/vfnic/tests/netstackvm",
 				Run:     "^TestGuest",
-				Args:    []string{"-test.timeout=160s"},
+				Args:    args,
 			})
 		})
 	}
