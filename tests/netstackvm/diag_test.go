@@ -99,6 +99,12 @@ func describe(f []byte, mac net.HardwareAddr) string {
 			return fmt.Sprintf("%s ipv6 next %d", dir, ip.NextHeader())
 		}
 		tp, plen = p[header.IPv6MinimumSize:], int(ip.PayloadLength())
+	case header.ARPProtocolNumber:
+		a := header.ARP(p)
+		if !a.IsValid() {
+			return dir + " arp short"
+		}
+		return fmt.Sprintf("%s arp op %d who has %v tell %v", dir, a.Op(), net.IP(a.ProtocolAddressTarget()), net.IP(a.ProtocolAddressSender()))
 	default:
 		return fmt.Sprintf("%s ethertype %#x", dir, eth.Type())
 	}

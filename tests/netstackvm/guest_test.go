@@ -98,15 +98,25 @@ func TestGuestNetstack(t *testing.T) {
 	dev, err := nic.Open(ctx, vf.GuestAddr(), nic.Config{})
 	require.NoError(t, err)
 	t.Logf("vfnic NIC: %s (%s), MTU %d", dev.Info().Model, vf.GuestAddr(), dev.Info().MTU)
+	addrs := []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")}
+	big, bigSum := bigBody()
+	if !t.Run("ChecksumOffloadsOff", func(t *testing.T) { offloadsOff(t, dev, addrs, big, bigSum, ifc) }) {
+		_ = dev.Close()
+		t.FailNow()
+	}
 	capt := newCapture(4096)
 	n, err := netstack.New(dev, netstack.Config{
 		Addrs:   []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")},
 		Capture: capt, CaptureSnapLen: 96,
 	})
 	require.NoError(t, err)
-	t.Logf("netstack: link MTU %d", n.MTU())
+	rxo, txo := n.Offloads()
+	t.Logf("netstack: link MTU %d; checksum offloads: receive %v, transmit %v", n.MTU(), rxo, txo)
+	if dev.Info().Driver == "igb" {
+		require.True(t, rxo && txo, "igb's checksum offloads in use")
+	}
 	dg := &diag{n: n, dev: dev, cap: capt, ifc: ifc}
-	srv := startServers(t, n)
+	srv := startServers(t, n, big, bigSum)
 	stopMon := monitor(t, n, dev)
 	defer func() { stopMon() }()
 
@@ -120,6 +130,13 @@ func TestGuestNetstack(t *testing.T) {
 			sum := dg.wget(t, u)
 			t.Logf("wget %s: %d bytes in %v", u, bigSize, time.Since(start).Round(time.Millisecond))
 			require.Equal(t, srv.bigSum, strings.Fields(sum)[0], "SHA-256 of the body wget fetched from %s", u)
+		}
+		if rxo || txo {
+			st := n.Stats()
+			t.Logf("checksums: %d frames received with the device's verdict (%d bad), %d sent with the device's checksum",
+				st.RxChecksumDevice, st.RxChecksumBad, st.TxChecksumDevice)
+			require.NotZero(t, st.RxChecksumDevice, "frames the device verified")
+			require.NotZero(t, st.TxChecksumDevice, "frames the device checksummed")
 		}
 	})
 	if !ok {
@@ -208,14 +225,50 @@ func TestGuestNetstack(t *testing.T) {
 	t.Run("Removed", func(t *testing.T) { removed(t, n, dev, vf.GuestAddr(), srv, before) })
 }
 
+// bigBody is the 16 MiB body the HTTP server sends, and its SHA-256.
+func bigBody() ([]byte, string) {
+	b := make([]byte, bigSize)
+	r := mrand.NewChaCha8([32]byte{1, 2, 3})
+	_, _ = r.Read(b)
+	sum := sha256.Sum256(b)
+	return b, hex.EncodeToString(sum[:])
+}
+
+// offloadsOff runs a stack with the device's checksum offloads turned off
+// (where it has them) for one 16 MiB fetch: the stack computes and
+// verifies every checksum itself, and the device is asked for none.
+func offloadsOff(t *testing.T, dev nic.Device, addrs []netip.Prefix, big []byte, bigSum, ifc string) {
+	capt := newCapture(256)
+	n, err := netstack.New(dev, netstack.Config{Addrs: addrs, NoRxChecksumOffload: true, NoTxChecksumOffload: true,
+		Capture: capt, CaptureSnapLen: 96})
+	require.NoError(t, err)
+	rxo, txo := n.Offloads()
+	require.False(t, rxo || txo, "offloads turned off")
+	l, err := n.Listen("tcp", ":80")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() {
+		served <- http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(big)))
+			_, _ = w.Write(big)
+		}))
+	}()
+	dg := &diag{n: n, dev: dev, cap: capt, ifc: ifc}
+	start := time.Now()
+	sum := dg.wget(t, "http://"+vfnicIP4+"/big")
+	require.Equal(t, bigSum, strings.Fields(sum)[0], "SHA-256 of the body fetched with checksum offloads off")
+	st := n.Stats()
+	t.Logf("offloads off: 16 MiB in %v; %d frames received, %d sent, none with the device's checksums",
+		time.Since(start).Round(time.Millisecond), st.RxFrames, st.TxFrames)
+	require.Zero(t, st.RxChecksumDevice+st.TxChecksumDevice, "frames with the device's checksums")
+	require.NoError(t, n.Close())
+	require.Error(t, <-served, "Serve ends with the Net")
+}
+
 // startServers runs net/http, a miekg/dns server and a quic-go echo
 // server on n.
-func startServers(t *testing.T, n *netstack.Net) *servers {
-	s := &servers{big: make([]byte, bigSize)}
-	r := mrand.NewChaCha8([32]byte{1, 2, 3})
-	_, _ = r.Read(s.big)
-	sum := sha256.Sum256(s.big)
-	s.bigSum = hex.EncodeToString(sum[:])
+func startServers(t *testing.T, n *netstack.Net, big []byte, bigSum string) *servers {
+	s := &servers{big: big, bigSum: bigSum}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
@@ -498,6 +551,9 @@ func (d *diag) wget(t *testing.T, url string) string {
 	for {
 		select {
 		case r := <-res:
+			if r.err != nil {
+				t.Logf("%s failed:\n%s", cmd, d.dump())
+			}
 			require.NoError(t, r.err, "%s:\n%s", cmd, r.out)
 			return r.out
 		case <-tk.C:
