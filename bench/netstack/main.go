@@ -35,7 +35,7 @@ func main() {
 	nicName := flag.String("nic", "packed", "NIC kind: packed, split (virtio-net) or igb")
 	reps := flag.Int("reps", 2, "runs of each server (A B A B)")
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
-	profile := flag.Bool("profile", true, "profile the netstack server's last run and print where its CPU time goes")
+	profile := flag.Bool("profile", true, "profile the netstack server in one more run (not counted) and print where its CPU time goes")
 	verbose := flag.Bool("v", false, "print the guest's console")
 	flag.Parse()
 	if err := run(*nicName, *reps, *dur, *profile, *verbose); err != nil {
@@ -72,7 +72,7 @@ func run(nicName string, reps int, dur time.Duration, profile, verbose bool) err
 		NICs:         []qemu.NIC{vf, client, server},
 		MemoryMB:     1536,
 		OneTCGThread: true,
-		Timeout:      2*time.Minute + time.Duration(2*reps)*perRun,
+		Timeout:      2*time.Minute + time.Duration(2*reps+1)*perRun,
 		Output:       prefixWriter{},
 	}
 	if verbose {
@@ -96,7 +96,7 @@ func run(nicName string, reps int, dur time.Duration, profile, verbose bool) err
 		return fmt.Errorf("guest payload exited %d", res.ExitCode)
 	}
 	if profile && len(res.Collected) > 0 {
-		fmt.Println("\nWhere the netstack server's CPU time went (its last run, go tool pprof -top):")
+		fmt.Println("\nWhere the netstack server's CPU time went (a run of its own, go tool pprof -top):")
 		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=30", payload, res.Collected[0]).CombinedOutput()
 		fmt.Println(strings.TrimSpace(string(out)))
 		if err != nil {
