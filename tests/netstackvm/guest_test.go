@@ -100,7 +100,9 @@ func TestGuestNetstack(t *testing.T) {
 	t.Logf("vfnic NIC: %s (%s), MTU %d", dev.Info().Model, vf.GuestAddr(), dev.Info().MTU)
 	addrs := []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")}
 	big, bigSum := bigBody()
-	if !t.Run("ChecksumOffloadsOff", func(t *testing.T) { offloadsOff(t, dev, addrs, big, bigSum, ifc) }) {
+	// Only igb has checksum offloads here: QEMU offers virtio-net's only
+	// to a backend with virtio-net headers (tap), not to its hub.
+	if dev.Info().Driver == "igb" && !t.Run("ChecksumOffloadsOff", func(t *testing.T) { offloadsOff(t, dev, addrs, big, bigSum, ifc) }) {
 		_ = dev.Close()
 		t.FailNow()
 	}
@@ -473,13 +475,24 @@ func monitor(t *testing.T, n *netstack.Net, dev nic.Device) func() {
 			tcp := n.Stack().Stats().TCP
 			tq, _ := dev.Tx(0)
 			rq, _ := dev.Rx(0)
-			t.Logf("monitor: stack %+v; device rx %+v tx %+v; rx outstanding %d, tx outstanding %d; tcp sent %d rcvd %d retrans %d timeouts %d",
-				st, ds.Rx, ds.Tx, rq.Outstanding(), tq.Outstanding(), tcp.SegmentsSent.Value(), tcp.ValidSegmentsReceived.Value(),
+			t.Logf("monitor: stack %+v; device rx %+v tx %+v; rx outstanding %d (%s), tx outstanding %d (%s); tcp sent %d rcvd %d retrans %d timeouts %d",
+				st, ds.Rx, ds.Tx, rq.Outstanding(), ready(rq), tq.Outstanding(), ready(tq), tcp.SegmentsSent.Value(), tcp.ValidSegmentsReceived.Value(),
 				tcp.Retransmits.Value(), tcp.Timeouts.Value())
 		}
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
+// ready says how many completions the device wrote that nobody read yet
+// (nic/virtio's Ready): on a queue whose core sleeps, a non-zero count is
+// a lost interrupt, zero a device that delivers nothing.
+func ready(q nic.Queue) string {
+	r, ok := q.(interface{ Ready(int) int })
+	if !ok {
+		return "ready unknown"
+	}
+	return fmt.Sprintf("%d ready", r.Ready(q.Size()))
 }
 
 func getSmall(cl *http.Client, u string) error {
@@ -568,8 +581,8 @@ func (d *diag) dump() string {
 	ds := d.dev.Stats()
 	tq, _ := d.dev.Tx(0)
 	rq, _ := d.dev.Rx(0)
-	s := fmt.Sprintf("  endpoint %+v\n  device rx %+v tx %+v; rx outstanding %d, tx outstanding %d\n",
-		st, ds.Rx, ds.Tx, rq.Outstanding(), tq.Outstanding())
+	s := fmt.Sprintf("  endpoint %+v\n  device rx %+v tx %+v; rx outstanding %d (%s), tx outstanding %d (%s)\n",
+		st, ds.Rx, ds.Tx, rq.Outstanding(), ready(rq), tq.Outstanding(), ready(tq))
 	s += stackDiag(d.n) + linuxDiag(d.ifc)
 	if d.cap != nil {
 		s += d.cap.tail(80, d.dev.MAC())
