@@ -23,12 +23,6 @@ func TestVM(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guests that run TestGuestNetstack")
 	}
-	// Not in make test yet: in one make test run of three, the 16 MiB
-	// wget stalled on virtio split and igb (it passes alone and passed in
-	// the other runs); until that stall is found, run it by hand.
-	if os.Getenv("VFNIC_NETSTACK_VM") != "1" {
-		t.Skip("set VFNIC_NETSTACK_VM=1: the wget stall seen in one make test run is not yet found")
-	}
 	qemu.RequireVM(t)
 	type kind struct {
 		name   string
@@ -36,9 +30,21 @@ func TestVM(t *testing.T) {
 		packed bool
 	}
 	kinds := []kind{
-		{"virtio-packed", qemu.VirtioNet, true},
 		{"virtio-split", qemu.VirtioNet, false},
 		{"igb", qemu.IGB, false},
+	}
+	// virtio-packed only on request until its receive stall is found: on
+	// a loaded machine (load average 10 to 13 on 2 cores) the packed
+	// ring's device stopped delivering frames in two runs of four (the
+	// polling core asleep waiting for an interrupt, every receive buffer
+	// posted, the device's receive count frozen, the stack's sends still
+	// going out: Linux's ARP then fails with "no route to host"), once at
+	// the first fetch and once during the QUIC echo; split and igb pass
+	// in the same runs. The monitor logs how many completions wait in
+	// each ring, which tells a lost interrupt from a device waiting for
+	// a notification. VFNIC_NETSTACK_PACKED=1 puts it back.
+	if os.Getenv("VFNIC_NETSTACK_PACKED") == "1" {
+		kinds = append(kinds, kind{"virtio-packed", qemu.VirtioNet, true})
 	}
 	args, timeout := []string{"-test.timeout=160s"}, 3*time.Minute
 	if r := os.Getenv("VFNIC_NETSTACK_REPEAT"); r != "" {
