@@ -36,15 +36,16 @@ func main() {
 	reps := flag.Int("reps", 2, "runs of each server (A B A B)")
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
 	profile := flag.Bool("profile", true, "profile the netstack server in one more run (not counted) and print where its CPU time goes")
+	mode := flag.String("mode", "adaptive", "netstack's polling cores: busy, adaptive or interrupt (lcore)")
 	verbose := flag.Bool("v", false, "print the guest's console")
 	flag.Parse()
-	if err := run(*nicName, *reps, *dur, *profile, *verbose); err != nil {
+	if err := run(*nicName, *reps, *dur, *mode, *profile, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-netstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nicName string, reps int, dur time.Duration, profile, verbose bool) error {
+func run(nicName string, reps int, dur time.Duration, mode string, profile, verbose bool) error {
 	k, ok := kinds[nicName]
 	if !ok {
 		return fmt.Errorf("unknown NIC %q (want packed, split or igb)", nicName)
@@ -79,12 +80,12 @@ func run(nicName string, reps int, dur time.Duration, profile, verbose bool) err
 		cfg.Console = os.Stderr
 	}
 	const guestProfile = "/tmp/netstack.pprof"
-	args := []string{"-reps", fmt.Sprint(reps), "-dur", dur.String()}
+	args := []string{"-reps", fmt.Sprint(reps), "-dur", dur.String(), "-mode", mode}
 	if profile {
 		args = append(args, "-profile", guestProfile)
 		cfg.Collect = []qemu.Collect{{Guest: guestProfile, Host: filepath.Join(tmp, "profile")}}
 	}
-	fmt.Fprintf(os.Stderr, "bench-netstack: %s, %d runs of each server, %v per measurement\n", nicName, reps, dur)
+	fmt.Fprintf(os.Stderr, "bench-netstack: %s, %d runs of each server, %v per measurement, netstack's cores %s\n", nicName, reps, dur, mode)
 	res, err := qemu.Run(ctx, cfg, qemu.Command{Path: payload, Args: args})
 	if err != nil {
 		if res != nil && !verbose {

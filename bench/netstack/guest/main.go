@@ -5,8 +5,8 @@
 // B, loads each from a client on a third NIC, and prints one line per
 // measurement ("BENCH ...") and a table.
 //
-//	guest [-reps N] [-dur D] [-profile FILE]      the orchestrator
-//	guest serve -stack netstack|linux [-dev PCI] [-ip A] [-profile FILE]
+//	guest [-reps N] [-dur D] [-mode M] [-profile FILE]      the orchestrator
+//	guest serve -stack netstack|linux [-mode M] [-dev PCI] [-ip A] [-profile FILE]
 package main
 
 import (
@@ -34,6 +34,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/netstack"
 	"github.com/vfnic/vfnic/nic"
 	_ "github.com/vfnic/vfnic/nic/igb"
@@ -61,8 +62,9 @@ func main() {
 	reps := flag.Int("reps", 2, "runs of each server (A B A B)")
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
 	profile := flag.String("profile", "", "profile the netstack server in one more run (not counted), written here")
+	mode := flag.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
 	flag.Parse()
-	if err := orchestrate(*reps, *dur, *profile); err != nil {
+	if err := orchestrate(*reps, *dur, *profile, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-netstack:", err)
 		os.Exit(1)
 	}
@@ -76,6 +78,7 @@ func serve(args []string) error {
 	dev := fs.String("dev", "", "the vfnic NIC's PCI address (netstack)")
 	ip := fs.String("ip", ipNetstack, "the netstack's address")
 	profile := fs.String("profile", "", "write a CPU profile here")
+	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -88,7 +91,12 @@ func serve(args []string) error {
 		if err != nil {
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}})
+		m, err := lcore.ParseMode(*mode)
+		if err != nil {
+			_ = d.Close()
+			return err
+		}
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m})
 		if err != nil {
 			_ = d.Close()
 			return err
@@ -207,7 +215,7 @@ type measurement struct {
 	value               float64
 }
 
-func orchestrate(reps int, dur time.Duration, profile string) error {
+func orchestrate(reps int, dur time.Duration, profile, mode string) error {
 	nics, err := qemu.GuestNICs()
 	if err != nil {
 		return err
@@ -256,7 +264,7 @@ func orchestrate(reps int, dur time.Duration, profile string) error {
 			var srv *server
 			target := ipLinux
 			if st == "netstack" {
-				srv, err = startServer(ctx, self, "serve", "-stack", "netstack", "-dev", vf.GuestAddr(), "-ip", ipNetstack)
+				srv, err = startServer(ctx, self, "serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack)
 				target = ipNetstack
 			} else {
 				srv, err = startServer(ctx, "nsenter", "-n", "-t", pid, self, "serve", "-stack", "linux")
@@ -283,7 +291,7 @@ func orchestrate(reps int, dur time.Duration, profile string) error {
 		// A run of its own, not counted: the profiler's cost stays out
 		// of the table.
 		fmt.Println("profiling the netstack server (one more run, not counted)")
-		srv, err := startServer(ctx, self, "serve", "-stack", "netstack", "-dev", vf.GuestAddr(), "-ip", ipNetstack, "-profile", profile)
+		srv, err := startServer(ctx, self, "serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack, "-profile", profile)
 		if err != nil {
 			return err
 		}
