@@ -137,14 +137,14 @@ func newOffloadPair(t *testing.T, cfgA func(*Config), rx func(*csumRx)) (*pair, 
 	return &pair{a: a, b: b, devA: devA, devB: devB}, cd
 }
 
-// echoBoth echoes 1 MiB over TCP (IPv4 and IPv6) from A through B and
+// echoBoth echoes 256 KiB over TCP (IPv4 and IPv6) from A through B and
 // back, and UDP datagrams both ways.
 func echoBoth(t *testing.T, p *pair) {
 	l, err := p.b.Listen("tcp", ":7")
 	require.NoError(t, err)
 	defer l.Close()
 	echo(l)
-	body := randBytes(t, 1<<20)
+	body := randBytes(t, 256<<10)
 	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		c, err := p.a.DialContext(ctx, "tcp", dst)
@@ -233,14 +233,14 @@ func TestChecksumOffloadUnverified(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			// B sends the data A's device corrupts: A dials B's echo and
 			// receives the echo through the corrupting queue.
-			p, cd := newOffloadPair(t, nil, func(q *csumRx) { q.corruptEvery, q.badVerdict = 50, bad })
+			p, cd := newOffloadPair(t, nil, func(q *csumRx) { q.corruptEvery, q.badVerdict = 25, bad })
 			l, err := p.b.Listen("tcp", ":7")
 			require.NoError(t, err)
 			defer l.Close()
 			echo(l)
 			c, err := p.a.Dial("tcp", "10.9.0.2:7")
 			require.NoError(t, err)
-			roundTrip(t, c, randBytes(t, 1<<20))
+			roundTrip(t, c, randBytes(t, 256<<10))
 			require.NoError(t, c.Close())
 			require.NotZero(t, cd.rx.corrupted.Load(), "frames corrupted")
 			errs := p.a.Stack().Stats().TCP.ChecksumErrors.Value()
