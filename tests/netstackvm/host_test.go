@@ -40,9 +40,16 @@ func TestVM(t *testing.T) {
 	// posted, the device's receive count frozen, the stack's sends still
 	// going out: Linux's ARP then fails with "no route to host"), once at
 	// the first fetch and once during the QUIC echo; split and igb pass
-	// in the same runs. The monitor logs how many completions wait in
-	// each ring, which tells a lost interrupt from a device waiting for
-	// a notification. VFNIC_NETSTACK_PACKED=1 puts it back.
+	// in the same runs. A third run failed at the first fetch with the
+	// rings' counts logged: the device had delivered 3 frames and held
+	// no completion unread (not a lost interrupt), the driver's one
+	// receive flush after the initial fill was suppressed by the
+	// device's event, and Linux's sends were held in its own queues
+	// (TCPSpuriousRtxHostQueues). That fits QEMU queueing the wire's
+	// frames while it takes the packed receive ring for unable to
+	// receive, and releasing them only on a receive notification, which
+	// nic/virtio's event suppression did not send (not yet confirmed in
+	// QEMU's state). VFNIC_NETSTACK_PACKED=1 puts it back.
 	if os.Getenv("VFNIC_NETSTACK_PACKED") == "1" {
 		kinds = append(kinds, kind{"virtio-packed", qemu.VirtioNet, true})
 	}
