@@ -9,7 +9,7 @@ GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm fuzz soak clean
+.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm bench-netstack fuzz soak clean
 
 all: build
 
@@ -57,6 +57,13 @@ bench: deps
 BENCHVM_FLAGS ?=
 bench-vm: deps
 	$(GO) run ./bench/vm $(BENCHVM_FLAGS)
+
+# The same Go UDP echo and HTTP servers on vfnic+netstack and on the
+# guest's Linux sockets, one guest, A B A B (bench/netstack); not part of
+# make test. BENCHNS_FLAGS are passed on (e.g. -nic igb -reps 3 -dur 10s).
+BENCHNS_FLAGS ?=
+bench-netstack: deps
+	$(GO) run ./bench/netstack $(BENCHNS_FLAGS)
 
 # Every fuzz target for FUZZTIME each (their seed corpora run in make test).
 FUZZTIME ?= 60s

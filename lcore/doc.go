@@ -16,7 +16,10 @@
 //     (default 300 µs), it arms the interrupts of its queues, polls once
 //     more (a completion written before the arm raises no interrupt),
 //     then sleeps in epoll_wait on the queues' interrupt eventfds from its
-//     own thread, until an interrupt, Wake, Close or the context wakes it.
+//     own thread, until an interrupt, Wake, Close or the context wakes it,
+//     or a second passes: closing a queue (its device closed, or taken
+//     back by the kernel) closes its eventfd, which wakes no epoll_wait,
+//     and the core stops at the next look.
 //     This is Linux NAPI's and DPDK l3fwd-power's pattern: a loaded queue
 //     runs at the busy rate, an idle one costs almost no CPU. A core whose
 //     transmit queue has sends outstanding is waiting for the device, not

@@ -2,6 +2,7 @@ package lcore
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/vfnic/vfnic/eventfd"
 	"golang.org/x/sys/unix"
@@ -55,12 +56,19 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 	return ep, nil
 }
 
-// wait blocks the thread until an interrupt or the wake eventfd fires,
-// and drains the wake eventfd if it did (the queues' eventfds are drained
-// before their next arm).
+// closedCheck bounds a sleep: a queue closed while its core sleeps (the
+// device closed, or taken back by the kernel) closes its interrupt
+// eventfd, which does not wake an epoll_wait on it (the epoll set only
+// loses the fd), so the core wakes this often to find out. An idle core
+// then costs one wake-up a second.
+const closedCheck = time.Second
+
+// wait blocks the thread until an interrupt or the wake eventfd fires, or
+// closedCheck passes, and drains the wake eventfd if it fired (the
+// queues' eventfds are drained before their next arm).
 func (ep *epoller) wait() error {
 	for {
-		n, err := unix.EpollWait(ep.fd, ep.events, -1)
+		n, err := unix.EpollWait(ep.fd, ep.events, int(closedCheck/time.Millisecond))
 		if err == unix.EINTR {
 			continue
 		}

@@ -863,3 +863,30 @@ func TestSleepingCoreShortensSlice(t *testing.T) {
 		}
 	}
 }
+
+// TestClosedQueueStopsSleepingCore: a queue closed while its core sleeps
+// on its interrupt (a device closed or taken back by the kernel) stops the
+// core within about closedCheck, with an error matching os.ErrClosed,
+// although closing the eventfd does not wake the core's epoll_wait.
+func TestClosedQueueStopsSleepingCore(t *testing.T) {
+	for _, mode := range []Mode{Adaptive, Interrupt} {
+		t.Run(mode.String(), func(t *testing.T) {
+			q := newQueue(t, 0)
+			c, err := New(Config{CPU: AnyCPU, Mode: mode})
+			require.NoError(t, err)
+			var h counter
+			require.NoError(t, c.AddQueue(q, h.handle))
+			require.NoError(t, c.Start(context.Background()))
+			require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }), "the core sleeps")
+			start := time.Now()
+			require.NoError(t, q.Close())
+			ctx, cancel := context.WithTimeout(context.Background(), 5*closedCheck)
+			defer cancel()
+			err = c.Wait(ctx)
+			require.ErrorIs(t, err, os.ErrClosed, "the core stopped on the closed queue")
+			t.Logf("stopped %v after the queue closed: %v", time.Since(start).Round(time.Millisecond), err)
+			require.NoError(t, ctx.Err())
+			_ = c.Close()
+		})
+	}
+}

@@ -32,12 +32,25 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
+	for _, offload := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no offloads", true: "checksum offloads"}[offload], func(t *testing.T) {
+			testNoAllocsPerFrame(t, offload)
+		})
+	}
+}
+
+func testNoAllocsPerFrame(t *testing.T, offload bool) {
 	devA, devB, err := softnic.Pair(nic.Config{QueueSize: 64})
 	require.NoError(t, err)
 	defer devA.Close()
 	defer devB.Close()
-	e, err := newEndpoint(devA, 0)
+	var dev nic.Device = devA
+	if offload {
+		dev = newCsumDevice(t, devA)
+	}
+	e, err := newEndpoint(dev, 0, false, false)
 	require.NoError(t, err)
+	require.Equal(t, offload, e.rxOffload && e.txOffload)
 	d := &countingDispatcher{}
 	e.Attach(d)
 	rx := e.rx[0].q
@@ -46,8 +59,14 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	peerRx, _ := devB.Rx(0)
 	require.NoError(t, fill(peerRx))
 
+	// A whole IPv4 UDP datagram, which the offloads act on.
 	frame := make([]byte, 1000)
 	header.Ethernet(frame).Encode(&header.EthernetFields{SrcAddr: tcpip.LinkAddress(devB.MAC()), DstAddr: e.mac, Type: ipv4.ProtocolNumber})
+	ipudp := frame[header.EthernetMinimumSize:]
+	header.IPv4(ipudp).Encode(&header.IPv4Fields{TotalLength: uint16(len(ipudp)), TTL: 64, Protocol: uint8(header.UDPProtocolNumber),
+		SrcAddr: tcpip.AddrFrom4([4]byte{10, 9, 0, 2}), DstAddr: tcpip.AddrFrom4([4]byte{10, 9, 0, 1})})
+	header.UDP(ipudp[20:]).Encode(&header.UDPFields{SrcPort: 9, DstPort: 9, Length: uint16(len(ipudp) - 20)})
+	require.True(t, needsL4Checksum(frame))
 	comps := make([]nic.Completion, 8)
 	recv := func() {
 		require.NoError(t, peerTx.Send(frame, nil))
@@ -68,10 +87,10 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	// Transmit: one packet with a link header and a payload in two views.
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
 		ReserveHeaderBytes: header.EthernetMinimumSize + 20,
-		Payload:            buffer.MakeWithData(make([]byte, 900)),
+		Payload:            buffer.MakeWithData(append([]byte(nil), ipudp[20:]...)),
 	})
 	defer pkt.DecRef()
-	copy(pkt.NetworkHeader().Push(20), make([]byte, 20))
+	copy(pkt.NetworkHeader().Push(20), ipudp[:20])
 	pkt.NetworkProtocolNumber = ipv4.ProtocolNumber
 	pkt.EgressRoute.LocalLinkAddress = e.mac
 	pkt.EgressRoute.RemoteLinkAddress = tcpip.LinkAddress(devB.MAC())
@@ -97,4 +116,8 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	allocs = testing.AllocsPerRun(1000, send)
 	require.Zero(t, allocs, "transmit path allocations per frame")
 	require.Equal(t, 1002, sent)
+	if offload {
+		require.EqualValues(t, 1002, e.txCsumDevice.Load(), "frames the device checksummed")
+		require.EqualValues(t, 1002, e.rxCsumDevice.Load(), "frames delivered with the device's verdict")
+	}
 }

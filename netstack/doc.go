@@ -25,6 +25,17 @@
 // half, so that each write after a stall posts and notifies the device.
 // Neither path allocates per frame beyond gVisor's own buffer pool.
 //
+// Checksum offloads are used where the device has them (nic/igb; virtio-net
+// offers none behind QEMU's hub and socket backends): the stack leaves TCP
+// and UDP checksums to the device and skips verifying those the device
+// verified. gVisor's receive capability is one flag for the whole NIC,
+// read as each packet comes in, so the endpoint withdraws it while it
+// delivers a frame the device did not verify: the stack then checks that
+// frame itself, and carries the verdict through IP reassembly, so that
+// fragments are verified too. Config.NoRxChecksumOffload and
+// NoTxChecksumOffload turn them off; Stats counts what each did.
+// Config.Capture records every frame in pcap format, for debugging.
+//
 // TCP runs with SACK, RACK loss detection and receive buffer moderation on;
 // buffer sizes are settable (Config.TCPSendBuffer, TCPReceiveBuffer).
 //

@@ -26,6 +26,18 @@ type endpoint struct {
 
 	disp atomic.Pointer[dispatcher]
 
+	// rxOffload: the device checks received checksums, and the stack is
+	// told so (CapabilityRXChecksumOffload) while no frame the device did
+	// not verify is being delivered; unverified counts those deliveries.
+	// gVisor reads the capability per packet as it takes it in, and
+	// carries the verdict through reassembly, so that a frame, or a
+	// fragment, the device did not check is verified by the stack.
+	rxOffload  bool
+	unverified atomic.Int64
+	// txOffload: the device fills in TCP and UDP checksums
+	// (CapabilityTXChecksumOffload is in caps).
+	txOffload bool
+
 	rx []rxQueue
 	tx []txQueue
 
@@ -41,8 +53,31 @@ type endpoint struct {
 	closed     func()
 	closedOnce sync.Once
 
+	// capture, if not nil, records the frames received and sent.
+	capture *pcap
+
 	rxFrames, rxDropped, rxErrors atomic.Uint64
 	txFrames, txDropped           atomic.Uint64
+	rxCsumDevice, rxCsumBad       atomic.Uint64
+	txCsumDevice                  atomic.Uint64
+}
+
+// rxChecksummer is a receive queue whose device checks the checksums of
+// the frames it receives (nic/igb).
+type rxChecksummer interface {
+	// ChecksumVerified says whether the device verified the TCP or UDP
+	// checksum of the frame lent at buf (and, for IPv4, its header
+	// checksum), and whether they were correct.
+	ChecksumVerified(buf uintptr) (checked, valid bool, err error)
+}
+
+// txChecksummer is a transmit queue whose device fills in TCP and UDP
+// checksums (nic/igb).
+type txChecksummer interface {
+	// SendL4Checksum is Send with the device computing the frame's TCP
+	// or UDP checksum; frames it cannot handle fail with an error
+	// matching nic.ErrNotSupported.
+	SendL4Checksum(frame []byte, ctx any) error
 }
 
 // dispatcher boxes the stack's NetworkDispatcher for an atomic pointer.
@@ -51,12 +86,14 @@ type dispatcher struct{ d stack.NetworkDispatcher }
 type rxQueue struct {
 	ep   *endpoint
 	q    nic.RxQueue
-	seen uint64 // frames seen, for dropEvery (the core's thread only)
+	csum rxChecksummer // nil without receive checksum offload
+	seen uint64        // frames seen, for dropEvery (the core's thread only)
 }
 
 type txQueue struct {
 	mu      sync.Mutex
 	q       nic.TxQueue
+	csum    txChecksummer    // nil without transmit checksum offload
 	seen    uint64           // packets written, for dropEvery
 	limit   int              // sends outstanding before a write waits (half the ring; the rest is spare)
 	scratch []byte           // one frame, gathered from the packet's views
@@ -68,7 +105,7 @@ type txQueue struct {
 // retransmits; UDP loses datagrams, as on a full Linux qdisc).
 const txWait = 20 * time.Millisecond
 
-func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
+func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpoint, error) {
 	info := dev.Info()
 	e := &endpoint{
 		dev:  dev,
@@ -95,6 +132,8 @@ func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
 		e.rx[i] = rxQueue{ep: e, q: rq}
 		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64),
 			limit: max(tq.Size()/2, 1)}
+		e.rx[i].csum, _ = rq.(rxChecksummer)
+		e.tx[i].csum, _ = tq.(txChecksummer)
 		for _, m := range []int{rq.MaxFrame(), tq.MaxFrame()} {
 			if maxFrame < 0 || m < maxFrame {
 				maxFrame = m
@@ -111,6 +150,28 @@ func newEndpoint(dev nic.Device, dropEvery int) (*endpoint, error) {
 		return nil, errors.New("netstack: device frames too short for IPv4")
 	}
 	e.mtu = uint32(mtu)
+	// An offload is used when every queue has it and it is not turned
+	// off.
+	e.rxOffload, e.txOffload = !noRxCsum, !noTxCsum
+	for i := range e.rx {
+		if e.rx[i].csum == nil {
+			e.rxOffload = false
+		}
+		if e.tx[i].csum == nil {
+			e.txOffload = false
+		}
+	}
+	for i := range e.rx {
+		if !e.rxOffload {
+			e.rx[i].csum = nil
+		}
+		if !e.txOffload {
+			e.tx[i].csum = nil
+		}
+	}
+	if e.txOffload {
+		e.caps |= stack.CapabilityTXChecksumOffload
+	}
 	return e, nil
 }
 
@@ -129,8 +190,15 @@ func (e *endpoint) LinkAddress() tcpip.LinkAddress { return e.mac }
 // SetLinkAddress implements stack.LinkEndpoint: the device's MAC is fixed.
 func (e *endpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
-// Capabilities implements stack.LinkEndpoint.
-func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
+// Capabilities implements stack.LinkEndpoint. The stack reads it for each
+// packet it takes in: receive checksum offload is claimed only while no
+// frame the device did not verify is being delivered.
+func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities {
+	if e.rxOffload && e.unverified.Load() == 0 {
+		return e.caps | stack.CapabilityRXChecksumOffload
+	}
+	return e.caps
+}
 
 // Attach implements stack.LinkEndpoint. The receive handlers deliver to
 // the dispatcher; nil (the NIC being removed) makes them drop frames.
@@ -197,6 +265,19 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			continue
 		}
 		data := c.Data
+		if e.capture != nil {
+			e.capture.frame(data)
+		}
+		// The device's verdict is read while the buffer is lent.
+		verified := false
+		if r.csum != nil {
+			checked, valid, err := r.csum.ChecksumVerified(c.Buf)
+			verified = err == nil && checked && valid
+			if err == nil && checked && !valid {
+				// The stack verifies it too, counts and drops it.
+				e.rxCsumBad.Add(1)
+			}
+		}
 		var v *buffer.View
 		r.seen++
 		switch {
@@ -220,7 +301,18 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 		proto := header.Ethernet(v.AsSlice()).Type()
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
 		if e.ParseHeader(pkt) {
-			d.DeliverNetworkPacket(proto, pkt)
+			switch {
+			case verified:
+				e.rxCsumDevice.Add(1)
+				d.DeliverNetworkPacket(proto, pkt)
+			case e.rxOffload:
+				// The stack checks this one itself (Capabilities).
+				e.unverified.Add(1)
+				d.DeliverNetworkPacket(proto, pkt)
+				e.unverified.Add(-1)
+			default:
+				d.DeliverNetworkPacket(proto, pkt)
+			}
 		}
 		pkt.DecRef()
 	}
@@ -271,11 +363,14 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			}
 		}
 		if err == nil {
-			err = t.q.Send(t.scratch[:n], nil)
+			err = e.send(t, t.scratch[:n])
 		}
 		if err != nil {
 			terr = e.txError(err)
 			break
+		}
+		if e.capture != nil {
+			e.capture.frame(t.scratch[:n])
 		}
 		done++
 		posted++
@@ -286,6 +381,25 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 	e.txFrames.Add(uint64(posted))
 	e.txDropped.Add(uint64(len(list) - posted))
 	return done, terr
+}
+
+// send posts one frame; with transmit checksum offload, the device fills
+// in the checksum of a TCP or UDP frame, which the stack left out.
+func (e *endpoint) send(t *txQueue, frame []byte) error {
+	if t.csum == nil || !needsL4Checksum(frame) {
+		return t.q.Send(frame, nil)
+	}
+	err := t.csum.SendL4Checksum(frame, nil)
+	if err == nil {
+		e.txCsumDevice.Add(1)
+		return nil
+	}
+	if !errors.Is(err, nic.ErrNotSupported) {
+		return err
+	}
+	// Headers the device cannot parse: the checksum is computed here.
+	setL4Checksum(frame)
+	return t.q.Send(frame, nil)
 }
 
 // gather copies pkt's bytes into dst and returns their length, or -1 when

@@ -76,10 +76,29 @@ type Config struct {
 	// losses faster.
 	DisableRACK bool
 
+	// NoRxChecksumOffload and NoTxChecksumOffload turn off the checksum
+	// offloads of a device that has them (nic/igb): by default the stack
+	// skips verifying the TCP, UDP and IPv4 header checksums the device
+	// verified (it verifies those of every other frame, fragments
+	// included), and leaves TCP and UDP checksums for the device to fill
+	// in. Over IPv6, a UDP datagram the stack fragments goes out with
+	// its checksum left at zero, which receivers drop (no device sums
+	// across fragments): turn transmit offload off where UDP datagrams
+	// exceed the MTU over IPv6. Net.Offloads says what is in use.
+	NoRxChecksumOffload, NoTxChecksumOffload bool
+
 	// DropEvery, for tests, drops every DropEvery-th frame received and
 	// every DropEvery-th frame sent in the endpoint (0: none), to make
 	// TCP recover losses through a real NIC. SetDropEvery changes it.
 	DropEvery int
+
+	// Capture, if set, receives every frame the device received and
+	// every frame posted to it, in pcap format (Ethernet link type), cut
+	// to CaptureSnapLen bytes (0: 128), for debugging: one Write per
+	// frame, under a lock the receive and transmit paths share. The first
+	// Write error stops the capture (Stats.CaptureErr).
+	Capture        io.Writer
+	CaptureSnapLen int
 }
 
 // Stats are the endpoint's frame counters.
@@ -90,8 +109,15 @@ type Stats struct {
 	// TxFrames were posted to the device; TxDropped were not (a full ring
 	// after waiting, oversized, a closed device, or DropEvery).
 	TxFrames, TxDropped uint64
+	// RxChecksumDevice counts frames delivered with checksums the device
+	// verified; RxChecksumBad those it found wrong (the stack drops them
+	// and counts them in its own checksum error counters).
+	// TxChecksumDevice counts frames whose checksum the device filled in.
+	RxChecksumDevice, RxChecksumBad, TxChecksumDevice uint64
 	// Cores are the polling cores' counters, one per queue pair.
 	Cores []lcore.Stats
+	// CaptureErr is the error that stopped Config.Capture, if one did.
+	CaptureErr error
 }
 
 // Net is gVisor's TCP/IP stack on a nic.Device, with the listen and dial
@@ -130,7 +156,7 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 	if cfg.QueueLen == 0 {
 		cfg.QueueLen = DefaultQueueLen
 	}
-	ep, err := newEndpoint(dev, cfg.DropEvery)
+	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload)
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +177,9 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 		return fail(err)
 	}
 	ep.closed = n.wakeCores
+	if cfg.Capture != nil {
+		ep.capture = newPcap(cfg.Capture, cfg.CaptureSnapLen)
+	}
 	qd := fifo.New(ep, len(ep.tx), cfg.QueueLen)
 	if terr := s.CreateNICWithOptions(nicID, ep, stack.NICOptions{QDisc: qd}); terr != nil {
 		qd.Close()
@@ -341,6 +370,11 @@ func (n *Net) Stats() Stats {
 	st := Stats{
 		RxFrames: e.rxFrames.Load(), RxDropped: e.rxDropped.Load(), RxErrors: e.rxErrors.Load(),
 		TxFrames: e.txFrames.Load(), TxDropped: e.txDropped.Load(),
+		RxChecksumDevice: e.rxCsumDevice.Load(), RxChecksumBad: e.rxCsumBad.Load(),
+		TxChecksumDevice: e.txCsumDevice.Load(),
+	}
+	if e.capture != nil {
+		st.CaptureErr = e.capture.error()
 	}
 	n.coresMu.Lock()
 	for _, c := range n.cores {
@@ -349,6 +383,10 @@ func (n *Net) Stats() Stats {
 	n.coresMu.Unlock()
 	return st
 }
+
+// Offloads says which checksum offloads the Net uses: the device's
+// receive checksum verdicts, and its transmit checksums.
+func (n *Net) Offloads() (rxChecksum, txChecksum bool) { return n.ep.rxOffload, n.ep.txOffload }
 
 // SetDropEvery, for tests, makes the endpoint drop every k-th frame it
 // receives and every k-th it sends (0: none; see Config.DropEvery).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -492,4 +494,62 @@ func TestConfigErrors(t *testing.T) {
 	_, err = New(devA, Config{})
 	require.ErrorIs(t, err, nic.ErrClosed)
 	_ = errors.New
+}
+
+// lockedBuffer is a bytes.Buffer safe for the capture's writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// TestCapture: Config.Capture gets a pcap stream with both directions'
+// frames, Ethernet headers first, cut to the snap length.
+func TestCapture(t *testing.T) {
+	var buf lockedBuffer
+	p := newPair(t, func(c *Config) { c.Capture, c.CaptureSnapLen = &buf, 64 })
+	l, err := p.b.Listen("tcp", ":7")
+	require.NoError(t, err)
+	defer l.Close()
+	echo(l)
+	c, err := p.a.Dial("tcp", "10.9.0.2:7")
+	require.NoError(t, err)
+	roundTrip(t, c, randBytes(t, 64<<10))
+	require.NoError(t, c.Close())
+
+	buf.mu.Lock()
+	b := append([]byte(nil), buf.b.Bytes()...)
+	buf.mu.Unlock()
+	require.GreaterOrEqual(t, len(b), 24)
+	require.Equal(t, uint32(0xa1b2c3d4), binary.LittleEndian.Uint32(b[0:]), "pcap magic")
+	require.Equal(t, uint32(64), binary.LittleEndian.Uint32(b[16:]), "snap length")
+	require.Equal(t, uint32(1), binary.LittleEndian.Uint32(b[20:]), "Ethernet link type")
+	var rx, tx, long int
+	for r := b[24:]; len(r) > 0; {
+		require.GreaterOrEqual(t, len(r), 16)
+		incl, orig := int(binary.LittleEndian.Uint32(r[8:])), int(binary.LittleEndian.Uint32(r[12:]))
+		require.LessOrEqual(t, incl, 64)
+		require.Equal(t, min(orig, 64), incl)
+		require.GreaterOrEqual(t, len(r), 16+incl)
+		f := r[16 : 16+incl]
+		switch string(f[6:12]) { // the source MAC
+		case string(p.devB.MAC()):
+			tx++
+		default:
+			rx++
+		}
+		if orig > 1000 {
+			long++
+		}
+		r = r[16+incl:]
+	}
+	require.NotZero(t, rx, "frames B received")
+	require.NotZero(t, tx, "frames B sent")
+	require.NotZero(t, long, "full-size segments, cut to 64 bytes")
+	require.NoError(t, p.b.Stats().CaptureErr)
 }

@@ -44,6 +44,12 @@ func TestOffload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, c.want, o, "case %d", i)
 	}
+	// The same verdicts in the basic types netstack reads.
+	for i, want := range [][2]bool{{true, true}, {true, false}, {false, false}, {false, true}} {
+		checked, valid, err := rx.ChecksumVerified(out[i].Buf)
+		require.NoError(t, err)
+		require.Equal(t, want, [2]bool{checked, valid}, "case %d: checked, valid", i)
+	}
 	require.NoError(t, rx.Release(out[0].Buf))
 	_, err := rx.Offload(out[0].Buf)
 	require.ErrorIs(t, err, nic.ErrBadBuffer, "not lent any more")

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"math/big"
@@ -46,6 +47,10 @@ const (
 	dnsAAAA  = "fd00:9::77"
 	quicALPN = "vfnic-echo"
 )
+
+// repeat makes WgetHTTP fetch each URL that many times: a soak for
+// stalls (TestVM passes VFNIC_NETSTACK_REPEAT on).
+var repeat = flag.Int("netstack.repeat", 1, "fetches of each URL in WgetHTTP")
 
 // servers are the unmodified Go servers on the netstack.
 type servers struct {
@@ -93,21 +98,47 @@ func TestGuestNetstack(t *testing.T) {
 	dev, err := nic.Open(ctx, vf.GuestAddr(), nic.Config{})
 	require.NoError(t, err)
 	t.Logf("vfnic NIC: %s (%s), MTU %d", dev.Info().Model, vf.GuestAddr(), dev.Info().MTU)
+	addrs := []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")}
+	big, bigSum := bigBody()
+	// Only igb has checksum offloads here: QEMU offers virtio-net's only
+	// to a backend with virtio-net headers (tap), not to its hub.
+	if dev.Info().Driver == "igb" && !t.Run("ChecksumOffloadsOff", func(t *testing.T) { offloadsOff(t, dev, addrs, big, bigSum, ifc) }) {
+		_ = dev.Close()
+		t.FailNow()
+	}
+	capt := newCapture(4096)
 	n, err := netstack.New(dev, netstack.Config{
-		Addrs: []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")},
+		Addrs:   []netip.Prefix{netip.MustParsePrefix(vfnicIP4 + "/24"), netip.MustParsePrefix(vfnicIP6 + "/64")},
+		Capture: capt, CaptureSnapLen: 96,
 	})
 	require.NoError(t, err)
-	t.Logf("netstack: link MTU %d", n.MTU())
-	srv := startServers(t, n)
+	rxo, txo := n.Offloads()
+	t.Logf("netstack: link MTU %d; checksum offloads: receive %v, transmit %v", n.MTU(), rxo, txo)
+	if dev.Info().Driver == "igb" {
+		require.True(t, rxo && txo, "igb's checksum offloads in use")
+	}
+	dg := &diag{n: n, dev: dev, cap: capt, ifc: ifc}
+	srv := startServers(t, n, big, bigSum)
 	stopMon := monitor(t, n, dev)
 	defer func() { stopMon() }()
 
 	ok := t.Run("WgetHTTP", func(t *testing.T) {
-		for _, u := range []string{"http://" + vfnicIP4 + "/big", "http://[" + vfnicIP6 + "]/big"} {
+		urls := []string{"http://" + vfnicIP4 + "/big", "http://[" + vfnicIP6 + "]/big"}
+		for i := 1; i < *repeat; i++ {
+			urls = append(urls, urls[:2]...)
+		}
+		for _, u := range urls {
 			start := time.Now()
-			sum := sh(t, "wget -q -O - "+u+" | sha256sum")
+			sum := dg.wget(t, u)
 			t.Logf("wget %s: %d bytes in %v", u, bigSize, time.Since(start).Round(time.Millisecond))
 			require.Equal(t, srv.bigSum, strings.Fields(sum)[0], "SHA-256 of the body wget fetched from %s", u)
+		}
+		if rxo || txo {
+			st := n.Stats()
+			t.Logf("checksums: %d frames received with the device's verdict (%d bad), %d sent with the device's checksum",
+				st.RxChecksumDevice, st.RxChecksumBad, st.TxChecksumDevice)
+			require.NotZero(t, st.RxChecksumDevice, "frames the device verified")
+			require.NotZero(t, st.TxChecksumDevice, "frames the device checksummed")
 		}
 	})
 	if !ok {
@@ -179,7 +210,7 @@ func TestGuestNetstack(t *testing.T) {
 		n.SetDropEvery(100)
 		defer n.SetDropEvery(0)
 		start := time.Now()
-		sum := sh(t, "wget -q -O - http://"+vfnicIP4+"/big | sha256sum")
+		sum := dg.wget(t, "http://"+vfnicIP4+"/big")
 		require.Equal(t, srv.bigSum, strings.Fields(sum)[0], "SHA-256 of the body fetched with 1 frame in 100 dropped")
 		after := n.Stats()
 		rt := n.Stack().Stats().TCP.Retransmits.Value() - retrans
@@ -196,14 +227,50 @@ func TestGuestNetstack(t *testing.T) {
 	t.Run("Removed", func(t *testing.T) { removed(t, n, dev, vf.GuestAddr(), srv, before) })
 }
 
+// bigBody is the 16 MiB body the HTTP server sends, and its SHA-256.
+func bigBody() ([]byte, string) {
+	b := make([]byte, bigSize)
+	r := mrand.NewChaCha8([32]byte{1, 2, 3})
+	_, _ = r.Read(b)
+	sum := sha256.Sum256(b)
+	return b, hex.EncodeToString(sum[:])
+}
+
+// offloadsOff runs a stack with the device's checksum offloads turned off
+// (where it has them) for one 16 MiB fetch: the stack computes and
+// verifies every checksum itself, and the device is asked for none.
+func offloadsOff(t *testing.T, dev nic.Device, addrs []netip.Prefix, big []byte, bigSum, ifc string) {
+	capt := newCapture(256)
+	n, err := netstack.New(dev, netstack.Config{Addrs: addrs, NoRxChecksumOffload: true, NoTxChecksumOffload: true,
+		Capture: capt, CaptureSnapLen: 96})
+	require.NoError(t, err)
+	rxo, txo := n.Offloads()
+	require.False(t, rxo || txo, "offloads turned off")
+	l, err := n.Listen("tcp", ":80")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() {
+		served <- http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(big)))
+			_, _ = w.Write(big)
+		}))
+	}()
+	dg := &diag{n: n, dev: dev, cap: capt, ifc: ifc}
+	start := time.Now()
+	sum := dg.wget(t, "http://"+vfnicIP4+"/big")
+	require.Equal(t, bigSum, strings.Fields(sum)[0], "SHA-256 of the body fetched with checksum offloads off")
+	st := n.Stats()
+	t.Logf("offloads off: 16 MiB in %v; %d frames received, %d sent, none with the device's checksums",
+		time.Since(start).Round(time.Millisecond), st.RxFrames, st.TxFrames)
+	require.Zero(t, st.RxChecksumDevice+st.TxChecksumDevice, "frames with the device's checksums")
+	require.NoError(t, n.Close())
+	require.Error(t, <-served, "Serve ends with the Net")
+}
+
 // startServers runs net/http, a miekg/dns server and a quic-go echo
 // server on n.
-func startServers(t *testing.T, n *netstack.Net) *servers {
-	s := &servers{big: make([]byte, bigSize)}
-	r := mrand.NewChaCha8([32]byte{1, 2, 3})
-	_, _ = r.Read(s.big)
-	sum := sha256.Sum256(s.big)
-	s.bigSum = hex.EncodeToString(sum[:])
+func startServers(t *testing.T, n *netstack.Net, big []byte, bigSum string) *servers {
+	s := &servers{big: big, bigSum: bigSum}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
@@ -408,13 +475,24 @@ func monitor(t *testing.T, n *netstack.Net, dev nic.Device) func() {
 			tcp := n.Stack().Stats().TCP
 			tq, _ := dev.Tx(0)
 			rq, _ := dev.Rx(0)
-			t.Logf("monitor: stack %+v; device rx %+v tx %+v; rx outstanding %d, tx outstanding %d; tcp sent %d rcvd %d retrans %d timeouts %d",
-				st, ds.Rx, ds.Tx, rq.Outstanding(), tq.Outstanding(), tcp.SegmentsSent.Value(), tcp.ValidSegmentsReceived.Value(),
+			t.Logf("monitor: stack %+v; device rx %+v tx %+v; rx outstanding %d (%s), tx outstanding %d (%s); tcp sent %d rcvd %d retrans %d timeouts %d",
+				st, ds.Rx, ds.Tx, rq.Outstanding(), ready(rq), tq.Outstanding(), ready(tq), tcp.SegmentsSent.Value(), tcp.ValidSegmentsReceived.Value(),
 				tcp.Retransmits.Value(), tcp.Timeouts.Value())
 		}
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
+// ready says how many completions the device wrote that nobody read yet
+// (nic/virtio's Ready): on a queue whose core sleeps, a non-zero count is
+// a lost interrupt, zero a device that delivers nothing.
+func ready(q nic.Queue) string {
+	r, ok := q.(interface{ Ready(int) int })
+	if !ok {
+		return "ready unknown"
+	}
+	return fmt.Sprintf("%d ready", r.Ready(q.Size()))
 }
 
 func getSmall(cl *http.Client, u string) error {
@@ -436,13 +514,80 @@ func getSmall(cl *http.Client, u string) error {
 // sh runs a shell command line in the guest and returns its output.
 func sh(t *testing.T, cmd string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	out, err := run(t.Context(), cmd)
+	require.NoError(t, err, "%s:\n%s", cmd, out)
+	return out
+}
+
+// run runs a shell command line in the guest for up to shTimeout.
+func run(ctx context.Context, cmd string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, shTimeout)
 	defer cancel()
 	c := exec.CommandContext(ctx, "sh", "-c", "set -o pipefail; "+cmd)
 	c.WaitDelay = 2 * time.Second // wget keeps the pipe open when sh is killed
 	out, err := c.CombinedOutput()
-	require.NoError(t, err, "%s:\n%s", cmd, out)
-	return string(out)
+	return string(out), err
+}
+
+const (
+	shTimeout = 45 * time.Second
+	// stallAfter: a 16 MiB fetch not done by then is logged with what
+	// each side says, once and again stallAfter later.
+	stallAfter = 15 * time.Second
+)
+
+// diag is what a stalled transfer is explained with: the stack, its
+// capture, and Linux's interface.
+type diag struct {
+	n   *netstack.Net
+	dev nic.Device
+	cap *capture
+	ifc string
+}
+
+// wget fetches url with busybox wget and returns the SHA-256 of the body.
+// While it runs longer than stallAfter, it logs both sides' state.
+func (d *diag) wget(t *testing.T, url string) string {
+	t.Helper()
+	cmd := "wget -q -O - " + url + " | sha256sum"
+	type result struct {
+		out string
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		out, err := run(t.Context(), cmd)
+		res <- result{out, err}
+	}()
+	tk := time.NewTicker(stallAfter)
+	defer tk.Stop()
+	for {
+		select {
+		case r := <-res:
+			if r.err != nil {
+				t.Logf("%s failed:\n%s", cmd, d.dump())
+			}
+			require.NoError(t, r.err, "%s:\n%s", cmd, r.out)
+			return r.out
+		case <-tk.C:
+			t.Logf("%s still running after %v:\n%s", cmd, stallAfter, d.dump())
+		}
+	}
+}
+
+// dump describes both sides now.
+func (d *diag) dump() string {
+	st := d.n.Stats()
+	ds := d.dev.Stats()
+	tq, _ := d.dev.Tx(0)
+	rq, _ := d.dev.Rx(0)
+	s := fmt.Sprintf("  endpoint %+v\n  device rx %+v tx %+v; rx outstanding %d (%s), tx outstanding %d (%s)\n",
+		st, ds.Rx, ds.Tx, rq.Outstanding(), ready(rq), tq.Outstanding(), ready(tq))
+	s += stackDiag(d.n) + linuxDiag(d.ifc)
+	if d.cap != nil {
+		s += d.cap.tail(80, d.dev.MAC())
+	}
+	return s
 }
 
 // linuxInterface is the name of the network interface Linux made for the

@@ -23,12 +23,6 @@ func TestVM(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guests that run TestGuestNetstack")
 	}
-	// Not in make test yet: in one make test run of three, the 16 MiB
-	// wget stalled on virtio split and igb (it passes alone and passed in
-	// the other runs); until that stall is found, run it by hand.
-	if os.Getenv("VFNIC_NETSTACK_VM") != "1" {
-		t.Skip("set VFNIC_NETSTACK_VM=1: the wget stall seen in one make test run is not yet found")
-	}
 	qemu.RequireVM(t)
 	type kind struct {
 		name   string
@@ -36,9 +30,34 @@ func TestVM(t *testing.T) {
 		packed bool
 	}
 	kinds := []kind{
-		{"virtio-packed", qemu.VirtioNet, true},
 		{"virtio-split", qemu.VirtioNet, false},
 		{"igb", qemu.IGB, false},
+	}
+	// virtio-packed only on request until its receive stall is found: on
+	// a loaded machine (load average 10 to 13 on 2 cores) the packed
+	// ring's device stopped delivering frames in two runs of four (the
+	// polling core asleep waiting for an interrupt, every receive buffer
+	// posted, the device's receive count frozen, the stack's sends still
+	// going out: Linux's ARP then fails with "no route to host"), once at
+	// the first fetch and once during the QUIC echo; split and igb pass
+	// in the same runs. A third run failed at the first fetch with the
+	// rings' counts logged: the device had delivered 3 frames and held
+	// no completion unread (not a lost interrupt), the driver's one
+	// receive flush after the initial fill was suppressed by the
+	// device's event, and Linux's sends were held in its own queues
+	// (TCPSpuriousRtxHostQueues). That fits QEMU queueing the wire's
+	// frames while it takes the packed receive ring for unable to
+	// receive, and releasing them only on a receive notification, which
+	// nic/virtio's event suppression did not send (not yet confirmed in
+	// QEMU's state). VFNIC_NETSTACK_PACKED=1 puts it back.
+	if os.Getenv("VFNIC_NETSTACK_PACKED") == "1" {
+		kinds = append(kinds, kind{"virtio-packed", qemu.VirtioNet, true})
+	}
+	args, timeout := []string{"-test.timeout=160s"}, 3*time.Minute
+	if r := os.Getenv("VFNIC_NETSTACK_REPEAT"); r != "" {
+		// A soak for stalls: each fetch that many times, in a guest
+		// that may then run for minutes.
+		args, timeout = []string{"-test.timeout=30m", "-netstack.repeat=" + r}, 31*time.Minute
 	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
@@ -47,7 +66,7 @@ func TestVM(t *testing.T) {
 					{Model: k.model, Packed: k.packed, Slot: slotVfnic, Net: qemu.Hub(1), Bind: qemu.BindVFIO},
 					{Model: k.model, Packed: k.packed, Slot: slotLinux, Net: qemu.Hub(1), Bind: qemu.BindLinux, IPv4: linuxIP4},
 				},
-				Timeout:      3 * time.Minute,
+				Timeout:      timeout,
 				OneTCGThread: true,
 			}
 			if os.Getenv("VFNIC_GUEST_VERBOSE") != "" {
@@ -56,7 +75,7 @@ func TestVM(t *testing.T) {
 			qemu.RunGoTestT(t, cfg, qemu.GoTest{
 				Package: "github.com/vfnic/vfnic/tests/netstackvm",
 				Run:     "^TestGuest",
-				Args:    []string{"-test.timeout=160s"},
+				Args:    args,
 			})
 		})
 	}
