@@ -49,8 +49,11 @@
 // and CAP_BPF), ErrBusy (the queue is bound by another socket, after
 // retrying for BindRetry while the kernel releases a socket closed just
 // before), ErrXDPInUse (an XDP program that this package did not attach
-// is on the interface: it is never replaced), nic.ErrNotSupported (a
-// kernel without AF_XDP).
+// is on the interface: it is never replaced silently; Config.Force
+// detaches one attached through netlink, as "ip link set dev IF xdp off"
+// does, while one held by another process's bpf_link stays and is still
+// refused), nic.ErrNotSupported (a kernel without AF_XDP). One Device per
+// interface per process: its queue pairs are Config.QueuePairs.
 //
 // BindCQ is not supported yet (nic.ErrNotSupported): the socket's
 // readiness cannot be wired to a CQ's eventfd as an MSI-X vector is.

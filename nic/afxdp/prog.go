@@ -126,7 +126,7 @@ func detachXDP(ifindex int) error {
 	defer unix.Close(fd)
 	var errs []error
 	for _, mode := range []uint32{unix.XDP_FLAGS_SKB_MODE, unix.XDP_FLAGS_DRV_MODE} {
-		if err := setLinkXDP(fd, ifindex, mode); err != nil {
+		if err := setLinkXDP(fd, ifindex, -1, mode); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -136,9 +136,10 @@ func detachXDP(ifindex int) error {
 	return nil // one mode had it
 }
 
-// setLinkXDP sends one RTM_SETLINK that detaches the program of the
-// given mode, and reads the kernel's answer.
-func setLinkXDP(fd, ifindex int, mode uint32) error {
+// setLinkXDP sends one RTM_SETLINK that attaches program prog (a
+// program's fd; -1 detaches) in the given mode, and reads the kernel's
+// answer.
+func setLinkXDP(fd, ifindex int, prog int32, mode uint32) error {
 	le := binary.LittleEndian // netlink is host order; vfnic runs on little-endian hosts (cq/ring checks too)
 	attr := func(typ uint16, payload []byte) []byte {
 		b := make([]byte, 4, 4+len(payload)+3)
@@ -151,7 +152,7 @@ func setLinkXDP(fd, ifindex int, mode uint32) error {
 		return b
 	}
 	u32 := func(v uint32) []byte { b := make([]byte, 4); le.PutUint32(b, v); return b }
-	xdp := append(attr(unix.IFLA_XDP_FD, u32(^uint32(0))), attr(unix.IFLA_XDP_FLAGS, u32(mode))...)
+	xdp := append(attr(unix.IFLA_XDP_FD, u32(uint32(prog))), attr(unix.IFLA_XDP_FLAGS, u32(mode))...)
 	body := make([]byte, unix.SizeofIfInfomsg)
 	le.PutUint32(body[4:], uint32(ifindex)) // ifi_index
 	body = append(body, attr(unix.IFLA_XDP|unix.NLA_F_NESTED, xdp)...)

@@ -46,7 +46,7 @@ func newVeth(t testing.TB, queues int) *veth {
 	t.Helper()
 	needRoot(t)
 	n := vethSeq.Add(1)
-	v := &veth{a: fmt.Sprintf("vfnic-xdp-%d-%d-a", os.Getpid(), n), b: fmt.Sprintf("vfnic-xdp-%d-%d-b", os.Getpid(), n)}
+	v := &veth{a: fmt.Sprintf("vfnic-veth-%d-%d-a", os.Getpid(), n), b: fmt.Sprintf("vfnic-veth-%d-%d-b", os.Getpid(), n)}
 	t.Cleanup(func() {
 		for _, ns := range []string{v.a, v.b} {
 			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
