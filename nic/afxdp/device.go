@@ -49,20 +49,24 @@ func init() {
 // Device is a network interface's queues driven through AF_XDP sockets
 // (nic.Device).
 type Device struct {
-	mu       sync.Mutex
-	name     string // "afxdp:eth1@2"
-	ifname   string
-	ifindex  int
-	key      ifKey
-	ctl      int // a UDP socket in the interface's namespace, for ioctls
-	mac      net.HardwareAddr
-	red      *redirect
-	xsks     []*xsk
-	rx       []*RxQueue
-	tx       []*TxQueue
-	info     nic.Info
-	closed   bool
-	closeErr error
+	mu      sync.Mutex
+	name    string // "afxdp:eth1@2"
+	ifname  string
+	ifindex int
+	key     ifKey
+	ctl     int // a UDP socket in the interface's namespace, for ioctls
+	mac     net.HardwareAddr
+	red     *redirect
+	xsks    []*xsk
+	rx      []*RxQueue
+	tx      []*TxQueue
+	info    nic.Info
+	// bound are the CQs the queues feed (one entry per binding), and
+	// forwarders the sources whose forwarder goroutine Close ends.
+	bound      []*cq.CQ
+	forwarders []*cqSource
+	closed     bool
+	closeErr   error
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -329,12 +333,6 @@ func (d *Device) Stats() nic.Stats {
 	return s
 }
 
-// BindCQ implements nic.Device: not supported yet (see the package
-// documentation).
-func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return fmt.Errorf("%w: afxdp: BindCQ (an AF_XDP socket's readiness cannot feed a CQ's wait object yet): read the queues directly", nic.ErrNotSupported)
-}
-
 // Close implements nic.Device: the queues close (their operations then
 // fail with nic.ErrClosed), the XDP program is detached, the sockets
 // closed and the rings and UMEM unmapped.
@@ -358,6 +356,9 @@ func (d *Device) teardown() error {
 	for _, q := range d.tx {
 		q.close()
 	}
+	for _, s := range d.forwarders {
+		s.halt()
+	}
 	var errs []error
 	if d.red != nil {
 		errs = append(errs, d.red.close())
@@ -369,6 +370,10 @@ func (d *Device) teardown() error {
 		errs = append(errs, unix.Close(d.ctl))
 		d.ctl = -1
 	}
+	for _, c := range d.bound {
+		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
+	}
+	d.bound = nil
 	if d.key != (ifKey{}) {
 		openMu.Lock()
 		delete(open, d.key)

@@ -55,6 +55,9 @@
 // refused), nic.ErrNotSupported (a kernel without AF_XDP). One Device per
 // interface per process: its queue pairs are Config.QueuePairs.
 //
-// BindCQ is not supported yet (nic.ErrNotSupported): the socket's
-// readiness cannot be wired to a CQ's eventfd as an MSI-X vector is.
+// BindCQ feeds a cq.CQ from a queue's ring through cq/ring's QueueSource
+// (Entry.Queue is 2i for receive queue i, 2i+1 for transmit queue i). A
+// socket's readiness cannot be wired to the CQ's eventfd as an MSI-X
+// vector is: an armed bound queue has a goroutine parked on the socket's
+// readiness (the same eventfd.FD wait) that signals the CQ's eventfd.
 package afxdp

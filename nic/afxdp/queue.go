@@ -11,6 +11,7 @@ import (
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/canceled"
 	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
@@ -31,9 +32,9 @@ var (
 // queue is what receive and transmit queues share: the socket, the ring
 // reader of the ring the kernel writes and its table of postings.
 type queue struct {
-	// Core: the lock, closed state, name, pair index, interrupt (the
-	// socket's readiness) and counters. No CQ is ever fed (BindCQ).
-	qcore.Core[struct{}]
+	// Core: the lock, closed state, the CQ fed (Src), name, pair index,
+	// interrupt (the socket's readiness) and counters.
+	qcore.Core[cqSource]
 	x   *xsk
 	src *cqring.RingSource
 	tab *cqring.Table
@@ -42,6 +43,9 @@ type queue struct {
 	// produces (fill or transmit).
 	pub    uint32
 	broken bool
+	// canceled are the operations outstanding at close that a CQ the
+	// queue fed reads as flushed completions (cqSource.ReadBatch).
+	canceled canceled.List
 }
 
 // newReader makes the reader of ring r (receive or completion) with
@@ -87,13 +91,34 @@ func (q *queue) usable() error {
 }
 
 // close marks the queue closed: later operations return nic.ErrClosed,
-// and nothing touches the rings again (the device unmaps them next).
+// and nothing touches the rings again (the device unmaps them next). A
+// queue that feeds a CQ keeps each operation still outstanding, for the
+// CQ to read as a flushed completion (cq.ECANCELED), and wakes a reader
+// asleep on the CQ; a plain Close reports none to Poll.
 func (q *queue) close() {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if !q.Closed {
-		q.Closed, q.CloseErr = true, nic.ErrClosed
+	if q.Closed {
+		return
 	}
+	q.Closed, q.CloseErr = true, nic.ErrClosed
+	if q.Src == nil {
+		return
+	}
+	q.tab.Each(func(ctx any) { q.canceled.Add(ctx, q.Pair, cq.ECANCELED) })
+	if q.canceled.Len() > 0 && q.Src.irq != nil {
+		_ = q.Src.irq.Add(1)
+	}
+}
+
+// boundError is Poll on a queue that feeds a CQ: one error completion
+// saying so. Called locked.
+func (q *queue) boundError(out []nic.Completion) int {
+	if len(out) == 0 {
+		return 0
+	}
+	out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
+	return 1
 }
 
 // next takes the next entry of the kernel's ring through the reader (the
@@ -141,7 +166,7 @@ func newRxQueue(x *xsk, pair int, name string, nbufs int) (*RxQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := &RxQueue{queue: queue{Core: qcore.Core[struct{}]{Name: "rx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
+	q := &RxQueue{queue: queue{Core: qcore.Core[cqSource]{Name: "rx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
 		x: x, src: src, tab: tab}, bufs: rxbuf.New(pool, headroom), base: uint32(base)}
 	return q, nil
 }
@@ -248,8 +273,11 @@ func (q *RxQueue) Flush() error {
 func (q *RxQueue) Poll(out []nic.Completion) int {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if q.Closed {
+	switch {
+	case q.Closed:
 		return 0
+	case q.Src != nil:
+		return q.boundError(out)
 	}
 	n, errs := 0, 0
 	var bytes uint64
@@ -326,6 +354,9 @@ func (q *RxQueue) Arm(threshold int) error {
 
 // SRead implements nic.Queue.
 func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	if q.Bound() {
+		return 0, q.ErrBound()
+	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
 
@@ -343,7 +374,7 @@ func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &TxQueue{queue: queue{Core: qcore.Core[struct{}]{Name: "tx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
+	return &TxQueue{queue: queue{Core: qcore.Core[cqSource]{Name: "tx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
 		x: x, src: src, tab: tab}, maxFrame: maxFrame}, nil
 }
 
@@ -402,8 +433,11 @@ func (q *TxQueue) Flush() error {
 func (q *TxQueue) Poll(out []nic.Completion) int {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if q.Closed {
+	switch {
+	case q.Closed:
 		return 0
+	case q.Src != nil:
+		return q.boundError(out)
 	}
 	n, errs := 0, 0
 	var bytes uint64
@@ -484,5 +518,8 @@ func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 
 // SRead implements nic.Queue.
 func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	if q.Bound() {
+		return 0, q.ErrBound()
+	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
 }
