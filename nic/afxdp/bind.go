@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
@@ -31,9 +32,10 @@ type cqSource struct {
 	qnum uint32      // Entry.Queue: 2i for receive queue i, 2i+1 for transmit
 	irq  *eventfd.FD // the CQ's interrupt eventfd (nil: none)
 
-	arm  chan struct{} // an arm for the forwarder
-	stop context.CancelFunc
-	done chan struct{}
+	arm   chan struct{} // pokes the forwarder: an arm, or sends flushed while armed
+	armed atomic.Bool   // the CQ asked for a signal that has not come yet
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 var _ cqring.QueueReader = (*cqSource)(nil)
@@ -82,9 +84,10 @@ func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
 	return nil
 }
 
-// forward signals the CQ's eventfd once the socket is readable after each
-// arm (a transmit queue with sends owed: after TxOwedWait at the most,
-// since AF_XDP signals no completion). A spurious signal is allowed, a
+// forward signals the CQ's eventfd once, after an arm, the socket is
+// readable (a receive queue), or after TxOwedWait at the most while sends
+// are owed (a transmit queue: AF_XDP signals no completion; a transmit
+// queue's Flush pokes it while armed). A spurious signal is allowed, a
 // lost one is not.
 func (s *cqSource) forward(ctx context.Context) {
 	defer close(s.done)
@@ -94,20 +97,30 @@ func (s *cqSource) forward(ctx context.Context) {
 			return
 		case <-s.arm:
 		}
-		for {
-			var deadline time.Time
-			if s.tx != nil && s.tx.Outstanding() > 0 {
-				deadline = time.Now().Add(TxOwedWait)
-			}
-			_, err := s.q.x.irq.Wait(ctx, deadline)
-			if err != nil && !errors.Is(err, eventfd.ErrTimeout) {
-				return // ctx ended, or the socket closed
-			}
-			if err == nil || !deadline.IsZero() {
-				_ = s.irq.Add(1)
-				break
-			}
+		if !s.armed.Load() {
+			continue
 		}
+		var deadline time.Time
+		if s.tx != nil {
+			if s.tx.Outstanding() == 0 {
+				continue // nothing can complete before a Flush, which pokes
+			}
+			deadline = time.Now().Add(TxOwedWait)
+		}
+		if _, err := s.q.x.irq.Wait(ctx, deadline); err != nil && !errors.Is(err, eventfd.ErrTimeout) {
+			return // ctx ended, or the socket closed
+		}
+		if s.armed.CompareAndSwap(true, false) {
+			_ = s.irq.Add(1)
+		}
+	}
+}
+
+// poke wakes the forwarder (non-blocking: one pending poke is enough).
+func (s *cqSource) poke() {
+	select {
+	case s.arm <- struct{}{}:
+	default:
 	}
 }
 
@@ -206,10 +219,8 @@ func (s *cqSource) Arm(solicitedOnly bool, threshold int) error {
 	if ready {
 		return s.irq.Add(1)
 	}
-	select {
-	case s.arm <- struct{}{}:
-	default: // armed already
-	}
+	s.armed.Store(true)
+	s.poke()
 	return nil
 }
 

@@ -78,6 +78,18 @@ func (q *queue) Outstanding() int {
 	return q.out
 }
 
+// Ready counts, up to max, the entries the kernel has written that
+// nobody has read yet (by Poll, or through the CQ the queue feeds),
+// without consuming them; an entry the driver will refuse counts.
+func (q *queue) Ready(max int) int {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.Closed || q.broken || max <= 0 {
+		return 0
+	}
+	return q.src.Pending(max)
+}
+
 // usable returns why the queue cannot take an operation, or nil. Called
 // locked.
 func (q *queue) usable() error {
@@ -176,23 +188,41 @@ func (q *RxQueue) MaxFrame() int { return q.x.chunk - headroom }
 
 // PostRecv implements nic.RxQueue.
 func (q *RxQueue) PostRecv(ctx any) error {
+	_, err := q.postFree(ctx)
+	return err
+}
+
+// PostRecvBuf is PostRecv that also says where the frame will land: the
+// frame area of the buffer it posted (MaxFrame bytes from the address a
+// completion reports as Buf). The kernel owns the bytes until the
+// completion is read.
+func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
+	b, err := q.postFree(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return q.bufs.Buf(b)[headroom:], nil
+}
+
+// postFree posts a free buffer and returns its index.
+func (q *RxQueue) postFree(ctx any) (uint32, error) {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	if err := q.usable(); err != nil {
-		return err
+		return 0, err
 	}
 	if q.out >= int(q.x.fill.n) {
-		return errNoDesc
+		return 0, errNoDesc
 	}
 	b, ok := q.bufs.Get()
 	if !ok {
-		return errNoBuffer
+		return 0, errNoBuffer
 	}
 	if err := q.post(b, ctx); err != nil {
 		_ = q.bufs.Put(b)
-		return err
+		return 0, err
 	}
-	return nil
+	return b, nil
 }
 
 // post lends buffer b to the kernel through the fill ring. Called locked
@@ -418,6 +448,9 @@ func (q *TxQueue) Flush() error {
 	t.publish()
 	q.pub = t.next
 	q.src.Ring().SetProducerLimit(q.pub)
+	if q.Src != nil && q.Src.arm != nil && q.Src.armed.Load() {
+		q.Src.poke() // its forwarder waits for these completions now
+	}
 	if !t.needWakeup() {
 		q.Suppressed.Add(1)
 		return nil
