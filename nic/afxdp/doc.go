@@ -35,6 +35,12 @@
 // refuses it (veth does); Info.Features says "zero-copy" or "copy", and
 // "xdp-native" or "xdp-generic" for the XDP attach mode.
 //
+// Frames arrive as the interface received them. A veth peer's own TCP/IP
+// stack leaves transport checksums to the "device" (CHECKSUM_PARTIAL),
+// and through XDP such a frame arrives with the checksum unfinished: turn
+// the peer's transmit checksumming off (ethtool -K PEER tx off) when a
+// stack on vfnic's end verifies checksums, as netstack does.
+//
 // A queue's interrupt (nic.Queue.Interrupt) is the socket's readiness,
 // through eventfd.Readable: readable while the receive ring holds frames,
 // so SRead and adaptive lcore cores sleep on it through the same wait
