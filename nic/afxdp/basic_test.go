@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"context"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,9 +10,9 @@ import (
 )
 
 func TestOpenInfoClose(t *testing.T) {
-	v := newVeth(t, 2)
+	v := vt.New(t, 2)
 	var dev nic.Device
-	require.NoError(t, in(v.a, func() (err error) {
+	require.NoError(t, vt.In(v.A, func() (err error) {
 		dev, err = nic.Open(context.Background(), "afxdp:vfx0", nic.Config{QueuePairs: 2})
 		return err
 	}))

@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"errors"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 	"time"
 
@@ -15,12 +16,12 @@ import (
 func BenchmarkSend(b *testing.B) {
 	for _, size := range []int{64, 1514} {
 		b.Run(map[int]string{64: "64B", 1514: "1514B"}[size], func(b *testing.B) {
-			v := newVeth(b, 1)
-			dev := openIn(b, v.a, "vfx0", nic.Config{})
+			v := vt.New(b, 1)
+			dev := openIn(b, v.A, "vfx0", nic.Config{})
 			tx := dev.tx[0]
 			frame := make([]byte, size)
 			copy(frame, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
-			frame[12], frame[13] = testType>>8, testType&0xff
+			frame[12], frame[13] = vt.TestType>>8, vt.TestType&0xff
 			comps := make([]nic.Completion, 64)
 			done := 0
 			b.ResetTimer()

@@ -3,6 +3,7 @@ package afxdp
 import (
 	"context"
 	"errors"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 	"time"
 
@@ -17,11 +18,11 @@ import (
 // each buffer still posted comes back as a flushed error entry.
 func TestBindCQ(t *testing.T) {
 	const frames = 2000
-	v := newVeth(t, 1)
-	dev := openIn(t, v.a, "vfx0", nic.Config{})
-	var p *peer
-	require.NoError(t, in(v.b, func() (err error) { p, err = newPeer("vfx1"); return err }))
-	defer p.close()
+	v := vt.New(t, 1)
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
+	var p *vt.Peer
+	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
+	defer p.Close()
 	c, err := cq.New(cq.Attr{Size: 2048, WaitObj: cq.WaitFD, Format: cq.FormatData}, cq.Limits{})
 	require.NoError(t, err)
 	defer c.Close() // after dev.Close (Cleanup of openIn runs later: close explicitly below)
@@ -45,10 +46,10 @@ func TestBindCQ(t *testing.T) {
 	// Receives: the peer sends, the CQ's SRead wakes.
 	sent := make(chan error, 1)
 	go func() {
-		sent <- in(v.b, func() error {
+		sent <- vt.In(v.B, func() error {
 			b := make([]byte, 2048)
 			for seq := uint64(0); seq < frames; seq++ {
-				if err := p.send(makeFrame(b, dev.MAC(), p.mac, seq)); err != nil {
+				if err := p.Send(vt.MakeFrame(b, dev.MAC(), p.MAC, seq)); err != nil {
 					return err
 				}
 				if seq%64 == 63 {
@@ -68,7 +69,7 @@ func TestBindCQ(t *testing.T) {
 			require.EqualValues(t, 0, e.Queue)
 			b, err := rx.Frame(e.Buf, e.Len)
 			require.NoError(t, err)
-			seq, ok, err := checkFrame(b, dev.MAC(), p.mac)
+			seq, ok, err := vt.CheckFrame(b, dev.MAC(), p.MAC)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.False(t, seen[seq])
@@ -84,7 +85,7 @@ func TestBindCQ(t *testing.T) {
 	buf := make([]byte, 2048)
 	done := 0
 	for seq := uint64(0); seq < frames; {
-		if err := tx.Send(makeFrame(buf, p.mac, dev.MAC(), seq), seq); err == nil {
+		if err := tx.Send(vt.MakeFrame(buf, p.MAC, dev.MAC(), seq), seq); err == nil {
 			seq++
 			if seq%32 != 0 {
 				continue
@@ -98,7 +99,7 @@ func TestBindCQ(t *testing.T) {
 		for _, e := range ents[:n] {
 			require.Equal(t, cq.FlagSend|cq.FlagMsg, e.Flags)
 			require.EqualValues(t, 1, e.Queue)
-			require.Equal(t, frameLen(e.Context.(uint64)), e.Len)
+			require.Equal(t, vt.FrameLen(e.Context.(uint64)), e.Len)
 			done++
 		}
 	}

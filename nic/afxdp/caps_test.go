@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"context"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,12 +34,12 @@ func withoutCaps(caps []int, f func() error) error {
 // CAP_NET_ADMIN (and CAP_BPF, CAP_SYS_ADMIN) the XSKMAP, are refused
 // with ErrPermission, which says what is needed.
 func TestPermission(t *testing.T) {
-	v := newVeth(t, 1)
+	v := vt.New(t, 1)
 	for name, caps := range map[string][]int{
 		"no CAP_NET_RAW":   {unix.CAP_NET_RAW},
 		"no CAP_NET_ADMIN": {unix.CAP_NET_ADMIN, unix.CAP_BPF, unix.CAP_SYS_ADMIN},
 	} {
-		err := in(v.a, func() error {
+		err := vt.In(v.A, func() error {
 			return withoutCaps(caps, func() error {
 				d, err := Open(context.Background(), "vfx0", nic.Config{})
 				if err == nil {
@@ -52,5 +53,5 @@ func TestPermission(t *testing.T) {
 		require.ErrorContains(t, err, "CAP_NET_RAW", name)
 	}
 	// And with them back, the queue opens (nothing was left behind).
-	require.NoError(t, openIn(t, v.a, "vfx0", nic.Config{}).Close())
+	require.NoError(t, openIn(t, v.A, "vfx0", nic.Config{}).Close())
 }

@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"context"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"strings"
 	"testing"
 
@@ -21,11 +22,11 @@ const confRing = 256
 // kernel's completion ring entry, and the socket's readiness what wakes
 // SRead. Behaviours AF_XDP cannot produce are gated off through Caps.
 func TestConformance(t *testing.T) {
-	needRoot(t)
+	vt.NeedRoot(t)
 	var pairs [][2]string
 	for range 2 {
-		v := newVeth(t, 1)
-		pairs = append(pairs, [2]string{v.a + "|vfx0", v.b + "|vfx1"})
+		v := vt.New(t, 1)
+		pairs = append(pairs, [2]string{v.A + "|vfx0", v.B + "|vfx1"})
 	}
 	nicpair.Run(t, nicpair.New(nicpair.Driver{
 		Name:  "afxdp (veth)",
@@ -34,7 +35,7 @@ func TestConformance(t *testing.T) {
 		Open: func(ctx context.Context, addr string, size int, recv bool) (nic.Device, error) {
 			ns, ifname, _ := strings.Cut(addr, "|")
 			var d nic.Device
-			err := in(ns, func() (err error) {
+			err := vt.In(ns, func() (err error) {
 				d, err = Open(ctx, ifname, nic.Config{QueueSize: size})
 				return err
 			})

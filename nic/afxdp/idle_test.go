@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"context"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,11 +28,11 @@ func TestIdle(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s idle measurement")
 	}
-	v := newVeth(t, 2)
-	dev := openIn(t, v.a, "vfx0", nic.Config{QueuePairs: 2})
-	var p *peer
-	require.NoError(t, in(v.b, func() (err error) { p, err = newPeer("vfx1"); return err }))
-	defer p.close()
+	v := vt.New(t, 2)
+	dev := openIn(t, v.A, "vfx0", nic.Config{QueuePairs: 2})
+	var p *vt.Peer
+	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
+	defer p.Close()
 	rx0, rx1, tx1 := dev.rx[0], dev.rx[1], dev.tx[1]
 	for _, q := range []*RxQueue{rx0, rx1} {
 		for q.PostRecv(nil) == nil {
@@ -44,7 +45,7 @@ func TestIdle(t *testing.T) {
 	var coreGot atomic.Int64
 	require.NoError(t, core.AddQueue(rx1, func(q nic.Queue, batch []nic.Completion) error {
 		for _, c := range batch {
-			if _, ok, _ := checkFrame(c.Data, dev.MAC(), p.mac); ok {
+			if _, ok, _ := vt.CheckFrame(c.Data, dev.MAC(), p.MAC); ok {
 				coreGot.Add(1)
 			}
 			if err := rx1.Repost(c.Buf, nil); err != nil {
@@ -98,7 +99,7 @@ func TestIdle(t *testing.T) {
 	}
 	woke := sread(5 * time.Second)
 	sendFrom := func(cpu int, seq uint64) {
-		require.NoError(t, in(v.b, func() error {
+		require.NoError(t, vt.In(v.B, func() error {
 			var old, one unix.CPUSet
 			if err := unix.SchedGetaffinity(0, &old); err != nil {
 				return err
@@ -108,7 +109,7 @@ func TestIdle(t *testing.T) {
 				return err
 			}
 			defer unix.SchedSetaffinity(0, &old)
-			return p.send(makeFrame(make([]byte, 2048), dev.MAC(), p.mac, seq))
+			return p.Send(vt.MakeFrame(make([]byte, 2048), dev.MAC(), p.MAC, seq))
 		}))
 	}
 	for i, cpu := range cpus[:min(2, len(cpus))] {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"os"
 	"strconv"
 	"strings"
@@ -60,10 +61,10 @@ func mappings(t testing.TB, addr uintptr) (sockets int, covered bool) {
 // (/proc/self/fd, /proc/self/maps), the kernel's program and map ids, and
 // ip link's view of the interface.
 func TestCloseLeavesNothing(t *testing.T) {
-	v := newVeth(t, 2)
+	v := vt.New(t, 2)
 	fds0 := socketFDs(t)
 	maps0, _ := mappings(t, 0)
-	dev := openIn(t, v.a, "vfx0", nic.Config{QueuePairs: 2})
+	dev := openIn(t, v.A, "vfx0", nic.Config{QueuePairs: 2})
 	umem := uintptrOf(dev.xsks[1].umem.Bytes())
 	pi, err := dev.red.prog.Info()
 	require.NoError(t, err)
@@ -73,7 +74,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	require.NoError(t, err)
 	mapID, ok := mi.ID()
 	require.True(t, ok)
-	require.Contains(t, ip(t, "-n", v.a, "link", "show", "vfx0"), fmt.Sprintf("prog/xdp id %d", progID))
+	require.Contains(t, vt.IP(t, "-n", v.A, "link", "show", "vfx0"), fmt.Sprintf("prog/xdp id %d", progID))
 	require.Greater(t, socketFDs(t), fds0)
 	maps, covered := mappings(t, umem)
 	require.Equal(t, maps0+8, maps, "4 rings of 2 sockets")
@@ -95,7 +96,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 			m.Close()
 		}
 		return errors.Is(perr, os.ErrNotExist) && errors.Is(merr, os.ErrNotExist) &&
-			!strings.Contains(ip(t, "-n", v.a, "link", "show", "vfx0"), "prog/xdp")
+			!strings.Contains(vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "prog/xdp")
 	}, 5*time.Second, 10*time.Millisecond, "XDP program %d and map %d gone", progID, mapID)
 
 	// Queues say they are closed.
@@ -111,16 +112,16 @@ func TestCloseLeavesNothing(t *testing.T) {
 // the queue); a queue reopened right after Close binds (the kernel's
 // asynchronous release is retried).
 func TestBusy(t *testing.T) {
-	v := newVeth(t, 1)
-	dev := openIn(t, v.a, "vfx0", nic.Config{})
-	err := in(v.a, func() error { _, err := nic.Open(context.Background(), "afxdp:vfx0", nic.Config{}); return err })
+	v := vt.New(t, 1)
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
+	err := vt.In(v.A, func() error { _, err := nic.Open(context.Background(), "afxdp:vfx0", nic.Config{}); return err })
 	require.ErrorIs(t, err, ErrBusy)
 	require.ErrorContains(t, err, "open already in this process")
 
 	old := BindRetry
 	BindRetry = 100 * time.Millisecond
 	defer func() { BindRetry = old }()
-	err = in(v.a, func() error {
+	err = vt.In(v.A, func() error {
 		x, err := newXSK(xskConfig{ifname: "vfx0", ifindex: dev.ifindex, size: 64, txBufs: 64, rxBufs: 64, chunk: 2048})
 		if err == nil {
 			_ = x.close()
@@ -134,7 +135,7 @@ func TestBusy(t *testing.T) {
 
 	require.NoError(t, dev.Close())
 	for range 5 {
-		d := openIn(t, v.a, "vfx0", nic.Config{})
+		d := openIn(t, v.A, "vfx0", nic.Config{})
 		require.NoError(t, d.Close())
 	}
 }
@@ -143,9 +144,9 @@ func TestBusy(t *testing.T) {
 // Open refuses with ErrXDPInUse; with Config.Force one attached through
 // netlink is detached and replaced, one held by a bpf_link cannot be.
 func TestForeignXDP(t *testing.T) {
-	v := newVeth(t, 1)
+	v := vt.New(t, 1)
 	var ifindex int
-	require.NoError(t, in(v.a, func() error {
+	require.NoError(t, vt.In(v.A, func() error {
 		ifc, err := netInterface("vfx0")
 		ifindex = ifc
 		return err
@@ -155,7 +156,7 @@ func TestForeignXDP(t *testing.T) {
 	require.NoError(t, err)
 	defer pass.Close()
 	open := func(force bool) error {
-		return in(v.a, func() error {
+		return vt.In(v.A, func() error {
 			d, err := Open(context.Background(), "vfx0", nic.Config{Force: force})
 			if err == nil {
 				err = d.Close()
@@ -166,7 +167,7 @@ func TestForeignXDP(t *testing.T) {
 
 	// Held by a bpf_link.
 	var l link.Link
-	require.NoError(t, in(v.a, func() (err error) {
+	require.NoError(t, vt.In(v.A, func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: pass, Interface: ifindex})
 		return err
 	}))
@@ -174,11 +175,11 @@ func TestForeignXDP(t *testing.T) {
 	require.ErrorIs(t, err, ErrXDPInUse)
 	require.ErrorContains(t, err, "Config.Force")
 	require.ErrorIs(t, open(true), ErrXDPInUse)
-	require.Contains(t, ip(t, "-n", v.a, "link", "show", "vfx0"), "prog/xdp", "still there")
+	require.Contains(t, vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "prog/xdp", "still there")
 	require.NoError(t, l.Close())
 
 	// Attached through netlink, as ip link set dev X xdp does.
-	require.NoError(t, in(v.a, func() error {
+	require.NoError(t, vt.In(v.A, func() error {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 		if err != nil {
 			return err
@@ -187,9 +188,9 @@ func TestForeignXDP(t *testing.T) {
 		return setLinkXDP(fd, ifindex, int32(pass.FD()), unix.XDP_FLAGS_SKB_MODE)
 	}))
 	require.ErrorIs(t, open(false), ErrXDPInUse)
-	require.Contains(t, ip(t, "-n", v.a, "link", "show", "vfx0"), "xdpgeneric", "refused, not replaced")
+	require.Contains(t, vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "xdpgeneric", "refused, not replaced")
 	require.NoError(t, open(true), "forced")
-	require.Eventually(t, func() bool { return !strings.Contains(ip(t, "-n", v.a, "link", "show", "vfx0"), "prog/xdp") },
+	require.Eventually(t, func() bool { return !strings.Contains(vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "prog/xdp") },
 		5*time.Second, 10*time.Millisecond, "no program after the forced device closed")
 }
 
@@ -214,7 +215,7 @@ func netInterface(name string) (int, error) {
 // TestOpenErrors: names, queues and configurations that cannot be opened
 // say why.
 func TestOpenErrors(t *testing.T) {
-	v := newVeth(t, 1)
+	v := vt.New(t, 1)
 	for name, want := range map[string]error{
 		"afxdp:vfx9":             ErrNoInterface,
 		"afxdp:vfx0@1":           nic.ErrInvalid, // one queue
@@ -223,14 +224,14 @@ func TestOpenErrors(t *testing.T) {
 		"afxdp:a/b":              nic.ErrInvalid,
 		"afxdp:0123456789abcdef": nic.ErrInvalid,
 	} {
-		err := in(v.a, func() error { _, err := nic.Open(context.Background(), name, nic.Config{}); return err })
+		err := vt.In(v.A, func() error { _, err := nic.Open(context.Background(), name, nic.Config{}); return err })
 		require.ErrorIs(t, err, want, name)
 	}
 	for _, cfg := range []nic.Config{{BufferSize: 1024}, {QueueSize: 1}, {QueueSize: 64, RxBuffers: 32}, {QueuePairs: 2}} {
-		err := in(v.a, func() error { _, err := Open(context.Background(), "vfx0", cfg); return err })
+		err := vt.In(v.A, func() error { _, err := Open(context.Background(), "vfx0", cfg); return err })
 		require.ErrorIs(t, err, nic.ErrInvalid, "%+v", cfg)
 	}
-	dev := openIn(t, v.a, "vfx0", nic.Config{QueueSize: 100})
+	dev := openIn(t, v.A, "vfx0", nic.Config{QueueSize: 100})
 	require.Equal(t, 64, dev.Info().QueueSize, "rounded down to a power of two")
 	require.ErrorIs(t, dev.BindCQ(nil, 0, nic.Recv), nic.ErrInvalid)
 	_, err := dev.Rx(1)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"net/http"
 	"net/netip"
 	"os/exec"
@@ -22,17 +23,17 @@ import (
 // the peer's namespace: small pages, and a 4 MiB body whose digest
 // matches (TCP through the XDP redirect and AF_XDP rings both ways).
 func TestNetstackHTTP(t *testing.T) {
-	needRoot(t)
+	vt.NeedRoot(t)
 	curl, err := exec.LookPath("curl")
 	if err != nil {
 		t.Skip("no curl: the Linux client of this test")
 	}
-	v := newVeth(t, 1)
-	ip(t, "-n", v.b, "addr", "add", "10.99.0.2/24", "dev", "vfx1")
+	v := vt.New(t, 1)
+	vt.IP(t, "-n", v.B, "addr", "add", "10.99.0.2/24", "dev", "vfx1")
 	// Linux leaves a veth's TCP checksums to the "device" (CHECKSUM_PARTIAL):
 	// through XDP they would reach netstack unfinished. As ethtool -K tx off.
-	require.NoError(t, in(v.b, func() error { return txChecksum("vfx1", false) }))
-	dev := openIn(t, v.a, "vfx0", nic.Config{})
+	require.NoError(t, vt.In(v.B, func() error { return txChecksum("vfx1", false) }))
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
 	n, err := netstack.New(dev, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix("10.99.0.1/24")}})
 	require.NoError(t, err)
 	defer n.Close()
@@ -50,7 +51,7 @@ func TestNetstackHTTP(t *testing.T) {
 	defer srv.Close()
 
 	get := func(path string) []byte {
-		out, err := exec.Command("ip", "netns", "exec", v.b, curl, "-sS", "--max-time", "20", "http://10.99.0.1"+path).Output()
+		out, err := exec.Command("ip", "netns", "exec", v.B, curl, "-sS", "--max-time", "20", "http://10.99.0.1"+path).Output()
 		if ee, ok := err.(*exec.ExitError); ok {
 			t.Logf("netstack %+v; device %+v", n.Stats(), dev.Stats())
 			t.Fatalf("curl %s: %v: %s", path, err, ee.Stderr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,7 @@ const (
 func openIn(t testing.TB, ns, name string, cfg nic.Config) *Device {
 	t.Helper()
 	var dev *Device
-	require.NoError(t, in(ns, func() (err error) {
+	require.NoError(t, vt.In(ns, func() (err error) {
 		dev, err = Open(context.Background(), name, cfg)
 		return err
 	}))
@@ -34,11 +35,11 @@ func openIn(t testing.TB, ns, name string, cfg nic.Config) *Device {
 // vfnic's end of a veth pair and a Linux AF_PACKET socket on the other:
 // every frame arrives once, intact, and every send completes once.
 func TestTraffic(t *testing.T) {
-	v := newVeth(t, 1)
-	dev := openIn(t, v.a, "vfx0", nic.Config{})
-	var p *peer
-	require.NoError(t, in(v.b, func() (err error) { p, err = newPeer("vfx1"); return err }))
-	defer p.close()
+	v := vt.New(t, 1)
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
+	var p *vt.Peer
+	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
+	defer p.Close()
 	t.Logf("%s: %v", dev.Info().Model, dev.Info().Features)
 
 	t.Run("send", func(t *testing.T) {
@@ -50,7 +51,7 @@ func TestTraffic(t *testing.T) {
 			seen := make([]bool, trafficFrames)
 			b := make([]byte, 4096)
 			for got.Load() < trafficFrames {
-				n, err := p.recv(b)
+				n, err := p.Recv(b)
 				if err != nil {
 					done <- err
 					return
@@ -58,7 +59,7 @@ func TestTraffic(t *testing.T) {
 				if n == 0 {
 					continue
 				}
-				seq, ok, err := checkFrame(b[:n], p.mac, dev.MAC())
+				seq, ok, err := vt.CheckFrame(b[:n], p.MAC, dev.MAC())
 				switch {
 				case !ok:
 					continue
@@ -83,7 +84,7 @@ func TestTraffic(t *testing.T) {
 				require.NoError(t, c.Err)
 				seq := c.Context.(uint64)
 				require.False(t, completed[seq], "send %d completed twice", seq)
-				require.Equal(t, frameLen(seq), c.Len)
+				require.Equal(t, vt.FrameLen(seq), c.Len)
 				completed[seq] = true
 				ncomp++
 			}
@@ -98,7 +99,7 @@ func TestTraffic(t *testing.T) {
 				runtime.Gosched()
 				continue
 			}
-			err := tx.Send(makeFrame(buf, p.mac, dev.MAC(), seq), seq)
+			err := tx.Send(vt.MakeFrame(buf, p.MAC, dev.MAC(), seq), seq)
 			if errors.Is(err, nic.ErrFull) {
 				require.NoError(t, tx.Flush())
 				reap()
@@ -140,7 +141,7 @@ func TestTraffic(t *testing.T) {
 		defer cancel()
 		sendErr := make(chan error, 1)
 		go func() {
-			sendErr <- in(v.b, func() error {
+			sendErr <- vt.In(v.B, func() error {
 				b := make([]byte, 2048)
 				for seq := uint64(0); seq < trafficFrames; {
 					if int64(seq)-got.Load() >= window {
@@ -150,7 +151,7 @@ func TestTraffic(t *testing.T) {
 						runtime.Gosched()
 						continue
 					}
-					if err := p.send(makeFrame(b, dev.MAC(), p.mac, seq)); err != nil {
+					if err := p.Send(vt.MakeFrame(b, dev.MAC(), p.MAC, seq)); err != nil {
 						return err
 					}
 					seq++
@@ -166,7 +167,7 @@ func TestTraffic(t *testing.T) {
 			require.NoError(t, err, "received %d of %d", got.Load(), trafficFrames)
 			for _, c := range comps[:n] {
 				require.NoError(t, c.Err)
-				seq, ok, err := checkFrame(c.Data, dev.MAC(), p.mac)
+				seq, ok, err := vt.CheckFrame(c.Data, dev.MAC(), p.MAC)
 				require.NoError(t, err)
 				if !ok {
 					other++

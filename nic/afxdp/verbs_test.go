@@ -1,6 +1,7 @@
 package afxdp
 
 import (
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,15 +16,15 @@ import (
 // loop, solicited-only arms, the flush at close. The frame goes to the
 // veth peer, where nobody reads it.
 func TestVerbs(t *testing.T) {
-	v := newVeth(t, 1)
+	v := vt.New(t, 1)
 	fds0 := socketFDs(t)
-	dev := openIn(t, v.a, "vfx0", nic.Config{})
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
 	frame := make([]byte, 60)
 	for i := range 6 {
 		frame[i] = 0xff
 	}
 	copy(frame[6:], dev.MAC())
-	frame[12], frame[13] = testType>>8, testType&0xff
+	frame[12], frame[13] = vt.TestType>>8, vt.TestType&0xff
 	nicverbstest.Run(t, dev, frame, nicverbstest.Rounds(t))
 	require.Equal(t, fds0, socketFDs(t), "every socket returned")
 }
