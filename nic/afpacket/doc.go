@@ -36,5 +36,9 @@
 // kernel's position is not the kernel's, so a caller that keeps that
 // buffer (neither Repost nor Release) is woken again at once.
 //
+// AF_PACKET hands a received frame's 802.1Q tag over in the slot header
+// (tp_vlan_tci) with the tag taken out of the frame; this driver does not
+// put it back yet, so tagged frames arrive untagged.
+//
 // One queue pair (PACKET_FANOUT for more is not done yet).
 package afpacket

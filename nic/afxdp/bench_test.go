@@ -2,11 +2,11 @@ package afxdp
 
 import (
 	"errors"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 	"time"
 
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 )
 
 // BenchmarkSend sends frames from vfnic's end of a veth pair as fast as

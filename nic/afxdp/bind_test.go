@@ -3,13 +3,13 @@ package afxdp
 import (
 	"context"
 	"errors"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 )
 
 // TestBindCQ: a queue pair bound to a cq.CQ delivers its receives and

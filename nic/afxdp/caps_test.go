@@ -2,11 +2,11 @@ package afxdp
 
 import (
 	"context"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

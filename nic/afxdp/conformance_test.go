@@ -2,11 +2,11 @@ package afxdp
 
 import (
 	"context"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"strings"
 	"testing"
 
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"github.com/vfnic/vfnic/tests/conformance"
 	"github.com/vfnic/vfnic/tests/nicpair"
 )

@@ -2,7 +2,6 @@ package afxdp
 
 import (
 	"context"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

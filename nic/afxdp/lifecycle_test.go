@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

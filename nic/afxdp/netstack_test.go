@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"net/http"
 	"net/netip"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/netstack"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

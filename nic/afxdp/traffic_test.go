@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 )
 
 const (

@@ -1,11 +1,11 @@
 package afxdp
 
 import (
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/nic"
+	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"github.com/vfnic/vfnic/verbs/nicverbs/nicverbstest"
 )
 
