@@ -49,6 +49,7 @@ func NeedRoot(t testing.TB) {
 func New(t testing.TB, queues int) *Veth {
 	t.Helper()
 	NeedRoot(t)
+	removeStale(t)
 	n := vethSeq.Add(1)
 	v := &Veth{A: fmt.Sprintf("vfnic-veth-%d-%d-a", os.Getpid(), n), B: fmt.Sprintf("vfnic-veth-%d-%d-b", os.Getpid(), n)}
 	t.Cleanup(func() {
@@ -114,4 +115,26 @@ func In(ns string, f func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// removeStale removes the namespaces of test processes that ended without
+// removing theirs (killed): "vfnic-veth-PID-..." whose PID is gone.
+func removeStale(t testing.TB) {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "vfnic-veth-")
+		pid, _, _ := strings.Cut(rest, "-")
+		if !ok || pid == "" {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue // its process still runs
+		}
+		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+			t.Logf("stale namespace %s: %v: %s", e.Name(), err, out)
+		}
+	}
 }
