@@ -3,6 +3,7 @@ module github.com/vfnic/vfnic
 go 1.26.3
 
 require (
+	github.com/cilium/ebpf v0.22.0 // nic/afxdp: its XDP redirect program is assembled in Go (asm) and attached as a bpf_link (link), with its XSKMAP; no clang
 	github.com/gopacket/gopacket v1.7.7
 	github.com/miekg/dns v1.1.73 // tests/netstackvm and examples/httpd: an unmodified DNS server on netstack
 	github.com/quic-go/quic-go v0.65.0 // tests/netstackvm: an unmodified QUIC server on netstack

@@ -2,7 +2,10 @@
 // without spinning: parked on Go's runtime poller, or, on a thread pinned to
 // one CPU, with that thread asleep in the kernel. vfnic uses
 // eventfds for MSI-X interrupts (VFIO writes them), for the software device's
-// interrupts and for completion-queue wait objects.
+// interrupts and for completion-queue wait objects. An FD made by Readable
+// stands for another descriptor's readiness instead (an AF_XDP socket,
+// readable while its receive ring holds entries), so that one wait path
+// serves both kinds of interrupt.
 package eventfd
 
 import (
@@ -38,6 +41,10 @@ var errNotMade = fmt.Errorf("eventfd: FD not made by New: %w", os.ErrInvalid)
 // which belongs to someone else.
 type FD struct {
 	fd int
+	// level: the FD is another descriptor's readiness (Readable), with
+	// no counter to read: a wait returns when it is readable, and what
+	// made it so is consumed elsewhere (the ring it reports on).
+	level bool
 
 	// turn is held by the one goroutine that sleeps on the runtime poller:
 	// a read deadline belongs to the os.File, not to the goroutine, and the
@@ -82,6 +89,28 @@ func New() (*FD, error) {
 	return &FD{fd: fd, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
 
+// Readable returns an FD for the readiness of fd (POLLIN), a descriptor
+// that is not an eventfd: an AF_XDP socket, whose receive ring holding
+// entries makes it readable. It holds a duplicate of fd, closed by Close;
+// the caller keeps fd. Wait and Await return once fd is readable, with a
+// count of 1 from Wait and Await alike and no read of fd: the readiness
+// lasts until the caller consumes what caused it. Take and TakeLeft
+// return 0, and Add fails (nobody but fd's owner signals it).
+func Readable(fd int) (*FD, error) {
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: dup of fd %d: %w", fd, err)
+	}
+	if err := unix.SetNonblock(d, true); err != nil {
+		_ = unix.Close(d)
+		return nil, fmt.Errorf("eventfd: non-blocking fd %d: %w", fd, err)
+	}
+	return &FD{fd: d, level: true, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
+}
+
+// errLevelAdd is Add on an FD made by Readable.
+var errLevelAdd = fmt.Errorf("eventfd: Add on a readiness FD (Readable): %w", os.ErrInvalid)
+
 // acquire counts a call that uses the descriptor; ErrClosed once closed.
 func (e *FD) acquire() error {
 	if e.drained == nil {
@@ -117,6 +146,9 @@ func (e *FD) Fd() int {
 // Add adds n to the counter, waking a waiter. It never blocks: a counter
 // that would overflow reports unix.EAGAIN.
 func (e *FD) Add(n uint64) error {
+	if e.level {
+		return errLevelAdd
+	}
 	var b [8]byte
 	putU64(b[:], n)
 	if err := e.acquire(); err != nil {
@@ -137,6 +169,9 @@ func (e *FD) Take() (uint64, error) {
 	}
 	defer e.release()
 	e.left.Store(false)
+	if e.level {
+		return 0, nil
+	}
 	return take(e.fd)
 }
 
@@ -268,7 +303,13 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		n, err := f.Read(b[:])
+		n, err := 8, error(nil)
+		if e.level {
+			err = e.awaitReadable(f)
+			putU64(b[:], 1)
+		} else {
+			n, err = f.Read(b[:])
+		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil &&
 				(deadline.IsZero() || time.Now().Before(deadline)) {
@@ -280,6 +321,43 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 			return 0, fmt.Errorf("eventfd: short read of %d bytes", n)
 		}
 		return getU64(b[:]), nil
+	}
+}
+
+// awaitReadable parks on the runtime poller until the descriptor of a
+// readiness FD is readable (or the file's read deadline passes): the
+// poller's wait without a read, which a socket would not answer as an
+// eventfd does.
+func (e *FD) awaitReadable(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		ready, err := readable(int(fd))
+		perr = err
+		return ready || err != nil
+	})
+	if err != nil {
+		return err
+	}
+	return perr
+}
+
+// readable polls fd once without sleeping: ready when it has input (or an
+// error or hang-up to report, which the caller's next operation returns).
+func readable(fd int) (bool, error) {
+	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(p[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("eventfd: poll: %w", err)
+		}
+		return n > 0 && p[0].Revents != 0, nil
 	}
 }
 
@@ -414,6 +492,9 @@ func (e *FD) waitThread(ctx context.Context, deadline time.Time, takeIt bool) (u
 			}
 		}
 		if fds[0].Revents != 0 {
+			if e.level {
+				return 1, nil // readiness, not a count: nothing to leave or take
+			}
 			if !takeIt {
 				e.left.Store(true)
 				return 0, nil

@@ -90,7 +90,10 @@ type Queue interface {
 	// WaitInterrupt sleeps until a new interrupt.
 	Arm(threshold int) error
 	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
-	// loops that poll(2) it themselves; the queue keeps ownership.
+	// loops that poll(2) it themselves; the queue keeps ownership. For a
+	// device without MSI-X it stands for the descriptor whose readiness
+	// says completions are ready (eventfd.Readable: an AF_XDP socket):
+	// poll it for POLLIN the same way.
 	Interrupt() *eventfd.FD
 	// WaitInterrupt sleeps until the queue's interrupt fires (nil), the
 	// deadline passes (ErrTimeout; a zero deadline waits forever), ctx

@@ -152,6 +152,12 @@ type Layout struct {
 	// (cq.ProvBadPhase) and consumed. For virtio's packed ring, USED set
 	// to the wrap counter while AVAIL is not.
 	WrongPhase uint32
+	// Held (DescriptorDone only) is written into the ownership word with
+	// the DD bits cleared when an entry is consumed: for a device that
+	// takes an entry back as soon as its status word reads zero (the slots
+	// of an AF_PACKET TPACKET_V2 ring), the entry stays the driver's until
+	// the driver writes zero itself. Bits outside OwnerMask.
+	Held uint32
 	// IndexShift and IndexBits locate the producer index in the
 	// RingRegs.Producer word (UsedIndex only): 16 and 16 for virtio.
 	IndexShift, IndexBits int
@@ -243,6 +249,9 @@ func (l *Layout) Validate() error {
 		if l.WrongPhase&^l.OwnerMask != 0 || (l.WrongPhase != 0 && l.Convention == DescriptorDone) {
 			return bad("wrong-phase value %#x outside the ownership mask %#x", l.WrongPhase, l.OwnerMask)
 		}
+	}
+	if l.Held != 0 && (l.Convention != DescriptorDone || l.Held&l.OwnerMask != 0) {
+		return bad("held value %#x: only for the descriptor-done convention, outside the ownership mask %#x", l.Held, l.OwnerMask)
 	}
 	if l.Doorbell > DoorbellCount {
 		return bad("doorbell mode %d", l.Doorbell)

@@ -75,6 +75,7 @@ type Ring struct {
 	limited  bool
 	limit    uint32
 	wrong    uint32 // Layout.WrongPhase
+	held     uint32 // Layout.Held
 	meta     bool   // the layout has Meta fields
 	regs     RingRegs
 	f        [numFields]cfield
@@ -116,6 +117,7 @@ func newRing(mem []byte, l Layout, regs RingRegs) (*Ring, error) {
 		clear: l.Convention == DescriptorDone,
 		used:  l.Convention == UsedIndex,
 		wrong: l.WrongPhase,
+		held:  l.Held,
 		meta:  l.Fields.Meta[0].Bits != 0 || l.Fields.Meta[1].Bits != 0,
 		holes: l.DetectHoles && l.Entries > 1,
 		idx:   l.IDIsIndex,
@@ -318,12 +320,13 @@ func (r *Ring) overrun() bool {
 	return !r.ready()
 }
 
-// advance consumes the head entry; for DescriptorDone it clears the DD bit.
-// It does not ring the doorbell (publish does, once per batch).
+// advance consumes the head entry; for DescriptorDone it clears the DD bit
+// (and sets Layout.Held). It does not ring the doorbell (publish does,
+// once per batch).
 func (r *Ring) advance() {
 	if r.clear {
 		p := r.ownerWord(r.head)
-		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask)
+		atomic.StoreUint32(p, atomic.LoadUint32(p)&^r.mask|r.held)
 	}
 	r.head++
 	r.count++

@@ -220,6 +220,54 @@ func (t *Table) Post(op Op) (uint32, error) {
 	return id, nil
 }
 
+// PostSlot is Post into slot i, which the caller chooses, for a device
+// that reports a buffer rather than an id the driver wrote: AF_XDP's
+// rings carry the buffer's address, so its driver keys each buffer to
+// the slot of the same index and names it by the slot's id, i. The table
+// must have ids without generation bits (NewTable with idBits equal to
+// the slot bits) and is posted only through PostSlot, whose posts take
+// from the free count as Post's do. Slot i already outstanding, or out of
+// range, is an error matching cq.ErrInvalid; ErrFull when no release is
+// published yet (the ring source publishes them once per batch).
+func (t *Table) PostSlot(i uint32, op Op) (uint32, error) {
+	if op.Len < 0 || uint64(op.Len) > 1<<32-1 || op.Span > 1 || op.Flags&cq.FlagMultiRecv != 0 {
+		return 0, fmt.Errorf("%w: slot post of %d bytes, span %d, flags %#x", cq.ErrInvalid, op.Len, op.Span, op.Flags)
+	}
+	if t.idMask != t.slotMask {
+		return 0, fmt.Errorf("%w: slot post into a table whose ids carry a generation", cq.ErrInvalid)
+	}
+	if !t.single {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+	}
+	if i >= uint32(len(t.slots)) {
+		return 0, fmt.Errorf("%w: slot %d of %d", cq.ErrInvalid, i, len(t.slots))
+	}
+	s := &t.slots[i]
+	if atomic.LoadUint32(&s.state) != slotFree {
+		return 0, fmt.Errorf("%w: slot %d is outstanding", cq.ErrInvalid, i)
+	}
+	if t.fhead == atomic.LoadUint32(&t.ftail) {
+		return 0, ErrFull
+	}
+	t.fhead++
+	s.id = i
+	s.len = uint32(op.Len)
+	s.multi = false
+	s.span = 0
+	s.flags = entryFlags(op.Flags)
+	s.buf = op.Buf
+	s.rbuf = recvBuf(s.flags, op.Buf)
+	s.ctx = op.Context
+	s.refuse = refuse | opRefuse(s.flags)
+	if t.single {
+		s.state = slotPosted
+	} else {
+		storeRelease32(&s.state, slotPosted)
+	}
+	return i, nil
+}
+
 // opKinds are the flags that say which kind of operation a completion
 // is for: the posted operation's, and those a device's opcode adds
 // (Codes.Opcodes).

@@ -75,7 +75,9 @@ type Driver struct {
 	Reserved int
 	// PadTo is the length the device pads shorter frames to (0: none).
 	PadTo int
-	// Oversize is RecvOversize's request: the frame B sends the hub's
+	// Oversize is RecvOversize's request (nil: the driver has no way to
+	// make a frame longer than a buffer reach B, and its endpoints are no
+	// conformance.Oversizer): the frame B sends the hub's
 	// host port for a frame of size bytes to B (the host answers A), the
 	// number of B's buffers that frame fills, and whether a frame A
 	// received is the host's answer.
@@ -222,8 +224,16 @@ func (p *Provider) NewEndpoint(c *cq.CQ, attr conformance.EndpointAttr) (conform
 	p.st.Open++
 	p.st.Stale += stale
 	p.st.Opening += time.Since(start)
+	if p.d.Oversize == nil {
+		return plainEndpoint{e}, nil
+	}
 	return e, nil
 }
+
+// plainEndpoint is an Endpoint without RecvOversize, for a driver without
+// Driver.Oversize: the suite then skips what needs it, with Caps.Why's
+// "Oversizer".
+type plainEndpoint struct{ conformance.Endpoint }
 
 func (p *Provider) depth(asked, def int) int {
 	if asked <= 0 {

@@ -1,0 +1,83 @@
+package eventfd
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// TestReadable: an FD over a pipe's read end wakes its waiters, on the
+// runtime poller and on a pinned thread, when the pipe holds data, without
+// reading it; it times out, and Close ends a wait, once it is drained.
+func TestReadable(t *testing.T) {
+	cpus, err := allowedCPUs()
+	require.NoError(t, err)
+	for _, pinned := range []bool{false, true} {
+		name := map[bool]string{false: "poller", true: "thread"}[pinned]
+		t.Run(name, func(t *testing.T) {
+			var p [2]int
+			require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK))
+			defer unix.Close(p[0])
+			defer unix.Close(p[1])
+			e, err := Readable(p[0])
+			require.NoError(t, err)
+			require.NotEqual(t, p[0], e.Fd(), "a duplicate is held")
+			require.ErrorIs(t, e.Add(1), os.ErrInvalid)
+
+			run := func(f func() error) error {
+				done := make(chan error, 1)
+				go func() {
+					if pinned {
+						runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+						var one unix.CPUSet
+						one.Set(cpus[0])
+						if err := unix.SchedSetaffinity(0, &one); err != nil {
+							done <- err
+							return
+						}
+					}
+					done <- f()
+				}()
+				return <-done
+			}
+			// Nothing to read: the deadline passes.
+			require.ErrorIs(t, run(func() error {
+				_, err := e.Wait(context.Background(), time.Now().Add(20*time.Millisecond))
+				return err
+			}), ErrTimeout)
+			// Data written while waiting wakes the wait, which reads nothing.
+			require.NoError(t, run(func() error {
+				go func() { time.Sleep(10 * time.Millisecond); _, _ = unix.Write(p[1], []byte{7}) }()
+				n, err := e.Await(context.Background(), time.Now().Add(5*time.Second))
+				if err == nil && n != 1 {
+					t.Errorf("Await gave %d, want 1", n)
+				}
+				return err
+			}))
+			n, err := e.Take()
+			require.NoError(t, err)
+			require.Zero(t, n, "a readiness FD has no counter")
+			// Still readable: a second wait returns at once.
+			require.NoError(t, run(func() error {
+				_, err := e.Wait(context.Background(), time.Now().Add(5*time.Second))
+				return err
+			}))
+			var b [1]byte
+			_, err = unix.Read(p[0], b[:])
+			require.NoError(t, err)
+			// Drained: Close ends a wait.
+			require.ErrorIs(t, run(func() error {
+				go func() { time.Sleep(20 * time.Millisecond); _ = e.Close() }()
+				_, err := e.Wait(context.Background(), time.Time{})
+				return err
+			}), ErrClosed)
+			var st unix.Stat_t
+			require.NoError(t, unix.Fstat(p[0], &st), "the caller's descriptor stays open")
+		})
+	}
+}

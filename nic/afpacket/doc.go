@@ -1,0 +1,44 @@
+// Package afpacket is a nic.Device on a Linux network interface through
+// an AF_PACKET socket with a PACKET_MMAP receive ring: the fallback where
+// AF_XDP (nic/afxdp) is missing or refused, as DPDK's net_af_packet is.
+//
+//	import _ "github.com/vfnic/vfnic/nic/afpacket"
+//
+//	dev, err := nic.Open(ctx, "afpacket:eth1", nic.Config{})
+//
+// Receive: a TPACKET_V2 ring, one fixed slot of Config.BufferSize bytes
+// per frame (2048 or 4096), read by cq/ring's descriptor-done reader: the
+// kernel sets TP_STATUS_USER in a slot's status word when it has written a
+// frame there, and the reader, which loads that word before the rest,
+// clears the bit on consuming it and sets Held (bit 28, which the kernel
+// does not use) so that the kernel, which takes back any slot whose status
+// reads zero, leaves the frame alone while it is lent to the caller;
+// Repost and PostRecv write zero, handing the slot back. V2 was chosen
+// over V3 because a fixed slot per frame is exactly a descriptor of that
+// convention, while V3's blocks hold a variable number of frames that the
+// kernel hands over a block at a time (one status for many frames). The
+// kernel fills slots in ring order, so a buffer held by the caller stops
+// reception at its slot until it is handed back.
+//
+// Every field of a slot's header the kernel wrote (status, snap length,
+// frame length, MAC offset) is read once into a copy and checked: the
+// frame must lie inside the slot, be whole (tp_len equal to the snap
+// length) and hold an Ethernet header.
+//
+// Transmit: frames are sent at Flush with one sendmmsg(2) on a socket with
+// PACKET_QDISC_BYPASS; the kernel has taken each frame when the call
+// returns, so each send completes then (in order, read with Poll). No
+// ring is involved, so a transmit queue cannot feed a CQ, and BindCQ is
+// not supported (nic.ErrNotSupported).
+//
+// The socket's readiness is the queues' interrupt (eventfd.Readable):
+// AF_PACKET reports the socket readable while the slot before the
+// kernel's position is not the kernel's, so a caller that keeps that
+// buffer (neither Repost nor Release) is woken again at once.
+//
+// AF_PACKET hands a received frame's 802.1Q tag over in the slot header
+// (tp_vlan_tci) with the tag taken out of the frame; this driver does not
+// put it back yet, so tagged frames arrive untagged.
+//
+// One queue pair (PACKET_FANOUT for more is not done yet).
+package afpacket

@@ -1,0 +1,140 @@
+// Package vethtest is what the host-device drivers' tests share (nic/afxdp,
+// nic/afpacket): a veth pair between two network namespaces a test makes
+// and removes, running code inside a namespace, a Linux AF_PACKET peer,
+// and test frames that say which frame they are.
+package vethtest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Veth is a veth pair between two network namespaces that the test made
+// and removes when it ends, failed or not: vfnic's end "vfx0" in A, the
+// Linux peer's "vfx1" in B. No interface of the machine is touched.
+type Veth struct {
+	A, B string // namespace names
+}
+
+var vethSeq atomic.Int32
+
+// NeedRoot skips a test that needs root and the ip command, or fails it
+// under CI=true, where skipping would hide that it did not run.
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	why := ""
+	if os.Geteuid() != 0 {
+		why = "not root"
+	} else if _, err := exec.LookPath("ip"); err != nil {
+		why = "no ip command (iproute2)"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("afxdp host test cannot run under CI=true: %s", why)
+	}
+	t.Skipf("afxdp host test needs root and iproute2 (network namespaces, veth, AF_XDP): %s", why)
+}
+
+// New makes the namespaces and the pair, with queues queue pairs on
+// vfx0, both ends up and IPv6 off (no neighbour discovery frames).
+func New(t testing.TB, queues int) *Veth {
+	t.Helper()
+	NeedRoot(t)
+	removeStale(t)
+	n := vethSeq.Add(1)
+	v := &Veth{A: fmt.Sprintf("vfnic-veth-%d-%d-a", os.Getpid(), n), B: fmt.Sprintf("vfnic-veth-%d-%d-b", os.Getpid(), n)}
+	t.Cleanup(func() {
+		for _, ns := range []string{v.A, v.B} {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
+				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+			}
+		}
+	})
+	q := fmt.Sprint(queues)
+	for _, args := range [][]string{
+		{"netns", "add", v.A},
+		{"netns", "add", v.B},
+		{"-n", v.A, "link", "add", "vfx0", "numrxqueues", q, "numtxqueues", q, "type", "veth", "peer", "name", "vfx1", "numrxqueues", q, "numtxqueues", q, "netns", v.B},
+	} {
+		IP(t, args...)
+	}
+	for _, ns := range []struct{ ns, dev string }{{v.A, "vfx0"}, {v.B, "vfx1"}} {
+		for _, k := range []string{"all", "default", ns.dev} {
+			IP(t, "netns", "exec", ns.ns, "sysctl", "-qw", "net.ipv6.conf."+k+".disable_ipv6=1")
+		}
+		IP(t, "-n", ns.ns, "link", "set", ns.dev, "up")
+	}
+	return v
+}
+
+// IP runs the ip command and returns its output, failing t on an error.
+func IP(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// In runs f on a thread in namespace ns. The thread goes back to the
+// test's namespace after f, or ends with its goroutine if it cannot.
+func In(ns string, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		back, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer back.Close()
+		there, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer there.Close()
+		if err := unix.Setns(int(there.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		err = f()
+		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread ends with this goroutine
+		errc <- err
+	}()
+	return <-errc
+}
+
+// removeStale removes the namespaces of test processes that ended without
+// removing theirs (killed): "vfnic-veth-PID-..." whose PID is gone.
+func removeStale(t testing.TB) {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "vfnic-veth-")
+		pid, _, _ := strings.Cut(rest, "-")
+		if !ok || pid == "" {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue // its process still runs
+		}
+		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+			t.Logf("stale namespace %s: %v: %s", e.Name(), err, out)
+		}
+	}
+}
