@@ -233,7 +233,6 @@ func (q *RxQueue) post(b uint32, ctx any) error {
 	if _, err := q.tab.PostSlot(chunk, cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.MaxFrame(), Flags: cq.FlagRecv | cq.FlagMsg}); err != nil {
 		return errNoDesc // not reachable: a buffer not posted has its slot free
 	}
-	q.bufs.Posted(b)
 	q.x.fill.putAddr(uint64(chunk) << q.x.shift)
 	q.out++
 	return nil
@@ -253,7 +252,11 @@ func (q *RxQueue) Repost(buf uintptr, ctx any) error {
 	if q.out >= int(q.x.fill.n) {
 		return errNoDesc
 	}
-	return q.post(b, ctx)
+	if err := q.post(b, ctx); err != nil {
+		return err // still lent: the caller may Release it
+	}
+	q.bufs.Unlend(b)
+	return nil
 }
 
 // Release implements nic.RxQueue.
