@@ -591,13 +591,16 @@ func TestBindCQ(t *testing.T) {
 	}
 	require.NoError(t, rx.Flush())
 	tx, _ := a.Tx(0)
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		time.Sleep(20 * time.Millisecond)
 		send(t, tx, frame(b.MAC(), a.MAC(), 1, 64))
 	}()
 	ents := make([]cq.Entry, 4)
 	n, err := c.SRead(t.Context(), ents, 1, 5*time.Second)
 	require.NoError(t, err)
+	<-sent // the frame arrives before send reads its completion; tx is the sender's till then
 	require.Equal(t, 1, n)
 	require.Equal(t, 0, ents[0].Context)
 	require.Equal(t, uint32(0), ents[0].Queue)
