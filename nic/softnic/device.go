@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/bits"
 	"net"
-	"sync"
 	"sync/atomic"
 
 	"github.com/vfnic/vfnic/cq"
@@ -42,13 +41,19 @@ type Device struct {
 	space *dma.Space
 	rx    []*RxQueue
 	tx    []*TxQueue
+	efds  []*eventfd.FD // the queues' interrupt eventfds
 
 	linkIRQ atomic.Uint64
 
-	mu      sync.Mutex
-	closed  bool
-	closing error
-	bound   []*cq.CQ
+	// core is the lock (Close, BindCQ, Link), the closed state, the
+	// queues as the core sees them, the CQs they feed, and the vectors:
+	// vector 2i is receive queue i's interrupt, 2i+1 transmit queue i's,
+	// each routed to the queue's eventfd or to the CQ it feeds.
+	core qcore.Device
+	// cqIRQ is, per vector, the eventfd of the CQ its queue was last
+	// bound to (route maps the core's fds back to eventfds). Guarded by
+	// core.Mu.
+	cqIRQ []*eventfd.FD
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -87,6 +92,8 @@ func newDevice(w *Wire, end int, cfg nic.Config) (*Device, error) {
 		mem = hugepage.Options{PageSize: hugepage.Size4K, AllowFallback: true}
 	}
 	d := &Device{wire: w, end: end, addr: w.address(end), mac: w.mac(end), space: dma.NewIdentitySpace()}
+	d.core = qcore.Device{Name: d.addr, FDs: make([]int, 2*pairs), Enable: d.route}
+	d.cqIRQ = make([]*eventfd.FD, 2*pairs)
 	d.info = nic.Info{
 		Driver: "softnic", Address: d.addr, Model: "software NIC (in-process wire)", MAC: d.mac, MTU: w.opt.MTU,
 		QueuePairs: pairs, MaxQueuePairs: w.opt.MaxQueuePairs, QueueSize: size, RxBuffers: rxBufs, BufferSize: bufSize,
@@ -95,16 +102,22 @@ func newDevice(w *Wire, end int, cfg nic.Config) (*Device, error) {
 	for i := range pairs {
 		rq, err := newRxQueue(d, i, size, rxBufs, bufSize, mem)
 		if err == nil {
-			d.rx = append(d.rx, rq)
+			d.rx, d.core.Rx = append(d.rx, rq), append(d.core.Rx, &rq.Queue)
 			var tq *TxQueue
 			tq, err = newTxQueue(d, i, size, maxFrame, mem)
 			if err == nil {
-				d.tx = append(d.tx, tq)
+				d.tx, d.core.Tx = append(d.tx, tq), append(d.core.Tx, &tq.Queue)
 			}
 		}
 		if err != nil {
-			return nil, errors.Join(err, d.teardown(nic.ErrClosed))
+			return nil, errors.Join(err, d.core.Teardown(nic.ErrClosed, d.hw))
 		}
+	}
+	for _, q := range d.core.Rx {
+		d.core.FDs[q.Vector] = q.EFD.Fd()
+	}
+	for _, q := range d.core.Tx {
+		d.core.FDs[q.Vector] = q.EFD.Fd()
 	}
 	return d, nil
 }
@@ -116,12 +129,7 @@ func (d *Device) Wire() *Wire { return d.wire }
 func (d *Device) End() int { return d.end }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), d.info.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
 
 // MAC implements nic.Device.
 func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
@@ -129,9 +137,9 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 // Link implements nic.Device: up while the wire is up and the other end
 // is open.
 func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
+	d.core.Mu.Lock()
+	closed := d.core.Closed
+	d.core.Mu.Unlock()
 	if closed {
 		return nic.Link{}, nic.ErrClosed
 	}
@@ -147,29 +155,16 @@ func (d *Device) Link() (nic.Link, error) {
 func (d *Device) linkChanged() { d.linkIRQ.Add(1) }
 
 // Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats {
-	s := nic.Stats{ConfigInterrupts: d.linkIRQ.Load()}
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.RxQueues = append(s.RxQueues, qs)
-		s.Rx.Add(qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.TxQueues = append(s.TxQueues, qs)
-		s.Tx.Add(qs)
-	}
-	return s
-}
+func (d *Device) Stats() nic.Stats { return d.core.Stats(d.linkIRQ.Load()) }
 
 // QueuePairs implements nic.Device.
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) { return d.RxQueue(i) }
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.addr) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) { return d.TxQueue(i) }
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.addr) }
 
 // RxQueue returns receive queue i with its concrete type.
 func (d *Device) RxQueue(i int) (*RxQueue, error) { return qcore.QueueAt(d.rx, i, d.addr, "receive") }
@@ -236,30 +231,47 @@ func (d *Device) Receive(i int, frame []byte) (bool, error) {
 // of pair i and 2i+1 for its transmit queue; each queue has its own
 // interrupt, which then signals the CQ.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := qcore.CheckBind(d.addr, d.closed, c, i, len(d.rx), dir); err != nil {
-		return err
-	}
-	var qs []*queue
-	if dir&nic.Recv != 0 {
-		qs = append(qs, &d.rx[i].queue)
-	}
-	if dir&nic.Send != 0 {
-		qs = append(qs, &d.tx[i].queue)
-	}
-	for _, q := range qs {
-		if q.Bound() {
-			return fmt.Errorf("%w: %s: queue %s already feeds a CQ", nic.ErrInvalid, d.addr, q.Name)
+	return d.core.BindCQ(c, i, dir, func(qs []*qcore.Queue) error {
+		for _, q := range qs {
+			if !q.Bound() { // a bound one is refused, its routing kept
+				d.cqIRQ[q.Vector] = c.Driver().Interrupt()
+			}
 		}
-	}
-	for _, q := range qs {
-		if err := q.bind(c); err != nil {
-			return err
+		return nil
+	}, d.unbind)
+}
+
+// unbind gives a queue its own completions and interrupt back.
+func (d *Device) unbind(s *qcore.Source) error {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	return d.core.Unbind(s, false)
+}
+
+// route points each queue's interrupt at the eventfd of its vector's fd,
+// as enabling MSI-X with eventfds does: the queue's own, or that of the
+// CQ it feeds. Called with core.Mu held.
+func (d *Device) route(fds []int) error {
+	for _, qs := range [][]*qcore.Queue{d.core.Rx, d.core.Tx} {
+		for _, q := range qs {
+			irq := q.EFD
+			if c := d.cqIRQ[q.Vector]; c != nil && fds[q.Vector] == c.Fd() {
+				irq = c
+			} else if fds[q.Vector] != irq.Fd() {
+				return fmt.Errorf("%w: %s: vector %d routed to an unknown fd %d", nic.ErrInvalid, d.addr, q.Vector, fds[q.Vector])
+			}
+			d.ringOf(q).target(irq)
 		}
-		d.bound = append(d.bound, c)
 	}
 	return nil
+}
+
+// ringOf is the device side of q, one of the device's queues.
+func (d *Device) ringOf(q *qcore.Queue) *devRing {
+	if q.Vector%2 == 0 {
+		return d.rx[q.Pair].dev
+	}
+	return d.tx[q.Pair].dev
 }
 
 // Close implements nic.Device: the queues stop (operations in progress
@@ -275,43 +287,27 @@ func (d *Device) Close() error { return d.close(nic.ErrClosed) }
 // with nic.ErrCanceled (Poll reports them).
 func (d *Device) Remove() error { return d.close(nic.ErrRemovedClosed) }
 
+// close stops the device side of every queue (the wire writes nothing
+// more), then has the core close the queues, free the memory (hw) and let
+// the CQs go, and takes the end off the wire.
 func (d *Device) close(why error) error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return d.closing
+	for _, q := range d.rx {
+		q.dev.kill()
 	}
-	d.closed = true
-	d.closing = d.teardown(why)
-	d.mu.Unlock()
+	for _, q := range d.tx {
+		q.dev.kill()
+	}
+	err := d.core.Close(why, nil, d.hw)
 	d.wire.closed(d)
-	return d.closing
+	return err
 }
 
-// teardown stops the queues, then frees what the device used: nothing is
-// unmapped while the wire may still write it (each queue's device side is
-// dead first).
-func (d *Device) teardown(why error) error {
-	for _, q := range d.rx {
-		q.close(why)
-	}
-	for _, q := range d.tx {
-		q.close(why)
-	}
+// hw frees what the device used, once its queues are closed and their
+// device sides dead.
+func (d *Device) hw() error {
 	var errs []error
-	for _, q := range d.rx {
-		errs = append(errs, q.EFD.Close())
+	for _, e := range d.efds {
+		errs = append(errs, e.Close())
 	}
-	for _, q := range d.tx {
-		errs = append(errs, q.EFD.Close())
-	}
-	errs = append(errs, d.space.Close())
-	for _, c := range d.bound {
-		c.Driver().Unbind()
-	}
-	d.bound = nil
-	return errors.Join(errs...)
+	return errors.Join(append(errs, d.space.Close())...)
 }
-
-// newEFD is a queue's interrupt eventfd.
-func newEFD() (*eventfd.FD, error) { return eventfd.New() }

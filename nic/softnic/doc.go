@@ -58,6 +58,12 @@
 // add. The consumer count goes back to the device through a doorbell once
 // per batch.
 //
+// Above the ring the queues are the drivers' own (nic/internal/queue):
+// Poll and the CQ's reader over the same batch read, receive buffers lent
+// and reposted, BindCQ (each queue's interrupt is a vector, routed to its
+// eventfd or the CQ's), the operations a close still owes. The package
+// supplies the ring and the device behind it.
+//
 // Arm asks for one interrupt once threshold completions beyond those read
 // are written, counting only completions written after the arm, as the
 // strictest hardware does: a reader polls again after arming. The

@@ -192,10 +192,34 @@ func (r *devRing) write(e *[offOwner]byte, wrongPhase bool) {
 // arm asks for one interrupt once thr entries beyond the consumer count
 // ci are written, counting only entries written from now on: those
 // written before raise nothing (the caller polls again after arming).
-func (r *devRing) arm(ci uint32, thr int) {
+// False: the interrupt signals nothing (a CQ without an eventfd).
+func (r *devRing) arm(ci uint32, thr int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.irq == nil {
+		return false
+	}
 	r.armed, r.armCI, r.armThr = true, ci, uint32(min(max(thr, 1), int(r.n)))
+	return true
+}
+
+// target points the interrupt at irq (the queue's eventfd, or the CQ's
+// it feeds), as an MSI-X vector's routing does; an arm made for the old
+// target's reader is dropped.
+func (r *devRing) target(irq *eventfd.FD) {
+	r.mu.Lock()
+	if r.irq != irq {
+		r.irq, r.armed = irq, false
+	}
+	r.mu.Unlock()
+}
+
+// kill stops the device side: it writes nothing more into memory about
+// to be unmapped, once the write in progress, if any, is done.
+func (r *devRing) kill() {
+	r.mu.Lock()
+	r.dead = true
+	r.mu.Unlock()
 }
 
 // disarm cancels an arm (a Poll that returned completions).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -591,13 +592,16 @@ func TestBindCQ(t *testing.T) {
 	}
 	require.NoError(t, rx.Flush())
 	tx, _ := a.Tx(0)
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		time.Sleep(20 * time.Millisecond)
 		send(t, tx, frame(b.MAC(), a.MAC(), 1, 64))
 	}()
 	ents := make([]cq.Entry, 4)
 	n, err := c.SRead(t.Context(), ents, 1, 5*time.Second)
 	require.NoError(t, err)
+	<-sent // the frame arrives before send reads its completion; tx is the sender's till then
 	require.Equal(t, 1, n)
 	require.Equal(t, 0, ents[0].Context)
 	require.Equal(t, uint32(0), ents[0].Queue)
@@ -628,6 +632,68 @@ func TestBindCQ(t *testing.T) {
 	}
 	_, err = c.Read(ents)
 	require.ErrorIs(t, err, cq.ErrAgain)
+}
+
+// TestBindRouting: each queue's interrupt goes where its vector is
+// routed: a receive and a transmit queue bound to two CQs wake each its
+// own CQ's sleeping reader, and a queue of another pair, bound to none,
+// still wakes its reader on its own eventfd.
+func TestBindRouting(t *testing.T) {
+	newCQ := func() *cq.CQ {
+		c, err := cq.New(cq.Attr{Size: 64, Format: cq.FormatData, WaitObj: cq.WaitFD}, cq.Limits{DefaultSize: 64, MaxSize: 64})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) }) // after the devices close (LIFO)
+		return c
+	}
+	rxCQ, txCQ := newCQ(), newCQ()
+	a, b := pair(t, nic.Config{QueuePairs: 2, QueueSize: 16})
+	rx0, _ := b.Rx(0)
+	rx1, _ := b.Rx(1)
+	tx0, _ := a.Tx(0)
+	tx1, _ := a.Tx(1)
+	fill(t, rx0)
+	fill(t, rx1)
+	require.NoError(t, b.BindCQ(rxCQ, 0, nic.Recv))
+	require.NoError(t, a.BindCQ(txCQ, 0, nic.Send))
+	type got struct {
+		queue uint32
+		err   error
+	}
+	res := make(chan got, 3)
+	for _, c := range []*cq.CQ{rxCQ, txCQ} {
+		go func() {
+			ents := make([]cq.Entry, 4)
+			n, err := c.SRead(t.Context(), ents, 1, 5*time.Second)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("%d entries", n)
+			}
+			res <- got{ents[0].Queue, err}
+		}()
+	}
+	go func() {
+		var comps [4]nic.Completion
+		n, err := rx1.SRead(t.Context(), comps[:], 1, 5*time.Second)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%d completions", n)
+		}
+		res <- got{99, err}
+	}()
+	time.Sleep(30 * time.Millisecond) // the readers sleep
+	// Not IP: each frame lands on the receive queue of its sender's index.
+	for i, tx := range []nic.TxQueue{tx0, tx1} {
+		require.NoError(t, tx.Send(frame(b.MAC(), a.MAC(), i, 64), nil))
+		require.NoError(t, tx.Flush())
+	}
+	var queues []uint32
+	for range 3 {
+		g := <-res
+		require.NoError(t, g.err)
+		queues = append(queues, g.queue)
+	}
+	require.ElementsMatch(t, []uint32{0, 1, 99}, queues, "rx0's entry in rxCQ, tx0's in txCQ, rx1's own")
+	require.Equal(t, uint64(1), rx1.Stats().Interrupts, "rx1 woken by its own interrupt")
+	rxq0, _ := b.RxQueue(0)
+	require.Equal(t, uint64(1), rxq0.Raised(), "rx0 raised one interrupt, on rxCQ")
 }
 
 // TestConcurrent: a sender and a receiver per queue, on both ends and
