@@ -32,13 +32,20 @@ vet: deps
 # boot QEMU guests (those fail, never skip, under CI=true). testsum lists
 # every VM and guest test with its verdict and the guest kernel it booted,
 # prints what failed in full, and ends with "N passed, N failed, N skipped".
-# -p 1: one package at a time, so two TCG guests (2 vCPUs each) never share
-# the 2-core machine; starved guests froze under load.
+# The packages whose tests boot guests (their tests import the qemu
+# package) run with -p 1, one at a time, so two TCG guests (2 vCPUs each)
+# never share the 2-core machine (starved guests froze under load); the
+# others run first, two at a time.
 # The second run builds the test-only hooks in (-tags vfnictest): the
 # test that counts how often the ring reader decodes an entry.
+VM_PKGS = grep -rl --include='*_test.go' '"github.com/vfnic/vfnic/qemu"' . | xargs -n1 dirname | \
+	grep -v testdata | sort -u | sed 's|^\.|github.com/vfnic/vfnic|'
+
 test: vet
 	@$(GO) build -o /tmp/vfnic-testsum ./tests/testsum
-	{ $(GO) test -p 1 -race -count=1 -json -timeout $(TEST_TIMEOUT) ./... ; \
+	@vm="$$($(VM_PKGS))"; host="$$($(GO) list ./... | grep -vxF "$$vm")"; \
+	{ $(GO) test -p 2 -race -count=1 -json -timeout $(TEST_TIMEOUT) $$host ; \
+	  $(GO) test -p 1 -race -count=1 -json -timeout $(TEST_TIMEOUT) $$vm ; \
 	  $(GO) test -race -count=1 -json -tags vfnictest -run 'OneDecode' ./nic/virtio ; } | /tmp/vfnic-testsum
 
 # The main job: boot a guest with emulated NICs and run vfnic against them

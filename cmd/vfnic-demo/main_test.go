@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,7 +10,7 @@ import (
 )
 
 // TestVMDemo runs vfnic-demo as a newcomer would, with vfnic on packed
-// and then on split virtqueues, then on igb: Linux's ping and a UDP client on one NIC
+// (and split virtqueues with VFNIC_DEMO_SPLIT=1), then on igb: Linux's ping and a UDP client on one NIC
 // talk to vfnic echo on the other, through an emulated wire. Every ping
 // must be answered and every datagram echoed intact; then busybox wget
 // and nslookup get a page and a name from examples/httpd on that NIC.
@@ -27,6 +28,12 @@ func TestVMDemo(t *testing.T) {
 		{"split", []string{"-split"}, "virtio-net (split ring) (virtio driver)"},
 		{"igb", []string{"-nic", "igb"}, "(igb driver)"},
 	} {
+		// README's two demos (make demo, NIC=igb) in make test; split,
+		// which the driver tests cover, with VFNIC_DEMO_SPLIT=1 (the
+		// suite's time budget).
+		if tc.name == "split" && os.Getenv("VFNIC_DEMO_SPLIT") != "1" {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			err := runDemo(t.Context(), tc.args, &out)

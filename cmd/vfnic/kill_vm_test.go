@@ -43,11 +43,30 @@ var killWires = []killWire{
 }
 
 // killRounds is how many times an echo is killed and restarted on each
-// wire; VFNIC_KILL_ROUNDS sets another count.
+// wire in make test (kept inside the suite's time budget);
+// VFNIC_KILL_ROUNDS sets another count (20 for the evidence runs of
+// issue 30 item 5). The packed-peer wire, which shows QEMU's and Linux's
+// stall rather than vfnic's behaviour, runs with VFNIC_KILL_STALL=1.
 const (
 	killRoundsEnv = "VFNIC_KILL_ROUNDS"
-	killRounds    = 20
+	killRounds    = 10
+	killStallEnv  = "VFNIC_KILL_STALL"
 )
+
+// activeKillWires is killWires without the packed-peer wire unless
+// VFNIC_KILL_STALL=1.
+func activeKillWires() []killWire {
+	if os.Getenv(killStallEnv) == "1" {
+		return killWires
+	}
+	var ws []killWire
+	for _, w := range killWires {
+		if !w.peerPacked {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
 
 // TestVMKillRestart boots a guest with the wires of killWires and runs
 // TestGuestKillRestart there.
@@ -57,7 +76,8 @@ func TestVMKillRestart(t *testing.T) {
 	}
 	qemu.RequireVM(t)
 	var nics []qemu.NIC
-	for h, w := range killWires {
+	wires := activeKillWires()
+	for h, w := range wires {
 		for i, s := range w.slots {
 			n := qemu.NIC{Model: w.model, Packed: w.packed, Slot: s, Net: qemu.Hub(10 + h), Bind: qemu.BindVFIO}
 			if i == 2 {
@@ -67,6 +87,9 @@ func TestVMKillRestart(t *testing.T) {
 		}
 	}
 	var env []string
+	if os.Getenv(killStallEnv) == "1" {
+		env = append(env, killStallEnv+"=1")
+	}
 	rounds := killRounds
 	if r := os.Getenv(killRoundsEnv); r != "" {
 		n, err := strconv.Atoi(r)
@@ -76,7 +99,7 @@ func TestVMKillRestart(t *testing.T) {
 	}
 	// A round took 2.5 to 4 s on the loaded 2-core host; killStall about
 	// 10 s.
-	guestTimeout := time.Minute + time.Duration(rounds*(len(killWires)-1))*5*time.Second + time.Duration(len(killWires))*30*time.Second
+	guestTimeout := time.Minute + time.Duration(rounds*len(wires))*5*time.Second + time.Duration(len(wires))*30*time.Second
 	// OneTCGThread as the igb suite (qemu.Config.OneTCGThread);
 	// VFNIC_KILL_MTTCG=1 runs a thread per vCPU instead.
 	cfg := qemu.Config{NICs: nics, Timeout: guestTimeout + time.Minute, OneTCGThread: os.Getenv("VFNIC_KILL_MTTCG") == ""}
@@ -101,7 +124,7 @@ func TestGuestKillRestart(t *testing.T) {
 		require.NoError(t, err, killRoundsEnv)
 		rounds = n
 	}
-	for _, w := range killWires {
+	for _, w := range activeKillWires() {
 		t.Run(w.name, func(t *testing.T) {
 			if !w.peerPacked {
 				killRestart(t, w, rounds)

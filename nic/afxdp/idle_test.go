@@ -89,7 +89,9 @@ func TestIdle(t *testing.T) {
 		100*used.Seconds()/wall.Seconds(), st.Sleeps, st.Wakeups, st.Polls)
 	require.Less(t, used.Seconds()/wall.Seconds(), 0.01, "idle CPU")
 	require.Greater(t, st.Sleeps, uint64(0), "the core sleeps")
-	require.LessOrEqual(t, st.Sleeps-sleeps, uint64(2), "and stays asleep")
+	// An idle core looks at its queues once a second (lcore: a closed
+	// queue's fd may not wake epoll) and sleeps again; nothing more.
+	require.LessOrEqual(t, st.Sleeps-sleeps, uint64(wall.Seconds())+2, "and stays asleep")
 
 	// Wake-ups: a frame sent from CPU i lands on queue i.
 	cpus, err := lcore.AllowedCPUs()

@@ -29,9 +29,12 @@ func TestVM(t *testing.T) {
 		model  qemu.NICModel
 		packed bool
 	}
-	kinds := []kind{
-		{"virtio-split", qemu.VirtioNet, false},
-		{"igb", qemu.IGB, false},
+	// igb in make test (its checksum offloads run on and off there);
+	// virtio split too with VFNIC_NETSTACK_SPLIT=1: a guest per kind is
+	// about a minute, and the suite has a 15-minute budget.
+	kinds := []kind{{"igb", qemu.IGB, false}}
+	if os.Getenv("VFNIC_NETSTACK_SPLIT") == "1" {
+		kinds = append(kinds, kind{"virtio-split", qemu.VirtioNet, false})
 	}
 	// virtio-packed only on request until its receive stall is found: on
 	// a loaded machine (load average 10 to 13 on 2 cores) the packed
