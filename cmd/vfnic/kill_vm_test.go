@@ -50,7 +50,8 @@ const (
 )
 
 // TestVMKillRestart boots a guest with the wires of killWires and runs
-// TestGuestKillRestart there.
+// TestGuestKillRestart there, serving its QEMU monitor requests
+// (qmpHelper). VFNIC_KILL_WIRE=<name> runs one wire only.
 func TestVMKillRestart(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guest that runs TestGuestKillRestart")

@@ -241,12 +241,14 @@ func killStall(t *testing.T, w killWire) {
 		// published, so it never kicks again and every frame the peer
 		// sends stays in its ring: the lost peer of issue 30 item 5,
 		// where a restart came while the other echo could take nothing
-		// (its ring full on a loaded host). That chain is read from
-		// QEMU's and Linux's source and fits what is seen here (no
-		// answer for good, Linux's transmit watchdog); QEMU's queue state
-		// was not dumped. This asserts the stall so that a QEMU or Linux
-		// without it is noticed, and the kill rounds can have a packed
-		// peer again.
+		// (its ring full on a loaded host). stallEvidence shows it from
+		// both sides: QEMU's monitor finds the queue idle, every frame
+		// it took completed (as many as Linux counts), and, with
+		// VFNIC_KILL_PT=1, 238 frames in the ring it never saw and its
+		// device event 91 descriptors behind its own position (one run:
+		// device at 144, event at 53, both wrap 0). This asserts the
+		// stall so that a QEMU or Linux without it is noticed, and the
+		// kill rounds can have a packed peer again.
 		require.Equal(t, [2]int{}, got, "the known stall of a packed-ring Linux peer did not happen (watchdog %v)", stalled)
 		stallEvidence(t, w, ifc, ips)
 	} else {
