@@ -69,7 +69,8 @@ func activeKillWires() []killWire {
 }
 
 // TestVMKillRestart boots a guest with the wires of killWires and runs
-// TestGuestKillRestart there.
+// TestGuestKillRestart there, serving its QEMU monitor requests
+// (qmpHelper). VFNIC_KILL_WIRE=<name> runs one wire only.
 func TestVMKillRestart(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guest that runs TestGuestKillRestart")
@@ -102,9 +103,29 @@ func TestVMKillRestart(t *testing.T) {
 	guestTimeout := time.Minute + time.Duration(rounds*len(wires))*5*time.Second + time.Duration(len(wires))*30*time.Second
 	// OneTCGThread as the igb suite (qemu.Config.OneTCGThread);
 	// VFNIC_KILL_MTTCG=1 runs a thread per vCPU instead.
-	cfg := qemu.Config{NICs: nics, Timeout: guestTimeout + time.Minute, OneTCGThread: os.Getenv("VFNIC_KILL_MTTCG") == ""}
-	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestKillRestart$",
+	// killStall asks, through a line on its output, for QEMU's view of
+	// the stalled peer's queues and a link flap (qmpHelper).
+	mon, err := qemu.NewMonitor()
+	require.NoError(t, err)
+	defer mon.Close()
+	qh := &qmpHelper{mon: mon, ctx: t.Context(), nics: nics}
+	cfg := qemu.Config{NICs: nics, Timeout: guestTimeout + time.Minute, OneTCGThread: os.Getenv("VFNIC_KILL_MTTCG") == "",
+		Monitor: mon, Output: qh}
+	// VFNIC_KILL_PT=1 gives the guest's Linux NICs guest-physical DMA
+	// addresses (iommu=pt; vfnic's NICs keep their VFIO domains), so that
+	// QEMU's monitor can read their rings (qmpHelper.physRings).
+	if os.Getenv("VFNIC_KILL_PT") != "" {
+		cfg.KernelArgs = append(cfg.KernelArgs, "iommu=pt")
+		qh.physRings = true
+	}
+	run := "^TestGuestKillRestart$"
+	if w := os.Getenv("VFNIC_KILL_WIRE"); w != "" {
+		run += "/^" + w + "$" // one wire of killWires, by name
+	}
+	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: run,
 		Env: env, Args: []string{"-test.timeout=" + guestTimeout.String()}})
+	qh.wg.Wait()
+	qh.report(t)
 }
 
 // TestGuestKillRestart: on each wire, while the Linux NIC pings one echo

@@ -241,13 +241,16 @@ func killStall(t *testing.T, w killWire) {
 		// published, so it never kicks again and every frame the peer
 		// sends stays in its ring: the lost peer of issue 30 item 5,
 		// where a restart came while the other echo could take nothing
-		// (its ring full on a loaded host). That chain is read from
-		// QEMU's and Linux's source and fits what is seen here (no
-		// answer for good, Linux's transmit watchdog); QEMU's queue state
-		// was not dumped. This asserts the stall so that a QEMU or Linux
-		// without it is noticed, and the kill rounds can have a packed
-		// peer again.
+		// (its ring full on a loaded host). stallEvidence shows it from
+		// both sides: QEMU's monitor finds the queue idle, every frame
+		// it took completed (as many as Linux counts), and, with
+		// VFNIC_KILL_PT=1, 238 frames in the ring it never saw and its
+		// device event 91 descriptors behind its own position (one run:
+		// device at 144, event at 53, both wrap 0). This asserts the
+		// stall so that a QEMU or Linux without it is noticed, and the
+		// kill rounds can have a packed peer again.
 		require.Equal(t, [2]int{}, got, "the known stall of a packed-ring Linux peer did not happen (watchdog %v)", stalled)
+		stallEvidence(t, w, ifc, ips)
 	} else {
 		require.False(t, stalled, "Linux's transmit watchdog fired on %s", ifc)
 		require.Positive(t, got[0], "replies from echo 0 after the restart")
@@ -259,4 +262,90 @@ func killStall(t *testing.T, w killWire) {
 		require.True(t, ended)
 		require.NoError(t, err, echo[i].output())
 	}
+}
+
+// linuxTxView is the guest Linux's view of ifc's first transmit queue:
+// frames completed (virtio-net counts them when the device has used
+// them), watchdog timeouts, and the interrupt counts of the queue's
+// vectors.
+func linuxTxView(ifc, addr string) (txPackets int, view string) {
+	out, _ := exec.Command("sh", "-c", "cd /sys/class/net/"+ifc+" && echo tx_packets $(cat statistics/tx_packets) tx_timeout $(cat queues/tx-0/tx_timeout) carrier $(cat carrier); "+
+		"v=$(basename /sys/bus/pci/devices/"+addr+"/virtio*); grep \"$v-\" /proc/interrupts | tr -s ' '").CombinedOutput()
+	view = strings.TrimSpace(string(out))
+	f := strings.Fields(view)
+	if len(f) > 1 {
+		txPackets, _ = strconv.Atoi(f[1])
+	}
+	return txPackets, view
+}
+
+// waitCarrier waits up to 20 s for ifc's carrier to be up (or down).
+func waitCarrier(ifc string, up bool) bool {
+	want := map[bool]string{true: "1", false: "0"}[up]
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile("/sys/class/net/" + ifc + "/carrier")
+		if strings.TrimSpace(string(b)) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// stallEvidence shows the stalled packed-ring peer as Linux and QEMU see
+// it, and what brings it back. Linux completes nothing more; QEMU's
+// monitor (qmpHelper.txQueue, on the host) finds the transmit queue idle
+// with every frame it took completed, as many as Linux counts, and, with
+// VFNIC_KILL_PT=1, the ring full of frames QEMU never saw and its device
+// event where Linux cannot reach it. Neither a link flap from QEMU
+// (set_link) nor `ip link set down/up` kicks the queue (Linux 6.1's
+// virtio-net neither resets nor kicks on open or on its TX timeout);
+// rebinding the driver, which resets the device, does.
+func stallEvidence(t *testing.T, w killWire, ifc string, ips [2]string) {
+	addr := pciAddr(w.slots[2])
+	answered := func(ifc string) [2]int {
+		var n [2]int
+		for i, ip := range ips {
+			out, _ := exec.Command("ping", "-c", "5", "-i", "0.05", "-W", "2", "-I", ifc, ip).CombinedOutput()
+			if m := pingReceived.FindStringSubmatch(string(out)); m != nil {
+				n[i], _ = strconv.Atoi(m[2])
+			}
+		}
+		return n
+	}
+	tx0, v0 := linuxTxView(ifc, addr)
+	time.Sleep(time.Second)
+	tx1, v1 := linuxTxView(ifc, addr)
+	t.Logf("Linux, stalled: %s; 1 s later: %s", v0, v1)
+	require.Equal(t, tx0, tx1, "frames completed on the stalled queue")
+	qmpAsk("stalled", w.slots[2], tx1)
+	time.Sleep(3 * time.Second) // the host's reads, logged there
+
+	qmpAsk("flap", w.slots[2], 1000)
+	down, up := waitCarrier(ifc, false), waitCarrier(ifc, true)
+	require.True(t, down && up, "carrier down %v, up %v after set_link off/on", down, up)
+	flap := answered(ifc)
+	_, v := linuxTxView(ifc, addr)
+	t.Logf("after set_link off/on from QEMU: echoes answered %v of 5; Linux: %s", flap, v)
+
+	require.NoError(t, exec.Command("ip", "link", "set", ifc, "down").Run())
+	require.NoError(t, exec.Command("ip", "link", "set", ifc, "up").Run())
+	waitCarrier(ifc, true)
+	updown := answered(ifc)
+	_, v = linuxTxView(ifc, addr)
+	t.Logf("after ip link set down/up: echoes answered %v of 5; Linux: %s", updown, v)
+
+	drv := "/sys/bus/pci/drivers/virtio-pci/"
+	require.NoError(t, os.WriteFile(drv+"unbind", []byte(addr), 0o200))
+	require.NoError(t, os.WriteFile(drv+"bind", []byte(addr), 0o200))
+	ifc2 := netIf(t, addr)
+	require.NoError(t, exec.Command("ip", "addr", "add", w.subnet+".10/24", "dev", ifc2).Run())
+	require.NoError(t, exec.Command("ip", "link", "set", ifc2, "up").Run())
+	waitCarrier(ifc2, true)
+	rebound := answered(ifc2)
+	_, v = linuxTxView(ifc2, addr)
+	t.Logf("after rebinding virtio-pci (%s): echoes answered %v of 5; Linux: %s", ifc2, rebound, v)
+	require.Equal(t, [2]int{}, flap, "the stalled peer after set_link off/on")
+	require.Equal(t, [2]int{}, updown, "the stalled peer after ip link set down/up")
+	require.Positive(t, rebound[0], "echo 0 answers the peer whose driver was rebound")
+	require.Positive(t, rebound[1], "echo 1 answers the peer whose driver was rebound")
 }
