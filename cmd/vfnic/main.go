@@ -86,7 +86,7 @@ func init() {
 		"list":    {"list NICs with driver, IOMMU group, interfaces, MAC and binding", runList},
 		"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", plain(runBind)},
 		"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", plain(runUnbind)},
-		"doctor":  {"check that VFIO can work here and say what stops it", plain(runDoctor)},
+		"doctor":  {"check that VFIO, AF_XDP and AF_PACKET can work here and say what stops them", plain(runDoctor)},
 		"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
 		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
 		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
@@ -219,6 +219,9 @@ func newFlags(name, args string) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: vfnic %s %s\n\nflags (before or after the arguments):\n", name, args)
 		fs.PrintDefaults()
+		if strings.Contains(args, "DEVICE") {
+			fmt.Fprintf(fs.Output(), "\n%s\n", hostNames)
+		}
 	}
 	return fs
 }
