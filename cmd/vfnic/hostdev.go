@@ -56,7 +56,8 @@ func parseDevice(s string) (devName, error) {
 	scheme, rest, ok := strings.Cut(s, ":")
 	if ok && slices.Contains(nic.Schemes(), scheme) {
 		if err := checkSchemeName(scheme, rest); err != nil {
-			return devName{}, fmt.Errorf("%w: %v", errUsage, err)
+			// "usage: afxdp: ...", not "usage: invalid argument: afxdp: ...".
+			return devName{}, fmt.Errorf("%w: %s", errUsage, strings.TrimPrefix(err.Error(), nic.ErrInvalid.Error()+": "))
 		}
 		return devName{arg: s}, nil
 	}
@@ -64,7 +65,7 @@ func parseDevice(s string) (devName, error) {
 	if err != nil {
 		hint := ""
 		if ok && !strings.ContainsAny(scheme, "0123456789") {
-			hint = fmt.Sprintf(" (a host interface is named %s:IF)", strings.Join(nic.Schemes(), ":IF or "))
+			hint = " (a host interface is named afxdp:IF, afxdp:IF@QUEUE or afpacket:IF)"
 		}
 		if scheme == "softnic" {
 			hint = " (softnic is not in this binary: a pair has no peer in one vfnic process)"

@@ -128,8 +128,10 @@ func printInfo(w io.Writer, in infoOutput) {
 	line("features", "%s", listText(in.Features))
 	line("offloads", "%s", listText(in.Offloads))
 	line("hw counters", "%s", hardwareText(in.Hardware, in.HardwareNote))
-	if dn, err := parseDevice(in.Address); err == nil && !dn.pci {
+	if in.Driver == "afxdp" || in.Driver == "afpacket" {
 		line("binding", "host interface: the kernel keeps it (frames vfnic does not take go to its stack)")
+	} else if dn, err := parseDevice(in.Address); err == nil && !dn.pci {
+		line("binding", "none: not a PCI function")
 	} else if in.Rebound {
 		line("binding", "bound to vfio-pci for this look (was %s), given back on exit", driverName(in.PreviousDriver))
 	} else {
