@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -190,6 +193,41 @@ func TestHostDevices(t *testing.T) {
 		require.EqualValues(t, pings, s.Details["answered_icmp"])
 		require.EqualValues(t, datagrams, s.Details["answered_udp"])
 		require.Empty(t, listHost(t).XDP, "echo's XDP program is gone after it")
+	})
+
+	t.Run("foreign-xdp", func(t *testing.T) {
+		// Someone else's program, held by its bpf_link: refused, with and
+		// without -force, and left in place; list marks it.
+		pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "foreign_pass", Type: ebpf.XDP, License: "Dual MIT/GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}}) // XDP_PASS
+		require.NoError(t, err)
+		defer pass.Close()
+		var l link.Link
+		require.NoError(t, vethtest.In(v.A, func() (err error) {
+			ifc, err := net.InterfaceByName("vfx0")
+			if err != nil {
+				return err
+			}
+			l, err = link.AttachXDP(link.XDPOptions{Program: pass, Interface: ifc.Index})
+			return err
+		}))
+		defer l.Close()
+		code, out, errw := cliIn(t, v.A, "info", "afxdp:vfx0")
+		require.Equal(t, exitFailure, code, out)
+		require.Contains(t, errw, "another XDP program is attached")
+		require.Contains(t, errw, "vfnic: -force detaches a program attached through netlink")
+		code, out, errw = cliIn(t, v.A, "echo", "-ip", "10.0.0.1", "-force", "afxdp:vfx0")
+		require.Equal(t, exitFailure, code, out)
+		require.Contains(t, errw, "vfnic: -force could not detach it: a program held by another process's bpf_link")
+		require.NotEmpty(t, listHost(t).XDP, "still attached")
+		code, out, errw = cliIn(t, v.A, "list")
+		require.Equal(t, exitOK, code, errw)
+		require.Regexp(t, `(?m)^vfx0 +veth +\S+ +up +\w+ \*XDP\* +afpacket:vfx0 afxdp:vfx0$`, out)
+		require.Contains(t, errw, "*XDP*: someone else's XDP program is attached; afxdp: refuses the interface without -force")
+		code, _, errw = cliIn(t, v.A, "info", "afpacket:vfx0")
+		require.Equal(t, exitOK, code, "afpacket works beside an XDP program: %s", errw)
+		require.NoError(t, l.Close())
+		require.Empty(t, listHost(t).XDP)
 	})
 
 	t.Run("pktgen-afpacket", func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/afxdp"
 	"github.com/vfnic/vfnic/nic/igb"      // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
 	"github.com/vfnic/vfnic/pci"
@@ -270,6 +271,13 @@ func openNIC(ctx context.Context, addr string, cfg nic.Config) (nic.Device, erro
 	}
 	if a, perr := pci.ParseAddress(addr); perr == nil {
 		err = heldBy(a, err)
+	}
+	// afxdp's text names Config.Force, which a CLI user does not see.
+	switch {
+	case errors.Is(err, afxdp.ErrXDPInUse) && !cfg.Force:
+		err = fmt.Errorf("%w (vfnic: -force detaches a program attached through netlink, as 'ip link set dev IF xdp off'; never one held by a bpf_link)", err)
+	case errors.Is(err, afxdp.ErrXDPInUse):
+		err = fmt.Errorf("%w (vfnic: -force could not detach it: a program held by another process's bpf_link stays until its owner removes it)", err)
 	}
 	return nil, inUseHint(err)
 }
