@@ -230,6 +230,64 @@ func TestHostDevices(t *testing.T) {
 		require.Empty(t, listHost(t).XDP)
 	})
 
+	// capture on afxdp: and sink on afpacket: count what a Linux
+	// AF_PACKET socket in B sends once they are ready.
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		ready string
+	}{
+		{"capture-afxdp", []string{"capture", "-c", "20", "afxdp:vfx0", "ether", "proto", "0x88b5"}, "capture: writing frames"},
+		{"sink-afpacket", []string{"sink", "-count", "20", "-json", "-progress", "0", "afpacket:vfx0"}, "sink: receiving"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const frames = 20
+			var out, errw syncBuffer
+			done := make(chan int, 1)
+			go func() {
+				_ = vethtest.In(v.A, func() error {
+					done <- run(tc.args, &out, &errw)
+					return nil
+				})
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(errw.String()+out.String(), tc.ready) {
+				require.True(t, time.Now().Before(deadline), "not ready: %s", errw.String())
+				time.Sleep(10 * time.Millisecond)
+			}
+			require.NoError(t, vethtest.In(v.B, func() error {
+				p, err := vethtest.NewPeer("vfx1")
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				b := make([]byte, 1514)
+				for seq := range uint64(frames) {
+					if err := p.Send(vethtest.MakeFrame(b, macA, p.MAC, seq)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+			select {
+			case code := <-done:
+				require.Equal(t, exitOK, code, errw.String())
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s did not stop after %d frames: %s", tc.name, frames, errw.String())
+			}
+			if tc.name == "capture-afxdp" {
+				lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+				require.Len(t, lines, frames, out.String())
+				require.Contains(t, lines[0], "> "+macA.String()+", ethertype 0x88b5, length 60", "one line per frame, as tcpdump -n")
+				return
+			}
+			var sum trafficSummary
+			require.NoError(t, json.Unmarshal([]byte(out.String()), &sum), out.String())
+			require.Equal(t, "afpacket", sum.Device.Driver)
+			require.Equal(t, uint64(frames), sum.Rx.Frames)
+		})
+	}
+
 	t.Run("pktgen-afpacket", func(t *testing.T) {
 		const frames = 1000
 		var macB net.HardwareAddr
