@@ -23,7 +23,7 @@ import (
 const defaultSnaplen = 262144
 
 func runCapture(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("capture", "[-w FILE] [flags] PCI-ADDR [FILTER EXPRESSION]")
+	fs := newFlags("capture", "[-w FILE] [flags] DEVICE [FILTER EXPRESSION]")
 	var df deviceFlags
 	df.register(fs)
 	file := fs.String("w", "", `pcap file to write (nanosecond timestamps); "-" writes the pcap to stdout, human lines then go to stderr;`+
@@ -33,20 +33,21 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 	fs.IntVar(&count, "c", 0, "same as -count (tcpdump's)")
 	fs.IntVar(&snaplen, "snaplen", defaultSnaplen, "bytes of each frame to write (longer frames are truncated, as tcpdump -s; 0: whole frames)")
 	fs.IntVar(&snaplen, "s", defaultSnaplen, "same as -snaplen (tcpdump's)")
-	iface := fs.String("i", "", "the NIC's `PCI-ADDR`, as tcpdump's interface: then every argument is the filter")
+	iface := fs.String("i", "", "the NIC's `DEVICE` (PCI address, afxdp:IF or afpacket:IF), as tcpdump's interface: then every argument is the filter")
 	var noPromisc bool
 	fs.BoolVar(&noPromisc, "p", false, "do not put the NIC in promiscuous mode (as tcpdump -p): only frames for its MAC, broadcast and multicast")
 	fs.BoolVar(&noPromisc, "no-promisc", false, "same as -p")
 	fs.Bool("n", true, "accepted for tcpdump's habit: addresses and ports are always printed as numbers")
 	df.registerQueues(fs, "the NIC spreads flows over them (RSS); frames from all queues go to the one output, in the order written")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: vfnic capture [-w FILE] [flags] PCI-ADDR [FILTER EXPRESSION]\n"+
-			"       vfnic capture -i PCI-ADDR [-w FILE] [flags] [FILTER EXPRESSION]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: vfnic capture [-w FILE] [flags] DEVICE [FILTER EXPRESSION]\n"+
+			"       vfnic capture -i DEVICE [-w FILE] [flags] [FILTER EXPRESSION]\n\n"+
 			"The filter is tcpdump's (pcap-filter(7)), compiled to classic BPF: host, net, port, portrange,\n"+
 			"proto names (ip ip6 arp rarp icmp icmp6 tcp udp sctp), ip/ip6 proto, vlan [ID], ether host/src/dst/proto,\n"+
 			"broadcast, multicast, less, greater, and/or/not and parentheses; quote it or not, as with tcpdump.\n\n"+
 			"flags (before or after the arguments):\n")
 		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\n%s\n", hostNames)
 	}
 	if err := parse(fs, args); err != nil {
 		return err
@@ -57,7 +58,7 @@ func runCapture(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%w: name the NIC's PCI address (see 'vfnic list'), then the filter if any", errUsage)
 		}
 		addr, words = words[0], words[1:]
-		if _, err := parseAddrs([]string{addr}); err != nil {
+		if _, err := parseDevice(addr); err != nil {
 			return fmt.Errorf("%w; the PCI address comes first (or with -i), then the filter expression", err)
 		}
 	}

@@ -37,7 +37,10 @@ func runDoctor(_ context.Context, args []string, out io.Writer) error {
 		v := struct {
 			Ready bool `json:"ready"`
 			doctor.Report
-		}{r.Ready(), r}
+			// Host says whether the host interface drivers (afxdp:,
+			// afpacket:) work here; it does not change ready (VFIO's).
+			Host []hostCheck `json:"host"`
+		}{r.Ready(), r, hostChecks()}
 		if err := enc.Encode(v); err != nil {
 			return err
 		}
@@ -49,6 +52,13 @@ func runDoctor(_ context.Context, args []string, out io.Writer) error {
 				what = c.Device + " " + c.Name
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.ToUpper(string(c.Status)), what, c)
+		}
+		for _, h := range hostChecks() {
+			st := "OK"
+			if !h.Works {
+				st = "FAIL"
+			}
+			fmt.Fprintf(tw, "%s\thost %s\t%s\n", st, h.Driver, h.Detail)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -49,7 +49,7 @@ func notHostAddr(ip netip.Addr) string {
 }
 
 func runEcho(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("echo", "-ip ADDR [flags] PCI-ADDR")
+	fs := newFlags("echo", "-ip ADDR [flags] DEVICE")
 	var df deviceFlags
 	df.register(fs)
 	df.registerQueues(fs, "the NIC spreads flows over them (RSS); each queue answers on the queue pair it received on")

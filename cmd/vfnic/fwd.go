@@ -21,7 +21,7 @@ const (
 // ways, on one polling core: testpmd's io and macswap forwarding, l2fwd
 // without the MAC rewrite.
 func runFwd(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("fwd", "[flags] PCI-ADDR-A PCI-ADDR-B")
+	fs := newFlags("fwd", "[flags] DEVICE-A DEVICE-B")
 	var df deviceFlags
 	df.register(fs)
 	df.registerQueues(fs, "queue i of one port forwards to queue i of the other, both ways, on core i; each NIC spreads its flows over them (RSS)")
@@ -35,12 +35,12 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 	if fs.NArg() != 2 {
 		return fmt.Errorf("%w: name two PCI addresses: the ports to forward between (see 'vfnic list')", errUsage)
 	}
-	as, err := parseAddrs(fs.Args())
+	ds, err := parseDevices(fs.Args())
 	if err != nil {
 		return err
 	}
-	if as[0] == as[1] {
-		return fmt.Errorf("%w: %s twice: name two ports", errUsage, as[0])
+	if ds[0].String() == ds[1].String() {
+		return fmt.Errorf("%w: %s twice: name two ports", errUsage, ds[0])
 	}
 	core, devA, err := df.openAt(ctx, fs.Arg(0), nic.Config{Promiscuous: true}, o.err)
 	if err != nil {
@@ -49,8 +49,8 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 	defer core.Close() // after the devices
 	defer df.cleanup() // after the devices
 	defer devA.Close()
-	if df.force {
-		df.kernel.take(as[1], o.err)
+	if df.force && ds[1].pci { // a host interface stays the kernel's
+		df.kernel.take(ds[1].addr, o.err)
 	}
 	nq := df.nqueues()
 	cfgB := nic.Config{Promiscuous: true, QueueSize: df.queueSize, BufferSize: df.bufferSize, Force: df.force}
@@ -63,7 +63,7 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 	}
 	defer devB.Close()
 	if n := devB.QueuePairs(); n < nq {
-		return fmt.Errorf("%w: -queues %d: %s has %d queue pair(s)", errUsage, nq, as[1], n)
+		return fmt.Errorf("%w: -queues %d: %s has %d queue pair(s)", errUsage, nq, ds[1], n)
 	}
 	out := df.human(o)
 	describe(out, devA)
@@ -83,7 +83,7 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 			if err := fillRx(rx); err != nil {
 				return err
 			}
-			pair[i] = &fwdPort{addr: as[i].String(), rx: rx, tx: tx}
+			pair[i] = &fwdPort{addr: ds[i].String(), rx: rx, tx: tx}
 		}
 		f.queues = append(f.queues, pair)
 	}
@@ -93,14 +93,14 @@ func runFwd(ctx context.Context, args []string, o stdio) error {
 	if nq > 1 {
 		where = fmt.Sprintf("%d queue pairs, each %s", nq, where)
 	}
-	fmt.Fprintf(out, "fwd: %s forwarding between %s and %s, %s, %s\n", *mode, as[0], as[1], stopNote(0, df.duration), where)
+	fmt.Fprintf(out, "fwd: %s forwarding between %s and %s, %s, %s\n", *mode, ds[0], ds[1], stopNote(0, df.duration), where)
 	ctx, cancel := df.withDuration(ctx)
 	defer cancel()
 	if err := f.runOn(ctx, df.cores(core), p); err != nil {
 		return removed(err, f.queues[0][0].rx)
 	}
 	sb := devB.Stats()
-	fmt.Fprintf(out, "fwd: %s rx %d frames, tx %d frames\n", as[1], sb.Rx.Packets, sb.Tx.Packets)
+	fmt.Fprintf(out, "fwd: %s rx %d frames, tx %d frames\n", ds[1], sb.Rx.Packets, sb.Tx.Packets)
 	return p.summary("fwd", df.jsonOut(o), f.details(*mode, sb))
 }
 

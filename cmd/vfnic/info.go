@@ -62,23 +62,24 @@ type infoLink struct {
 // runInfo opens one NIC, reads what it is and what was negotiated, and
 // closes it: no frame is sent and no receive buffer is posted.
 func runInfo(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("info", "[-json] [-force] PCI-ADDR")
+	fs := newFlags("info", "[-json] [-force] DEVICE")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	force := fs.Bool("force", false, "take the NIC even if its kernel interface is up or has addresses (it goes back on exit)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
+		return fmt.Errorf("%w: name one PCI address or host interface (afxdp:IF, afpacket:IF; see 'vfnic list')", errUsage)
 	}
-	as, err := parseAddrs(fs.Args())
+	dn, err := parseDevice(fs.Arg(0))
 	if err != nil {
 		return err
 	}
 	var kernel kernelState
 	defer kernel.giveBack(o.err) // after the device
-	if *force {
-		kernel.take(as[0], o.err)
+	// A host interface stays the kernel's: nothing to take.
+	if *force && dn.pci {
+		kernel.take(dn.addr, o.err)
 	}
 	dev, err := openNIC(ctx, fs.Arg(0), nic.Config{Force: *force})
 	if err != nil {
@@ -127,7 +128,11 @@ func printInfo(w io.Writer, in infoOutput) {
 	line("features", "%s", listText(in.Features))
 	line("offloads", "%s", listText(in.Offloads))
 	line("hw counters", "%s", hardwareText(in.Hardware, in.HardwareNote))
-	if in.Rebound {
+	if in.Driver == "afxdp" || in.Driver == "afpacket" {
+		line("binding", "host interface: the kernel keeps it (frames vfnic does not take go to its stack)")
+	} else if dn, err := parseDevice(in.Address); err == nil && !dn.pci {
+		line("binding", "none: not a PCI function")
+	} else if in.Rebound {
 		line("binding", "bound to vfio-pci for this look (was %s), given back on exit", driverName(in.PreviousDriver))
 	} else {
 		line("binding", "vfio-pci")

@@ -64,6 +64,9 @@ type listOutput struct {
 	// then says why, and names devices that could not be read.
 	VFIOReady bool     `json:"vfio_ready"`
 	Warnings  []string `json:"warnings"`
+	// Host are the interfaces of this network namespace that afxdp: and
+	// afpacket: open (no VFIO needed).
+	Host []hostIface `json:"host_interfaces"`
 }
 
 func runList(_ context.Context, args []string, o stdio) error {
@@ -107,6 +110,14 @@ func runList(_ context.Context, args []string, o stdio) error {
 		}
 		lo.Devices = append(lo.Devices, ld)
 	}
+	host, herr := hostIfaces()
+	if herr != nil {
+		lo.Warnings = append(lo.Warnings, "host interfaces: "+herr.Error())
+	}
+	lo.Host = host
+	if lo.Host == nil {
+		lo.Host = []hostIface{}
+	}
 	if rerr := doctor.Run(doctor.Env{}).Err(); rerr != nil {
 		lo.Warnings = append(lo.Warnings, strings.TrimPrefix(rerr.Error(), "doctor: "))
 	} else {
@@ -133,7 +144,7 @@ func sysRoot(s pci.Sysfs) string {
 func printList(o stdio, lo listOutput) error {
 	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ADDRESS\tID\tNAME\tDRIVER\tGROUP\tINTERFACES\tMAC\tVFIO")
-	active := false
+	active, xdpSeen := false, false
 	for _, d := range lo.Devices {
 		drv, grp, vf := d.Driver, fmt.Sprint(d.IOMMUGroup), "no"
 		if drv == "" {
@@ -163,8 +174,27 @@ func printList(o stdio, lo listOutput) error {
 	if len(lo.Devices) == 0 {
 		fmt.Fprintln(tw, "(no network controllers)")
 	}
+	fmt.Fprintln(tw, "\nHOST INTERFACE\tDRIVER\tMAC\tSTATE\tXDP\tOPEN AS")
+	for _, h := range lo.Host {
+		state, xdp := "down", "-"
+		if h.Up {
+			state = "up"
+		}
+		if h.XDP != "" {
+			xdp = h.XDP + " *XDP*"
+			xdpSeen = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, h.Driver, h.MAC, state, xdp, strings.Join(h.Names, " "))
+	}
+	if len(lo.Host) == 0 {
+		fmt.Fprintln(tw, "(no Ethernet interfaces in this network namespace)")
+	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	fmt.Fprintln(o.err, "host interfaces: vfnic drives them through AF_XDP or AF_PACKET sockets while the kernel keeps them (no VFIO); 'vfnic doctor' says which works here")
+	if xdpSeen {
+		fmt.Fprintln(o.err, "*XDP*: someone else's XDP program is attached; afxdp: refuses the interface without -force")
 	}
 	if active {
 		fmt.Fprintln(o.err, "*Active*: the kernel uses this NIC (interface up, addresses or routes); 'vfnic bind' refuses it without -force")

@@ -1,9 +1,10 @@
-// Command vfnic lists, binds and drives NICs from userspace through VFIO.
+// Command vfnic lists, binds and drives NICs from userspace through VFIO,
+// and host interfaces through AF_XDP or AF_PACKET sockets.
 //
-//	vfnic list [-json]              NICs with driver, IOMMU group and binding
+//	vfnic list [-json]              NICs with driver, IOMMU group and binding; host interfaces
 //	vfnic bind [-force] ADDR...     give NICs to vfio-pci
 //	vfnic unbind [-force] ADDR...   give vfio-pci NICs back to their kernel drivers
-//	vfnic doctor [-json] [ADDR...]  check that VFIO can work and say what stops it
+//	vfnic doctor [-json] [ADDR...]  check that VFIO, AF_XDP and AF_PACKET can work and say what stops them
 //	vfnic probe [-json] [ADDR...]   open vfio-bound NICs and exercise them
 //	vfnic info [-json] ADDR         a NIC's MAC, MTU, link, queues, rings, features, offloads
 //	vfnic echo -ip IP ADDR          answer ARP/ICMP echo for IP, echo UDP
@@ -14,6 +15,12 @@
 //	vfnic udpping IP:PORT           kernel-stack UDP client for an echo server
 //	vfnic help [COMMAND]            this list, or a command's flags
 //	vfnic version                   the module version, build settings and drivers compiled in
+//
+// ADDR of the traffic commands, info and probe is a PCI address or a host
+// interface: afxdp:IF (queue 0, or 0 and up with -queues), afxdp:IF@Q
+// (queue Q and up) or afpacket:IF (one queue). The kernel keeps a host
+// interface; with afxdp, -force detaches an XDP program someone else
+// attached through netlink, which is refused otherwise.
 //
 // Flags go before or after the address ("vfnic echo ADDR -ip X" works);
 // "--" ends the flags. The traffic commands (echo, pktgen, capture, sink,
@@ -86,7 +93,7 @@ func init() {
 		"list":    {"list NICs with driver, IOMMU group, interfaces, MAC and binding", runList},
 		"bind":    {"bind NICs to vfio-pci (refuses NICs in use unless -force)", plain(runBind)},
 		"unbind":  {"unbind NICs from vfio-pci and give them back to the kernel", plain(runUnbind)},
-		"doctor":  {"check that VFIO can work here and say what stops it", plain(runDoctor)},
+		"doctor":  {"check that VFIO, AF_XDP and AF_PACKET can work here and say what stops them", plain(runDoctor)},
 		"probe":   {"open vfio-bound NICs, map DMA memory, take interrupts, report", runProbe},
 		"echo":    {"answer ARP and ICMP echo for an IP and echo UDP datagrams", runEcho},
 		"pktgen":  {"send frames at a rate, or at the highest rate the NIC takes", runPktgen},
@@ -219,6 +226,9 @@ func newFlags(name, args string) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: vfnic %s %s\n\nflags (before or after the arguments):\n", name, args)
 		fs.PrintDefaults()
+		if strings.Contains(args, "DEVICE") {
+			fmt.Fprintf(fs.Output(), "\n%s\n", hostNames)
+		}
 	}
 	return fs
 }

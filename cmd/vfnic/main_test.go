@@ -199,7 +199,7 @@ func TestHelp(t *testing.T) {
 	require.Equal(t, "for 2s", stopNote(0, 2*time.Second))
 	require.Equal(t, "until 5 frames are sent", stopNote(5, 0))
 	_, out, _ = runCLI("help", "capture")
-	for _, f := range []string{"-c int", "-s int", "-i PCI-ADDR", "-n\t", "-p\t", "-w string", "pcap-filter(7)"} {
+	for _, f := range []string{"-c int", "-s int", "-i DEVICE", "-n\t", "-p\t", "-w string", "pcap-filter(7)"} {
 		require.Contains(t, out, f)
 	}
 }
@@ -210,8 +210,8 @@ func TestVersion(t *testing.T) {
 	require.True(t, strings.HasPrefix(out, "vfnic github.com/vfnic/vfnic "), out)
 	require.Contains(t, out, runtime.Version())
 	// This test binary also links nic/softnic (softnic_test.go); vfnic's
-	// own has igb and virtio.
-	require.Contains(t, out, "\n  drivers: igb, softnic, virtio\n", "the drivers compiled in")
+	// own has afpacket, afxdp, igb and virtio.
+	require.Contains(t, out, "\n  drivers: afpacket, afxdp, igb, softnic, virtio\n", "the drivers compiled in")
 
 	code, out, errw = runCLI("version", "-json")
 	require.Equal(t, exitOK, code, errw)
@@ -221,7 +221,7 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, runtime.Version(), v.Go)
 	require.Equal(t, runtime.GOOS+"/"+runtime.GOARCH, v.Platform)
 	require.NotEmpty(t, v.Version)
-	require.Equal(t, []string{"igb", "softnic", "virtio"}, v.Drivers)
+	require.Equal(t, []string{"afpacket", "afxdp", "igb", "softnic", "virtio"}, v.Drivers)
 }
 
 // TestInfoText: info's lines for each link state, and the JSON keys

@@ -18,11 +18,10 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
-	"github.com/vfnic/vfnic/pci"
 )
 
 func runPktgen(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("pktgen", "[flags] PCI-ADDR")
+	fs := newFlags("pktgen", "[flags] DEVICE")
 	var df deviceFlags
 	df.register(fs)
 	count := fs.Int("count", 0, "frames to send (0: until -duration or interrupted)")
@@ -111,7 +110,9 @@ func runPktgen(ctx context.Context, args []string, o stdio) error {
 	if fs.NArg() == 1 {
 		// A size the kernel's driver of the NIC refuses is refused before
 		// the NIC is taken from it.
-		if a, err := pci.ParseAddress(fs.Arg(0)); err == nil {
+		if dn, err := parseDevice(fs.Arg(0)); err != nil {
+			return err
+		} else if a := dn.addr; dn.pci {
 			if max, ok := kernelMaxFrame(a); ok && hi > max {
 				return fmt.Errorf("%w: -size %d: longer than any frame %s takes (its kernel driver's largest MTU makes frames of up to %d bytes)",
 					errUsage, hi, a, max)

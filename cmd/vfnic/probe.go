@@ -13,6 +13,7 @@ import (
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/virtio"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/vfio"
@@ -36,7 +37,16 @@ type probeReport struct {
 	IOVARanges []probeRange  `json:"iova_ranges,omitempty"`
 	DMA        *probeDMA     `json:"dma,omitempty"`
 	MSIX       *probeMSIX    `json:"msix,omitempty"`
+	Host       *probeHostR   `json:"host,omitempty"`
 	Error      string        `json:"error,omitempty"`
+}
+
+// probeHostR is what probe reports of a host interface (afxdp:IF).
+type probeHostR struct {
+	MAC        string   `json:"mac"`
+	QueuePairs int      `json:"queue_pairs"`
+	QueueSize  int      `json:"queue_size"`
+	Features   []string `json:"features"`
 }
 
 type probeBAR struct {
@@ -70,14 +80,14 @@ type probeMSIX struct {
 }
 
 func runProbe(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("probe", "[-all] [-json] [ADDR...]")
+	fs := newFlags("probe", "[-all] [-json] [DEVICE...]")
 	all := fs.Bool("all", false, "probe every NIC bound to vfio-pci")
 	asJSON := fs.Bool("json", false, "print one JSON object per device on stdout (human lines go to stderr)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	var addrs []pci.Address
-	var err error
+	var hosts []string // host interfaces (afxdp:IF), probed after the PCI functions
 	if *all {
 		devs, err := pci.List(pci.ListOptions{NetworkOnly: true, Driver: "vfio-pci"})
 		if err != nil && !errors.Is(err, pci.ErrUnreadable) {
@@ -93,8 +103,18 @@ func runProbe(ctx context.Context, args []string, o stdio) error {
 		if len(addrs) == 0 {
 			return errors.New("no NIC is bound to vfio-pci (see 'vfnic list' and 'vfnic bind')")
 		}
-	} else if addrs, err = parseAddrs(fs.Args()); err != nil {
-		return err
+	} else {
+		ds, err := parseDevices(fs.Args())
+		if err != nil {
+			return err
+		}
+		for _, d := range ds {
+			if !d.pci {
+				hosts = append(hosts, d.arg)
+				continue
+			}
+			addrs = append(addrs, d.addr)
+		}
 	}
 	out := o.out
 	if *asJSON {
@@ -115,7 +135,40 @@ func runProbe(ctx context.Context, args []string, o stdio) error {
 			return fmt.Errorf("%s: %w", a, err)
 		}
 	}
+	for _, h := range hosts {
+		r := probeReport{Address: h, IOMMUGroup: -1}
+		err := probeHost(ctx, h, out, &r)
+		if err != nil {
+			r.Error = err.Error()
+		}
+		if *asJSON {
+			if jerr := json.NewEncoder(o.out).Encode(r); jerr != nil {
+				return jerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", h, err)
+		}
+	}
 	return nil
+}
+
+// probeHost opens a host interface through its driver (no BARs, IOMMU or
+// DMA memory there), reports what it negotiated and closes it.
+func probeHost(ctx context.Context, name string, out io.Writer, rep *probeReport) error {
+	dev, err := openNIC(ctx, name, nic.Config{})
+	if err != nil {
+		return err
+	}
+	in := dev.Info()
+	rep.Name, rep.Driver = in.Model, in.Driver
+	rep.Host = &probeHostR{MAC: in.MAC.String(), QueuePairs: in.QueuePairs, QueueSize: in.QueueSize, Features: in.Features}
+	if rep.Host.Features == nil {
+		rep.Host.Features = []string{}
+	}
+	fmt.Fprintf(out, "%s %s (%s driver), MAC %s, %d queue pair(s) of %d descriptors, features: %s\n",
+		name, in.Model, in.Driver, in.MAC, in.QueuePairs, in.QueueSize, listText(in.Features))
+	return dev.Close()
 }
 
 // probe opens one device through VFIO and exercises what every driver

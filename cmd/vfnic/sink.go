@@ -19,7 +19,7 @@ const maxQueues = 64
 // With -queues N it receives on N queues, each polled by a core of its
 // own, and the NIC spreads the flows over them (RSS).
 func runSink(ctx context.Context, args []string, o stdio) error {
-	fs := newFlags("sink", "[flags] PCI-ADDR")
+	fs := newFlags("sink", "[flags] DEVICE")
 	var df deviceFlags
 	df.register(fs)
 	count := fs.Int("count", 0, "stop after this many frames, on all queues (0: until -duration or interrupted)")

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/afxdp"
 	"github.com/vfnic/vfnic/nic/igb"      // registers the igb (Intel 82576) driver
 	_ "github.com/vfnic/vfnic/nic/virtio" // registers the virtio-net driver
 	"github.com/vfnic/vfnic/pci"
@@ -168,7 +168,7 @@ func (d *deviceFlags) newCoreOn(cpu int) (*lcore.Core, error) {
 // nothing. The caller closes the device, then the core.
 func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
 	if fs.NArg() != 1 {
-		return nil, nil, fmt.Errorf("%w: name one PCI address (see 'vfnic list')", errUsage)
+		return nil, nil, fmt.Errorf("%w: name one PCI address or host interface (afxdp:IF, afpacket:IF; see 'vfnic list')", errUsage)
 	}
 	return d.openAt(ctx, fs.Arg(0), cfg, warn)
 }
@@ -178,12 +178,9 @@ func (d *deviceFlags) open(ctx context.Context, fs *flag.FlagSet, cfg nic.Config
 func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, warn io.Writer) (*lcore.Core, nic.Device, error) {
 	// A name of a registered scheme ("softnic:lab/0") goes to its driver
 	// as it is; anything else must be a PCI address.
-	var as []pci.Address
-	if !schemeName(addr) {
-		var err error
-		if as, err = parseAddrs([]string{addr}); err != nil {
-			return nil, nil, err
-		}
+	dn, err := parseDevice(addr)
+	if err != nil {
+		return nil, nil, err
 	}
 	// The other queues' cores first (the highest CPU is the likeliest
 	// refusal), all before the device.
@@ -204,9 +201,9 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 	if d.queues > 1 {
 		cfg.QueuePairs = d.queues
 	}
-	if d.force && len(as) > 0 { // a scheme name is no PCI function
+	if d.force && dn.pci { // a host interface stays the kernel's
 		d.warn = warn
-		d.kernel.take(as[0], warn)
+		d.kernel.take(dn.addr, warn)
 	}
 	dev, err := openNIC(ctx, addr, cfg)
 	if err != nil {
@@ -221,13 +218,6 @@ func (d *deviceFlags) openAt(ctx context.Context, addr string, cfg nic.Config, w
 		return nil, nil, fmt.Errorf("%w: -queues %d: %s has %d queue pair(s)", errUsage, d.queues, addr, n)
 	}
 	return core, dev, nil
-}
-
-// schemeName reports whether addr is "scheme:rest" for a scheme a
-// registered driver claims (nic.Schemes), a device that is no PCI function.
-func schemeName(addr string) bool {
-	scheme, _, ok := strings.Cut(addr, ":")
-	return ok && slices.Contains(nic.Schemes(), scheme)
 }
 
 // cores is the polling core of each queue: core for queue 0, then the
@@ -281,6 +271,13 @@ func openNIC(ctx context.Context, addr string, cfg nic.Config) (nic.Device, erro
 	}
 	if a, perr := pci.ParseAddress(addr); perr == nil {
 		err = heldBy(a, err)
+	}
+	// afxdp's text names Config.Force, which a CLI user does not see.
+	switch {
+	case errors.Is(err, afxdp.ErrXDPInUse) && !cfg.Force:
+		err = fmt.Errorf("%w (vfnic: -force detaches a program attached through netlink, as 'ip link set dev IF xdp off'; never one held by a bpf_link)", err)
+	case errors.Is(err, afxdp.ErrXDPInUse):
+		err = fmt.Errorf("%w (vfnic: -force could not detach it: a program held by another process's bpf_link stays until its owner removes it)", err)
 	}
 	return nil, inUseHint(err)
 }

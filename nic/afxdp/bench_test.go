@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/nic"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 )
 
 // BenchmarkSend sends frames from vfnic's end of a veth pair as fast as

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
+	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/nic"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 )
 
 // TestBindCQ: a queue pair bound to a cq.CQ delivers its receives and

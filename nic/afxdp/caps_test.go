@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/nic"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

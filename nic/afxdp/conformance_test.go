@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/nic"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"github.com/vfnic/vfnic/tests/conformance"
 	"github.com/vfnic/vfnic/tests/nicpair"
 )

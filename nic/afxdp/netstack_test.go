@@ -12,9 +12,9 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/netstack"
 	"github.com/vfnic/vfnic/nic"
-	vt "github.com/vfnic/vfnic/nic/internal/vethtest"
 	"golang.org/x/sys/unix"
 )
 

@@ -1,5 +1,5 @@
-// Package vethtest is what the host-device drivers' tests share (nic/afxdp,
-// nic/afpacket): a veth pair between two network namespaces a test makes
+// Package vethtest is what the host-device tests share (nic/afxdp,
+// nic/afpacket, and cmd/vfnic's, which nic/internal could not serve): a veth pair between two network namespaces a test makes
 // and removes, running code inside a namespace, a Linux AF_PACKET peer,
 // and test frames that say which frame they are.
 package vethtest
