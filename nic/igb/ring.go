@@ -181,8 +181,8 @@ func (o ops) StrError(prov cq.ProvErrno, data []byte) (string, bool) {
 // Table implements qcore.Ring.
 func (o ops) Table() *cqring.Table { return o.q.r.tab }
 
-// Room implements qcore.RxPoster.
-func (o ops) Room() bool { return o.q.room() }
+// Room implements qcore.RxPoster: a receive buffer is one descriptor.
+func (o ops) Room(held int) bool { return o.q.out+held < int(o.q.n)-1 }
 
 // PostBuf implements qcore.RxPoster: pool buffer b at the tail.
 func (o ops) PostBuf(b uint32, ctx any) error {

@@ -107,8 +107,8 @@ type rxRing struct {
 	q *RxQueue
 }
 
-// Room implements qcore.RxPoster.
-func (r rxRing) Room() bool { return r.v.room() >= 1 }
+// Room implements qcore.RxPoster: a receive buffer is one descriptor.
+func (r rxRing) Room(held int) bool { return r.v.room() >= 1+held }
 
 // PostBuf implements qcore.RxPoster: pool buffer b, one descriptor the
 // device writes. ErrNoDesc when no id is free yet (ids freed by a read

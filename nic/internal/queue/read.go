@@ -426,11 +426,15 @@ type Rx struct {
 // RxPoster is how a driver lends one pool buffer to its device. The core
 // calls it with Core.Mu held.
 type RxPoster interface {
-	// Room reports whether a buffer can be posted now.
-	Room() bool
+	// Room reports whether a buffer can be posted now and still leave a
+	// descriptor for each of held completions: those the core read from
+	// the ring past an error and has not handed out yet. Their ids are
+	// free in the table already, but a caller posts one buffer per
+	// completion it gets, so they stay spoken for until handed out.
+	Room(held int) bool
 	// PostBuf lends pool buffer b to the device for an operation with
 	// ctx, recording it in the ring's table (with Queue.Word). Called
-	// with Room.
+	// after Room said yes.
 	PostBuf(b uint32, ctx any) error
 }
 
@@ -468,7 +472,7 @@ func (r *Rx) postFree(ctx any) (uint32, error) {
 	if err := q.Usable(); err != nil {
 		return 0, err
 	}
-	if !r.post.Room() {
+	if !r.post.Room(q.bt - q.bh) {
 		return 0, ErrNoDesc
 	}
 	b, ok := q.Bufs.Get()
@@ -495,7 +499,7 @@ func (r *Rx) Repost(buf uintptr, ctx any) error {
 	if err != nil {
 		return err
 	}
-	if !r.post.Room() {
+	if !r.post.Room(q.bt - q.bh) {
 		return ErrNoDesc
 	}
 	if err := r.post.PostBuf(b, ctx); err != nil {
