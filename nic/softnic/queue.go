@@ -280,7 +280,10 @@ func newRxQueue(d *Device, i, n, bufs, bufSize int, mem hugepage.Options) (*RxQu
 type rxPoster struct{ q *RxQueue }
 
 // Room implements qcore.RxPoster.
-func (p rxPoster) Room() bool { return p.q.room() }
+func (p rxPoster) Room(held int) bool {
+	q := p.q
+	return q.out+held < int(q.n) && q.tail-q.head.Load()+uint32(held) < q.n
+}
 
 // PostBuf implements qcore.RxPoster.
 func (p rxPoster) PostBuf(b uint32, ctx any) error {
