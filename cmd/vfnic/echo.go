@@ -169,9 +169,7 @@ type echoTally struct {
 	arps, pings, udps, ignored, refused, txDrops, errs atomic.Uint64
 }
 
-func newEchoer(dev nic.Device, ip netip.Addr) (*echoer, error) { return newEchoerOn(dev, ip, 0) }
-
-// newEchoerOn is newEchoer on queue pair i.
+// newEchoerOn makes the echoer of queue pair i of dev, answering for ip.
 func newEchoerOn(dev nic.Device, ip netip.Addr, i int) (*echoer, error) {
 	rx, err := dev.Rx(i)
 	if err != nil {

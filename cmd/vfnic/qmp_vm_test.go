@@ -46,7 +46,6 @@ type qmpHelper struct {
 	mu   sync.Mutex
 	logs []string
 	errs []string
-	tx   []map[string]any // each "status" answer's transmit queue
 	buf  []byte
 }
 

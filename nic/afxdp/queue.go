@@ -26,7 +26,6 @@ var TxOwedWait = time.Millisecond
 var (
 	errNoBuffer = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
 	errNoDesc   = fmt.Errorf("%w: the ring is full (read completions first)", nic.ErrFull)
-	errBadAddr  = cq.ProvBadID.Refusal()
 )
 
 // queue is what receive and transmit queues share: the socket, the ring

@@ -64,10 +64,6 @@ func (r *ring) word(p *uint32) doorbell.Reg32 {
 	return reg
 }
 
-// room is how many entries the driver may still produce before the
-// kernel consumes more.
-func (r *ring) room() uint32 { return r.n - (r.next - atomic.LoadUint32(r.cons)) }
-
 // publish makes the entries produced so far visible to the kernel (a
 // release store: the entries were written before).
 func (r *ring) publish() { atomic.StoreUint32(r.prod, r.next) }
