@@ -95,6 +95,8 @@ func TestVMTools(t *testing.T) {
 		},
 		Timeout: 3 * time.Minute,
 	}
+	// Two Linux NICs joined only by 'vfnic fwd' (TestGuestCLIFwdLinux).
+	cfg.NICs = append(cfg.NICs, fwdNICs()...)
 	gt := qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: "^TestGuestCLI"}
 	if ref, ok := filterReference(t); ok {
 		gt.Env = append(gt.Env, filterRefEnv+"="+ref)
