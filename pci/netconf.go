@@ -34,6 +34,8 @@ type IfConfig struct {
 	// interface again.
 	Index int
 	Up    bool
+	// MTU is its MTU; 0 when sysfs does not say.
+	MTU int
 	// Addrs are its addresses, IPv6 link-local ones left out (the kernel
 	// makes those by itself).
 	Addrs []netip.Prefix
@@ -87,7 +89,7 @@ func (s Sysfs) ifConfig(name string, addrs []IfAddr, routes []Route) (IfConfig, 
 	if err != nil {
 		return IfConfig{}, err
 	}
-	ic := IfConfig{Name: name, Index: idx, Up: up}
+	ic := IfConfig{Name: name, Index: idx, Up: up, MTU: ifMTU(dir)}
 	for _, ad := range addrs {
 		if ad.Index == idx && !ignoredAddr(ad.Prefix.Addr()) {
 			ic.Addrs = append(ic.Addrs, ad.Prefix)
@@ -113,17 +115,31 @@ func ifIndex(dir string) (int, error) {
 	return idx, nil
 }
 
+// ifMTU is the interface's MTU, 0 when it cannot be read.
+func ifMTU(dir string) int {
+	txt, err := readAttr(filepath.Join(dir, "mtu"))
+	if err != nil {
+		return 0
+	}
+	mtu, err := strconv.Atoi(txt)
+	if err != nil || mtu < 0 {
+		return 0
+	}
+	return mtu
+}
+
 // netWriter changes the kernel's interface configuration; rtnetlink, or a
 // fake in tests.
 type netWriter interface {
 	setUp(index int) error
+	setMTU(index, mtu int) error
 	addAddr(index int, p netip.Prefix) error
 	addRoute(index int, r Route) error
 }
 
 // RestoreNetConfig waits, until ctx ends, for the kernel's driver to make
 // c's device's interfaces again, then gives each back its configuration:
-// up, then its addresses, then its routes (a gateway needs its subnet
+// its MTU (a driver makes an interface with its default), up, then its addresses, then its routes (a gateway needs its subnet
 // first). An interface whose ifindex did not change never went away and
 // is left alone; one the driver named anew is matched by its place among
 // the device's interfaces. It returns what it set, per interface, and an
@@ -172,6 +188,13 @@ func (s Sysfs) restoreNet(ctx context.Context, c *NetConfig, w netWriter) ([]str
 			}
 			what += s
 		}
+		if cur := ifMTU(s.path("class", "net", name)); ic.MTU > 0 && cur != ic.MTU {
+			if err := w.setMTU(idx, ic.MTU); err != nil {
+				refused = append(refused, fmt.Errorf("MTU %d on %s: %w", ic.MTU, name, err))
+			} else {
+				add(fmt.Sprintf("mtu %d", ic.MTU))
+			}
+		}
 		if ic.Up {
 			if err := w.setUp(idx); err != nil {
 				refused = append(refused, fmt.Errorf("%s up: %w", name, err))
@@ -216,6 +239,9 @@ func (s Sysfs) restoreNet(ctx context.Context, c *NetConfig, w netWriter) ([]str
 type rtnetlink struct{}
 
 func (rtnetlink) setUp(index int) error { return rtRequest(unix.RTM_NEWLINK, newLinkUpMsg(index)) }
+func (rtnetlink) setMTU(index, mtu int) error {
+	return rtRequest(unix.RTM_NEWLINK, newLinkMTUMsg(index, mtu))
+}
 func (rtnetlink) addAddr(index int, p netip.Prefix) error {
 	return rtRequest(unix.RTM_NEWADDR, newAddrMsg(index, p))
 }
@@ -289,6 +315,14 @@ func newLinkUpMsg(index int) []byte {
 	binary.NativeEndian.PutUint32(b[8:12], unix.IFF_UP)  // flags
 	binary.NativeEndian.PutUint32(b[12:16], unix.IFF_UP) // change
 	return b
+}
+
+// newLinkMTUMsg is an ifinfomsg that sets interface index's MTU.
+func newLinkMTUMsg(index, mtu int) []byte {
+	b := make([]byte, unix.SizeofIfInfomsg)
+	b[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(b[4:8], uint32(index))
+	return rtAttr(b, unix.IFLA_MTU, binary.NativeEndian.AppendUint32(nil, uint32(mtu)))
 }
 
 func addrFamily(a netip.Addr) byte {

@@ -2,6 +2,7 @@ package pci
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"reflect"
@@ -59,6 +60,7 @@ func (w *fakeWriter) do(s string) error {
 	return w.refuse[s]
 }
 func (w *fakeWriter) setUp(i int) error                   { return w.do("up " + itoa(i)) }
+func (w *fakeWriter) setMTU(i, mtu int) error             { return w.do("mtu " + itoa(mtu) + " " + itoa(i)) }
 func (w *fakeWriter) addAddr(i int, p netip.Prefix) error { return w.do(p.String() + " " + itoa(i)) }
 func (w *fakeWriter) addRoute(i int, r Route) error       { return w.do(r.Dst.String() + " " + itoa(i)) }
 
@@ -71,6 +73,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 func TestRestoreNet(t *testing.T) {
 	f := standardTree(t)
 	f.write("class/net/eth0/flags", "0x1003\n")
+	f.write("class/net/eth0/mtu", "9000\n")
 	s := f.sys()
 	c, err := s.NetConfig(Address{Device: 3}, configuredNet())
 	if err != nil {
@@ -82,12 +85,13 @@ func TestRestoreNet(t *testing.T) {
 	}
 
 	f.write("class/net/eth0/ifindex", "7\n") // made again by the driver
+	f.write("class/net/eth0/mtu", "1500\n")  // with the driver's default MTU
 	w = &fakeWriter{refuse: map[string]error{"10.0.0.0/24 7": unix.EEXIST, "10.9.0.0/16 7": unix.ENETUNREACH}}
 	done, err := s.restoreNet(t.Context(), c, w)
-	if want := []string{"up 7", "10.0.0.2/24 7", "10.0.0.0/24 7", "10.9.0.0/16 7"}; !reflect.DeepEqual(w.calls, want) {
+	if want := []string{"mtu 9000 7", "up 7", "10.0.0.2/24 7", "10.0.0.0/24 7", "10.9.0.0/16 7"}; !reflect.DeepEqual(w.calls, want) {
 		t.Errorf("calls %v, want %v", w.calls, want)
 	}
-	if want := []string{"eth0: up, 10.0.0.2/24"}; !reflect.DeepEqual(done, want) {
+	if want := []string{"eth0: mtu 9000, up, 10.0.0.2/24"}; !reflect.DeepEqual(done, want) {
 		t.Errorf("done %v, want %v", done, want)
 	}
 	if !errors.Is(err, ErrNetRestore) || !errors.Is(err, unix.ENETUNREACH) || !strings.Contains(err.Error(), "route to 10.9.0.0/16 on eth0") {
@@ -95,6 +99,7 @@ func TestRestoreNet(t *testing.T) {
 	}
 
 	w = &fakeWriter{}
+	f.write("class/net/eth0/mtu", "9000\n") // the same MTU is left alone
 	done, err = s.restoreNet(t.Context(), c, w)
 	if err != nil || !reflect.DeepEqual(done, []string{"eth0: up, 10.0.0.2/24, route to 10.0.0.0/24, route to 10.9.0.0/16 via 10.0.0.1"}) {
 		t.Errorf("restore = %v, %v", done, err)
@@ -124,6 +129,10 @@ func TestRtMessagesRoundTrip(t *testing.T) {
 		if want := []Route{r}; !reflect.DeepEqual(got, want) {
 			t.Errorf("route %+v: parsed %+v", r, got)
 		}
+	}
+	if b := newLinkMTUMsg(7, 9000); len(b) != unix.SizeofIfInfomsg+8 || b[4] != 7 ||
+		binary.NativeEndian.Uint16(b[unix.SizeofIfInfomsg+2:]) != unix.IFLA_MTU || binary.NativeEndian.Uint32(b[unix.SizeofIfInfomsg+4:]) != 9000 {
+		t.Errorf("link MTU message % x", b)
 	}
 	b := newLinkUpMsg(7)
 	if len(b) != unix.SizeofIfInfomsg || b[4] != 7 || b[8]&unix.IFF_UP == 0 || b[12]&unix.IFF_UP == 0 {

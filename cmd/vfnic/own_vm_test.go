@@ -237,8 +237,10 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
 		// With -force: a warning of what the kernel loses; info binds it for
 		// the look and gives it back, and vfnic gives the interface made
-		// again its state, address and route back.
+		// again its MTU, state, address and route back.
 		ifc := netIf(t, ownLinuxNIC)
+		sh(t, "ip link set dev "+ifc+" mtu 1400")
+		defer exec.Command("sh", "-c", "ip link set dev "+netIf(t, ownLinuxNIC)+" mtu 1500").Run()
 		sh(t, "ip route add 10.9.0.0/16 via 10.0.0.1 dev "+ifc)
 		defer exec.Command("sh", "-c", "ip route del 10.9.0.0/16").Run()
 		code, out, errw = runCLI("info", "-force", ownLinuxNIC)
@@ -249,10 +251,10 @@ func TestGuestCLIOwnership(t *testing.T) {
 		require.Contains(t, out, "binding          bound to vfio-pci for this look (was virtio-pci), given back on exit")
 		require.Equal(t, "virtio-pci", driverOf(t, ownLinuxNIC))
 		ifc = netIf(t, ownLinuxNIC)
-		require.Contains(t, errw, "gave "+ownLinuxNIC+"'s interfaces back what they had: "+ifc+": up, "+ownLinuxIP+"/24, route to 10.9.0.0/16 via 10.0.0.1")
+		require.Contains(t, errw, "gave "+ownLinuxNIC+"'s interfaces back what they had: "+ifc+": mtu 1400, up, "+ownLinuxIP+"/24, route to 10.9.0.0/16 via 10.0.0.1")
 		require.NotContains(t, errw, "refused")
 		require.Contains(t, sh(t, "ip addr show dev "+ifc), "inet "+ownLinuxIP+"/24")
-		require.Regexp(t, `<[^>]*\bUP\b`, sh(t, "ip link show dev "+ifc))
+		require.Regexp(t, `<[^>]*\bUP\b.* mtu 1400 `, sh(t, "ip link show dev "+ifc))
 		require.Contains(t, sh(t, "ip route show"), "10.9.0.0/16 via 10.0.0.1 dev "+ifc)
 	})
 
