@@ -223,6 +223,9 @@ type TestReport struct {
 	AllowSkip bool
 	// Err is the verdict RunGoTest returned.
 	Err error
+	// Streamed says the guest's lines were logged as they came (go test
+	// -v): Report then repeats a test's output only if it failed.
+	Streamed bool
 }
 
 // ParseTestOutput converts a test binary's -test.v output (best with
@@ -423,8 +426,12 @@ func (r *TestReport) Report(t *testing.T) {
 			for _, c := range children[tr.Name] {
 				run(t, c)
 			}
-			if tr.Output != "" {
+			switch {
+			case tr.Output == "":
+			case !r.Streamed:
 				t.Logf("guest output:\n%s", tr.Output)
+			case tr.Status == TestFail:
+				t.Logf("guest output (streamed above; repeated beside the failure):\n%s", tr.Output)
 			}
 			switch tr.Status {
 			case TestFail:
@@ -473,7 +480,8 @@ func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
 	t.Helper()
 	RequireVM(t)
 	ctx := t.Context()
-	if cfg.Output == nil && testing.Verbose() {
+	streamed := cfg.Output == nil && testing.Verbose()
+	if streamed {
 		// go test -v: the guest's lines as they come, so that a slow run
 		// is told from a stuck one (the report comes at the end).
 		cfg.Output = &lineLogger{logf: t.Logf}
@@ -483,6 +491,7 @@ func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
 		t.Fatalf("guest test run of %s: %v", gt.Package, err)
 		return nil
 	}
+	rep.Streamed = streamed
 	rep.Report(t)
 	if t.Failed() && rep.Result != nil && !errors.Is(err, ErrTestsFailed) && !errors.Is(err, ErrTestsSkipped) {
 		t.Logf("guest console:\n%s", rep.Result.Console)
