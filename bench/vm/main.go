@@ -51,8 +51,10 @@ var kinds = map[string]nicKind{
 }
 
 func main() {
-	dur := flag.Duration("dur", 5*time.Second, "traffic time per run")
-	reps := flag.Int("reps", 2, "runs of each configuration (A B A B)")
+	// 5 s runs of one tool differed by up to 2.3x on a 2-core host; 15 s
+	// and three runs give a median that a fourth run rarely moves.
+	dur := flag.Duration("dur", 15*time.Second, "traffic time per run")
+	reps := flag.Int("reps", 3, "runs of each configuration (A B A B)")
 	nics := flag.String("nics", "packed,split,igb", "NICs under test: packed, split (virtio-net), igb")
 	tools := flag.String("tools", "dpdk,busy,adaptive,interrupt,linux", "tools, in the order they alternate; a vfnic mode may name its idle interval, as adaptive:1ms (vfnic -idle)")
 	dirs := flag.String("dirs", "tx,rx", "directions")
@@ -350,35 +352,50 @@ func dpdkFiles(dir string) ([]qemu.File, error) {
 }
 
 // table prints the medians per NIC, direction and tool, with the ratio to
-// DPDK and every run's figure.
+// DPDK (for every tool, whatever its place in the order), every run's
+// figure and the spread of the runs ((max-min)/median), which says whether
+// the runs were long enough to agree.
 func table(w io.Writer, rs []result, nics, tools, dirs []string, dur time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "\n64-byte frames/s, %v runs; TX counted at the host socket, RX in the guest; median of the runs, ratio to DPDK testpmd\n", dur)
-	fmt.Fprintln(tw, "nic\tdir\ttool\tmedian\tvs dpdk\truns\t")
+	fmt.Fprintf(w, "\n64-byte frames/s, %v runs; TX counted at the host socket, RX in the guest; median of the runs, ratio to DPDK testpmd, spread (max-min)/median\n", dur)
+	fmt.Fprintln(tw, "nic\tdir\ttool\tmedian\tvs dpdk\tspread\truns\t")
 	for _, n := range nics {
 		for _, d := range dirs {
-			med := map[string]float64{}
+			type cell struct {
+				med, spread float64
+				runs        []string
+			}
+			cells := map[string]cell{}
 			for _, t := range tools {
 				var v []float64
-				var runs []string
+				var c cell
 				for _, r := range rs {
 					if r.nic != n || r.dir != d || r.tool != t {
 						continue
 					}
 					if r.err != "" {
-						runs = append(runs, "failed")
+						c.runs = append(c.runs, "failed")
 						continue
 					}
 					v = append(v, r.rate)
-					runs = append(runs, fmt.Sprintf("%.0f", r.rate))
+					c.runs = append(c.runs, fmt.Sprintf("%.0f", r.rate))
 				}
-				m := stats.Median(v)
-				med[t] = m
-				ratio := "-"
-				if base := med["dpdk"]; base > 0 && t != "dpdk" && m > 0 {
-					ratio = fmt.Sprintf("%.2fx", m/base)
+				c.med = stats.Median(v)
+				if len(v) > 1 && c.med > 0 {
+					c.spread = (slices.Max(v) - slices.Min(v)) / c.med
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s\t%s\t\n", n, d, t, m, ratio, strings.Join(runs, " "))
+				cells[t] = c
+			}
+			for _, t := range tools {
+				c := cells[t]
+				ratio, spread := "-", "-"
+				if base := cells["dpdk"].med; base > 0 && t != "dpdk" && c.med > 0 {
+					ratio = fmt.Sprintf("%.2fx", c.med/base)
+				}
+				if len(c.runs) > 1 && c.med > 0 {
+					spread = fmt.Sprintf("%.0f%%", 100*c.spread)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", n, d, t, c.med, ratio, spread, strings.Join(c.runs, " "))
 			}
 		}
 	}

@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+	"time"
+)
 
 // TestCheckTools: the tool and direction lists are checked before a guest
 // boots; a vfnic mode may carry an idle interval, the other tools may not.
@@ -22,6 +26,24 @@ func TestCheckTools(t *testing.T) {
 	} {
 		if err := checkTools(tc.tools, tc.dirs); (err == nil) != tc.ok {
 			t.Errorf("checkTools(%q, %q) = %v, want ok %v", tc.tools, tc.dirs, err, tc.ok)
+		}
+	}
+}
+
+// TestTableRatios: every tool gets its ratio to DPDK, also one listed
+// before it, and each cell its spread.
+func TestTableRatios(t *testing.T) {
+	var rs []result
+	for i, v := range []float64{90, 110, 100} {
+		rs = append(rs, result{nic: "igb", dir: "rx", tool: "busy", rep: i, rate: v},
+			result{nic: "igb", dir: "rx", tool: "dpdk", rep: i, rate: 2 * v})
+	}
+	var b strings.Builder
+	table(&b, rs, []string{"igb"}, []string{"busy", "dpdk"}, []string{"rx"}, time.Second)
+	out := b.String()
+	for _, want := range []string{"busy     100    0.50x     20%", "dpdk     200        -     20%"} {
+		if !strings.Contains(strings.Join(strings.Fields(out), " "), strings.Join(strings.Fields(want), " ")) {
+			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
 }
