@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"unsafe"
 
+	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
 	vt "github.com/vfnic/vfnic/internal/vethtest"
 	"github.com/vfnic/vfnic/netstack"
@@ -18,11 +20,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestNetstackHTTP: an unmodified net/http server on netstack over an
+// TestNetstackHTTPDNS: an unmodified net/http server on netstack over an
 // afxdp device on vfnic's end of a veth pair answers Linux's own curl in
 // the peer's namespace: small pages, and a 4 MiB body whose digest
-// matches (TCP through the XDP redirect and AF_XDP rings both ways).
-func TestNetstackHTTP(t *testing.T) {
+// matches (TCP through the XDP redirect and AF_XDP rings both ways). An
+// unmodified github.com/miekg/dns server beside it gives busybox
+// nslookup the A and AAAA records of a name (UDP).
+func TestNetstackHTTPDNS(t *testing.T) {
 	vt.NeedRoot(t)
 	curl, err := exec.LookPath("curl")
 	if err != nil {
@@ -65,6 +69,39 @@ func TestNetstackHTTP(t *testing.T) {
 	body := get("/big")
 	require.Equal(t, len(big), len(body))
 	require.Equal(t, sha256.Sum256(big), sha256.Sum256(body))
+
+	pc, err := n.ListenPacket("udp", "10.99.0.1:53")
+	require.NoError(t, err)
+	const name, a, aaaa = "vfnic.test.", "10.99.7.7", "2001:db8::7"
+	dnsSrv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		m.Authoritative = true
+		for _, qq := range q.Question {
+			var rr dns.RR
+			switch {
+			case !strings.EqualFold(qq.Name, name):
+			case qq.Qtype == dns.TypeA:
+				rr, _ = dns.NewRR(qq.Name + " 60 IN A " + a)
+			case qq.Qtype == dns.TypeAAAA:
+				rr, _ = dns.NewRR(qq.Name + " 60 IN AAAA " + aaaa)
+			}
+			if rr != nil {
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = dnsSrv.ActivateAndServe() }()
+	defer dnsSrv.Shutdown()
+	busybox, err := exec.LookPath("busybox")
+	require.NoError(t, err, "busybox: its nslookup is the Linux client")
+	out, err := exec.Command("ip", "netns", "exec", v.B, busybox, "nslookup", strings.TrimSuffix(name, "."), "10.99.0.1").CombinedOutput()
+	t.Logf("nslookup:\n%s", out)
+	require.NoError(t, err)
+	require.Regexp(t, `Address:\s+`+regexp.QuoteMeta(a), string(out), "the A record")
+	require.Regexp(t, `Address:\s+`+regexp.QuoteMeta(aaaa), string(out), "the AAAA record")
+
 	st := n.Stats()
 	t.Logf("netstack: %d frames in, %d out, %d dropped; device %s", st.RxFrames, st.TxFrames, st.RxDropped+st.TxDropped,
 		strings.Join(dev.Info().Features, ","))
