@@ -59,12 +59,17 @@ func main() {
 	tools := flag.String("tools", "dpdk,busy,adaptive,interrupt,linux", "tools, in the order they alternate; a vfnic mode may name its idle interval, as adaptive:1ms (vfnic -idle)")
 	dirs := flag.String("dirs", "tx,rx", "directions")
 	verbose := flag.Bool("v", false, "print the guest's and the tools' output")
+	baseDir := flag.String("base", "", "a checkout of the base build (git worktree add DIR COMMIT): tools ending in "+tool.BaseSuffix+" run its vfnic, as busy"+tool.BaseSuffix)
 	flag.Parse()
 	if err := checkTools(*tools, *dirs); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-vm:", err)
 		os.Exit(2)
 	}
-	if err := run(*dur, *reps, strings.Split(*nics, ","), *tools, *dirs, *verbose); err != nil {
+	if strings.Contains(*tools, tool.BaseSuffix) != (*baseDir != "") {
+		fmt.Fprintf(os.Stderr, "bench-vm: -base and tools ending in %s go together\n", tool.BaseSuffix)
+		os.Exit(2)
+	}
+	if err := run(*dur, *reps, strings.Split(*nics, ","), *tools, *dirs, *baseDir, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-vm:", err)
 		os.Exit(1)
 	}
@@ -74,7 +79,7 @@ func main() {
 // a guest boots for it.
 func checkTools(tools, dirs string) error {
 	for _, t := range strings.Split(tools, ",") {
-		if _, _, err := tool.Parse(t); err != nil {
+		if _, _, _, err := tool.Parse(t); err != nil {
 			return err
 		}
 	}
@@ -171,7 +176,7 @@ type result struct {
 	err            string
 }
 
-func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, verbose bool) error {
+func run(dur time.Duration, reps int, nicNames []string, tools, dirs, baseDir string, verbose bool) error {
 	toolList, dirList := strings.Split(tools, ","), strings.Split(dirs, ",")
 	ctx := context.Background()
 	tmp, err := os.MkdirTemp("", "vfnic-bench-vm-")
@@ -194,6 +199,16 @@ func run(dur time.Duration, reps int, nicNames []string, tools, dirs string, ver
 		return err
 	}
 	cfg.Files = append(cfg.Files, qemu.File{Host: cli, Guest: "/vfnic/bin/vfnic", Mode: 0o755})
+	if baseDir != "" {
+		// The base build's CLI, built from its own checkout and go.mod.
+		baseCLI := filepath.Join(tmp, "vfnic-base")
+		cmd := exec.CommandContext(ctx, "go", "build", "-C", baseDir, "-o", baseCLI, "./cmd/vfnic")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build the base vfnic in %s: %v: %s", baseDir, err, out)
+		}
+		cfg.Files = append(cfg.Files, qemu.File{Host: baseCLI, Guest: "/vfnic/bin/vfnic-base", Mode: 0o755})
+	}
 	if strings.Contains(tools, "dpdk") {
 		files, err := dpdkFiles(filepath.Join(qemu.CacheDir(), "dpdk"))
 		if err != nil {

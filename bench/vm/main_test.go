@@ -23,6 +23,10 @@ func TestCheckTools(t *testing.T) {
 		{"fast", "tx", false},
 		{"busy", "up", false},
 		{"busy", "", false},
+		{"busy,busy@base,adaptive:1ms@base", "rx", true},
+		{"dpdk@base", "rx", false},
+		{"linux@base", "tx", false},
+		{"busy@head", "tx", false},
 	} {
 		if err := checkTools(tc.tools, tc.dirs); (err == nil) != tc.ok {
 			t.Errorf("checkTools(%q, %q) = %v, want ok %v", tc.tools, tc.dirs, err, tc.ok)

@@ -40,11 +40,13 @@ import (
 
 // Where the host put things (bench/vm's qemu.Config.Files).
 const (
-	vfnicBin  = "/vfnic/bin/vfnic"
-	testpmd   = "/opt/dpdk/bin/dpdk-testpmd"
-	dpdkLibs  = "/opt/dpdk/lib"
-	dpdkPMDs  = "/opt/dpdk/pmds"
-	frameSize = 64 // bytes without FCS, as testpmd's txonly default
+	vfnicBin = "/vfnic/bin/vfnic"
+	// vfnicBaseBin is the base build's vfnic (bench-vm -base).
+	vfnicBaseBin = "/vfnic/bin/vfnic-base"
+	testpmd      = "/opt/dpdk/bin/dpdk-testpmd"
+	dpdkLibs     = "/opt/dpdk/lib"
+	dpdkPMDs     = "/opt/dpdk/pmds"
+	frameSize    = 64 // bytes without FCS, as testpmd's txonly default
 )
 
 // nicSpec is one NIC under test: a name for the table, its PCI address,
@@ -109,7 +111,7 @@ func (b *bench) run(n nicSpec, dir, name string, rep int) {
 		stop time.Duration  // when to interrupt the tool, 0 if it stops by itself
 	)
 	core := strconv.Itoa(b.cpu)
-	base, idle, err := tool.Parse(name) // adaptive:1ms is adaptive with -idle 1ms
+	base, idle, baseBuild, err := tool.Parse(name) // adaptive:1ms is adaptive with -idle 1ms
 	if err != nil {
 		b.end(n, dir, name, rep, 0, err)
 		return
@@ -136,7 +138,11 @@ func (b *bench) run(n nicSpec, dir, name string, rep int) {
 		if dir == "rx" {
 			cmd = "sink"
 		}
-		args = []string{vfnicBin, cmd, "-mode", base, "-cpu", core, "-duration", b.dur.String(), "-progress", "1s"}
+		bin := vfnicBin
+		if baseBuild {
+			bin = vfnicBaseBin
+		}
+		args = []string{bin, cmd, "-mode", base, "-cpu", core, "-duration", b.dur.String(), "-progress", "1s"}
 		if idle != "" {
 			args = append(args, "-idle", idle)
 		}
