@@ -174,7 +174,12 @@ func TestForeignXDP(t *testing.T) {
 	err = open(false)
 	require.ErrorIs(t, err, ErrXDPInUse)
 	require.ErrorContains(t, err, "Config.Force")
-	require.ErrorIs(t, open(true), ErrXDPInUse)
+	// Forced: the error says why Force could not take it, and does not
+	// send the caller to Force again.
+	err = open(true)
+	require.ErrorIs(t, err, ErrXDPInUse)
+	require.ErrorContains(t, err, "Config.Force could not detach it: it is held by a bpf_link")
+	require.NotContains(t, err.Error(), "open with Config.Force")
 	require.Contains(t, vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "prog/xdp", "still there")
 	require.NoError(t, l.Close())
 
