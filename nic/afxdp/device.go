@@ -10,8 +10,8 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,7 +49,9 @@ func init() {
 // Device is a network interface's queues driven through AF_XDP sockets
 // (nic.Device).
 type Device struct {
-	mu      sync.Mutex
+	// core is the lock (Close, BindCQ, Link), the closed state, the
+	// queues as the core sees them and the CQs they feed.
+	core    qcore.Device
 	name    string // "afxdp:eth1@2"
 	ifname  string
 	ifindex int
@@ -61,12 +63,6 @@ type Device struct {
 	rx      []*RxQueue
 	tx      []*TxQueue
 	info    nic.Info
-	// bound are the CQs the queues feed (one entry per binding), and
-	// forwarders the sources whose forwarder goroutine Close ends.
-	bound      []*cq.CQ
-	forwarders []*cqSource
-	closed     bool
-	closeErr   error
 }
 
 var _ nic.Device = (*Device)(nil)
@@ -122,8 +118,9 @@ func Open(ctx context.Context, name string, cfg nic.Config) (*Device, error) {
 		return nil, err
 	}
 	d := &Device{name: "afxdp:" + name, ifname: ifname, ctl: -1}
+	d.core.Name = d.name
 	if err := d.open(ctx, ifname, first, pairs, size, rxBufs, chunk, cfg.Force); err != nil {
-		_ = d.teardown()
+		_ = d.core.Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil
@@ -213,6 +210,7 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 			return err
 		}
 		d.rx, d.tx = append(d.rx, rx), append(d.tx, tx)
+		d.core.Rx, d.core.Tx = append(d.core.Rx, &rx.Queue), append(d.core.Tx, &tx.Queue)
 	}
 	if err := d.red.attach(ifname, d.ifindex, force); err != nil {
 		return err
@@ -270,12 +268,7 @@ func (d *Device) queues() (inUse, most int) {
 }
 
 // Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
 
 // MAC implements nic.Device.
 func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
@@ -284,26 +277,16 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 func (d *Device) QueuePairs() int { return len(d.rx) }
 
 // Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	if i < 0 || i >= len(d.rx) {
-		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	}
-	return d.rx[i], nil
-}
+func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
 
 // Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	if i < 0 || i >= len(d.tx) {
-		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
-	}
-	return d.tx[i], nil
-}
+func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
 
 // Link implements nic.Device: the interface's flags (up and running).
 func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.core.Mu.Lock()
+	defer d.core.Mu.Unlock()
+	if d.core.Closed {
 		return nic.Link{}, nic.ErrClosed
 	}
 	ifr, err := unix.NewIfreq(d.ifname)
@@ -318,46 +301,22 @@ func (d *Device) Link() (nic.Link, error) {
 }
 
 // Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats {
-	var s nic.Stats
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.Rx.Add(qs)
-		s.RxQueues = append(s.RxQueues, qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.Tx.Add(qs)
-		s.TxQueues = append(s.TxQueues, qs)
-	}
-	return s
-}
+func (d *Device) Stats() nic.Stats { return d.core.Stats(0) }
 
 // Close implements nic.Device: the queues close (their operations then
-// fail with nic.ErrClosed), the XDP program is detached, the sockets
-// closed and the rings and UMEM unmapped.
-func (d *Device) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeErr
-	}
-	d.closed = true
-	d.closeErr = d.teardown()
-	return d.closeErr
-}
+// fail with nic.ErrClosed; operations outstanding on a queue bound to a
+// CQ complete there as flushed), the XDP program is detached, the
+// sockets closed and the rings and UMEM unmapped.
+func (d *Device) Close() error { return d.core.Close(nic.ErrClosed, nil, d.hw) }
 
-// teardown releases what open made, queues first: no ring or UMEM is
-// unmapped while a queue operation may use it.
-func (d *Device) teardown() error {
-	for _, q := range d.rx {
-		q.close()
-	}
-	for _, q := range d.tx {
-		q.close()
-	}
-	for _, s := range d.forwarders {
-		s.halt()
+// hw releases what open made once the queues are closed: no ring or UMEM
+// is unmapped while a queue operation may use it.
+func (d *Device) hw() error {
+	for _, qs := range [][]*qcore.Queue{d.core.Rx, d.core.Tx} {
+		for _, qq := range qs {
+			q, _ := d.queueOf(qq)
+			q.unforward()
+		}
 	}
 	var errs []error
 	if d.red != nil {
@@ -370,10 +329,6 @@ func (d *Device) teardown() error {
 		errs = append(errs, unix.Close(d.ctl))
 		d.ctl = -1
 	}
-	for _, c := range d.bound {
-		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
-	}
-	d.bound = nil
 	if d.key != (ifKey{}) {
 		openMu.Lock()
 		delete(open, d.key)
