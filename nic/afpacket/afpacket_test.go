@@ -2,6 +2,7 @@ package afpacket
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -238,4 +239,52 @@ func TestOpenErrors(t *testing.T) {
 	require.ErrorIs(t, dev.BindCQ(nil, 0, nic.Recv), nic.ErrNotSupported)
 	require.ErrorIs(t, dev.rx.Release(0x1234), nic.ErrBadBuffer)
 	require.ErrorIs(t, dev.tx.Send(make([]byte, 13), nil), nic.ErrFrameSize)
+}
+
+// TestVLAN: the kernel takes a received frame's outer VLAN tag out of it
+// (tp_vlan_tci, tp_vlan_tpid); the queue puts it back, so that tagged
+// frames from the peer (802.1Q, and 802.1ad QinQ whose inner tag stays in
+// the frame) arrive as they were sent, untagged ones unchanged.
+func TestVLAN(t *testing.T) {
+	v := vt.New(t, 1)
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
+	var p *vt.Peer
+	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
+	defer p.Close()
+	rx := dev.rx
+	for rx.PostRecv(nil) == nil {
+	}
+	tagged := func(seq uint64, tags ...uint32) []byte {
+		f := vt.MakeFrame(make([]byte, 2048), dev.MAC(), p.MAC, seq)
+		out := append([]byte(nil), f[:12]...)
+		for _, tag := range tags {
+			out = binary.BigEndian.AppendUint32(out, tag)
+		}
+		return append(out, f[12:]...)
+	}
+	frames := [][]byte{
+		tagged(1, 0x8100<<16|3<<13|5),           // 802.1Q, PCP 3, VID 5
+		tagged(2),                               // untagged
+		tagged(3, 0x88a8<<16|100, 0x8100<<16|7), // QinQ
+		tagged(4, 0x8100<<16|0),                 // priority tag, VID 0
+		tagged(1454, 0x8100<<16|4094),           // full size: 1514 bytes and the tag
+	}
+	require.NoError(t, vt.In(v.B, func() error {
+		for _, f := range frames {
+			if err := p.Send(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	comps := make([]nic.Completion, 1)
+	for _, want := range frames {
+		n, err := rx.SRead(context.Background(), comps, 1, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.NoError(t, comps[0].Err)
+		require.Equal(t, want, comps[0].Data, "frame of %d bytes", len(want))
+		require.Equal(t, len(want), comps[0].Len)
+		require.NoError(t, rx.Repost(comps[0].Buf, nil))
+	}
 }

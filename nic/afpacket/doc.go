@@ -36,9 +36,12 @@
 // kernel's position is not the kernel's, so a caller that keeps that
 // buffer (neither Repost nor Release) is woken again at once.
 //
-// AF_PACKET hands a received frame's 802.1Q tag over in the slot header
-// (tp_vlan_tci) with the tag taken out of the frame; this driver does not
-// put it back yet, so tagged frames arrive untagged.
+// AF_PACKET hands a received frame's outer VLAN tag (802.1Q or 802.1ad)
+// over in the slot header (tp_vlan_tci, tp_vlan_tpid) with the tag taken
+// out of the frame; the driver puts it back after the MAC addresses,
+// moving the rest of the frame 4 bytes on inside its slot, so frames
+// arrive as they were on the wire. A tagged frame whose tag does not fit
+// in the slot completes with cq.ProvMultiBuffer.
 //
 // One queue pair (PACKET_FANOUT for more is not done yet).
 package afpacket

@@ -2,6 +2,7 @@ package afpacket
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -29,18 +30,24 @@ var (
 // slot's start.
 const hdrLen = 32
 
+// vlanLen is the length of the 802.1Q tag put back into a received frame.
+const vlanLen = 4
+
 // RxLayout describes a TPACKET_V2 receive ring of n slots of size bytes
 // as cq/ring reads it: the slot's position is its id; tp_status (the
 // first word) carries TP_STATUS_USER when the kernel has written a frame,
 // cleared and replaced by Held when the reader consumes it; Len is
-// tp_snaplen, Meta[0] tp_mac (the frame's offset in the slot) and Meta[1]
-// tp_len (the frame's length on the wire).
+// tp_snaplen and BufOff tp_mac (the frame's offset in the slot: the
+// reader checks that the frame lies inside the slot); Meta[0] is tp_len
+// (the frame's length on the wire) and Meta[1] tp_vlan_tci with
+// tp_vlan_tpid above it (the tag the kernel took out of the frame).
 func RxLayout(n, size int) cqring.Layout {
 	return cqring.Layout{Name: "tpacket-v2", EntrySize: size, Entries: n,
 		Convention: cqring.DescriptorDone, OwnerOff: 0, OwnerMask: unix.TP_STATUS_USER, Held: held, IDIsIndex: true,
 		Fields: cqring.Fields{
-			Len:  cqring.Field{Off: 8, Bits: 32},
-			Meta: [2]cqring.Field{{Off: 12, Bits: 16}, {Off: 4, Bits: 32}},
+			Len:    cqring.Field{Off: 8, Bits: 32},
+			BufOff: cqring.Field{Off: 12, Bits: 16},
+			Meta:   [2]cqring.Field{{Off: 4, Bits: 32}, {Off: 24, Bits: 32}},
 		}}
 }
 
@@ -246,9 +253,14 @@ func (q *RxQueue) Poll(out []nic.Completion) int {
 
 // take reads the next frame through the ring reader (the slot's status,
 // loaded first, then one copy of its header), then checks the header's
-// fields from that copy: the frame lies inside the slot after the
-// kernel's header, is whole (tp_len is the snap length) and holds an
-// Ethernet header; a refused slot goes back to the driver (free).
+// fields from that copy: the frame lies inside the slot (the reader's
+// check) after the kernel's header, is whole (tp_len is the snap length)
+// and holds an Ethernet header; a refused slot goes back to the driver
+// (free). A VLAN tag the kernel took out of the frame (tp_vlan_tpid not
+// zero: the kernel sets it with TP_STATUS_VLAN_VALID and
+// TP_STATUS_VLAN_TPID_VALID) is put back after the MAC addresses, the
+// rest of the frame moved 4 bytes on inside the slot, so that the caller
+// gets the frame as it was on the wire.
 func (q *RxQueue) take(c *cqring.Completion) bool {
 	if q.broken || !q.src.Next(c) {
 		return false
@@ -264,17 +276,27 @@ func (q *RxQueue) take(c *cqring.Completion) bool {
 		c.Buf = 0
 		return true
 	}
-	mac, wire := c.Meta[0], c.Meta[1]
+	start := uintptr(unsafe.Pointer(&q.ring[i*q.size]))
+	mac, wire, tag := int(c.Buf-start), c.Meta[0], c.Meta[1]
+	tpid, tci := uint16(tag>>16), uint16(tag)
 	switch {
-	case mac < hdrLen || mac+uint64(c.Len) > uint64(q.size):
+	case mac < hdrLen:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
 	case wire != uint64(c.Len):
 		c.Err, c.Prov = cq.ETRUNC, cq.ProvMultiBuffer // longer than the slot holds
 	case c.Len < nic.MinFrame:
 		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+	case tpid != 0 && mac+c.Len+vlanLen > q.size:
+		c.Err, c.Prov = cq.ETRUNC, cq.ProvMultiBuffer // no room to put the tag back
 	default:
+		if tpid != 0 {
+			f := q.ring[i*q.size+mac : i*q.size+mac+c.Len+vlanLen]
+			copy(f[12+vlanLen:], f[12:c.Len])
+			binary.BigEndian.PutUint16(f[12:], tpid)
+			binary.BigEndian.PutUint16(f[14:], tci)
+			c.Len += vlanLen
+		}
 		q.state[i], q.mac[i] = slotLent, uint16(mac)
-		c.Buf += uintptr(mac)
 		return true
 	}
 	q.state[i] = slotFree
