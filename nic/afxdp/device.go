@@ -312,12 +312,6 @@ func (d *Device) Close() error { return d.core.Close(nic.ErrClosed, nil, d.hw) }
 // hw releases what open made once the queues are closed: no ring or UMEM
 // is unmapped while a queue operation may use it.
 func (d *Device) hw() error {
-	for _, qs := range [][]*qcore.Queue{d.core.Rx, d.core.Tx} {
-		for _, qq := range qs {
-			q, _ := d.queueOf(qq)
-			q.unforward()
-		}
-	}
 	var errs []error
 	if d.red != nil {
 		errs = append(errs, d.red.close())

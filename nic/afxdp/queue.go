@@ -41,8 +41,6 @@ type queue struct {
 	broken bool
 	// kickErr is a failed kick's error, for the Flush that made it.
 	kickErr error
-	// fw signals the CQ the queue feeds (BindCQ), nil otherwise.
-	fw *forwarder
 }
 
 // init makes the reader of ring r (receive or completion) with layout l
@@ -156,17 +154,11 @@ func (r reader) notify(kick func() error) (rang, suppressed bool) {
 
 // arm is the CQ's arm (a queue that feeds one): late when an entry is
 // ready now (the core signals the CQ then), else the forwarder waits for
-// the socket's readiness.
+// the socket's readiness. The queue's own Arm has nothing to arm.
 func (r reader) arm() (late, ok bool) {
-	q := r.q
-	if q.fw == nil {
-		return false, true // the queue's own Arm: the socket's readiness needs none
+	if fw := r.q.FW; fw != nil {
+		return fw.Arm(), true
 	}
-	if q.src.Pending(1) > 0 {
-		return true, true
-	}
-	q.fw.armed.Store(true)
-	q.fw.poke()
 	return false, true
 }
 
@@ -363,8 +355,8 @@ func (r txReader) Publish() {
 // waits for these sends' completions now.
 func (r txReader) Notify() (rang, suppressed bool) {
 	rang, suppressed = r.notify(r.q.x.kick)
-	if fw := r.q.fw; fw != nil && fw.armed.Load() {
-		fw.poke()
+	if fw := r.q.FW; fw != nil {
+		fw.Poke()
 	}
 	return rang, suppressed
 }
