@@ -18,10 +18,9 @@ func fakeRx(t testing.TB) *RxQueue {
 	m, err := unix.Mmap(-1, 0, fuzzSlots*2048, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(m) })
-	d := &Device{ifname: "fuzz", ring: m, fd: -1, ctl: -1}
-	q, err := newRxQueue(d, fuzzSlots, 2048)
+	q, err := newRxQueue(&sock{fd: -1, ring: m}, 0, "fuzz", fuzzSlots, 2048)
 	require.NoError(t, err)
-	for i := range fuzzSlots {
+	for i := range uint32(fuzzSlots) {
 		*q.status(i) = held
 	}
 	for q.PostRecv(nil) == nil {
@@ -57,11 +56,11 @@ func FuzzRxRing(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		q := fakeRx(t)
 		for i := 0; i < fuzzSlots && 16*i < len(data); i++ {
-			copy(q.ring[i*2048:i*2048+16], data[16*i:])
+			copy(q.s.ring[i*2048:i*2048+16], data[16*i:])
 		}
 		comps := make([]nic.Completion, 3)
 		lent := map[uintptr]bool{}
-		base := uintptr(unsafe.Pointer(&q.ring[0]))
+		base := uintptr(unsafe.Pointer(&q.s.ring[0]))
 		for range 2 * fuzzSlots {
 			n := q.Poll(comps)
 			for i, c := range comps[:n] {
@@ -78,18 +77,19 @@ func FuzzRxRing(f *testing.F) {
 				require.Equal(t, c.Buf, uintptr(unsafe.Pointer(&c.Data[0])))
 				require.False(t, lent[c.Buf])
 				lent[c.Buf] = true
-				require.NotZero(t, *q.status(slot), "a lent slot is not the kernel's")
+				require.NotZero(t, *q.status(uint32(slot)), "a lent slot is not the kernel's")
 			}
 			if n == 0 {
 				break
 			}
 		}
 		nlent := 0
-		for i, s := range q.state {
-			switch s {
-			case slotLent:
+		for i := range uint32(fuzzSlots) {
+			_, err := q.bufs.Lent(q.bufs.Start(i) + frameOff)
+			switch {
+			case err == nil:
 				nlent++
-			case slotFree:
+			case !q.bufs.InUse(i):
 				require.NotZero(t, *q.status(i), "a free slot is not the kernel's")
 			}
 		}

@@ -134,6 +134,23 @@ func (f *Forwarder) forward(ctx context.Context) {
 		if _, err := f.q.EFD.Wait(ctx, deadline); err != nil && !errors.Is(err, eventfd.ErrTimeout) {
 			return // ctx ended, or the descriptor closed
 		}
+		if f.owed == nil && f.q.Ready(1) == 0 && f.armed.Load() {
+			// Readable with nothing to read: AF_PACKET stays readable
+			// while the slot before the kernel's position is the
+			// caller's. No edge will come: look again in a moment
+			// rather than wake the CQ's reader for nothing.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(staleReadiness):
+			}
+			f.kick()
+			continue
+		}
 		f.Signal()
 	}
 }
+
+// staleReadiness is how long a forwarder waits before it looks again at
+// a readiness that reports nothing to read.
+const staleReadiness = time.Millisecond
