@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"net"
 	"strings"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/hostif"
 	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"golang.org/x/sys/unix"
 )
@@ -48,19 +48,19 @@ func init() {
 // (nic.Device), one per queue pair, joined in a PACKET_FANOUT group when
 // there are several.
 type Device struct {
-	// core is the lock (Close, BindCQ, Link), the closed state, the
-	// queues as the core sees them and the CQs they feed.
-	core    qcore.Device
-	name    string
-	ifname  string
-	ifindex int
-	ctl     int
-	socks   []*sock
-	mac     net.HardwareAddr
-	rx      []*RxQueue
-	tx      []*TxQueue
-	info    nic.Info
+	// host is the queue core's device, the interface, the queues and
+	// the accessors of nic.Device.
+	host
+	socks []*sock
+	rx    []*RxQueue
+	tx    []*TxQueue
 }
+
+// host is the part of Device every host device has.
+type host = hostif.Device[*RxQueue, *TxQueue]
+
+// core is the queue core's device.
+func (d *Device) core() *qcore.Device { return hostif.Core(&d.host) }
 
 // sock is a queue pair's packet socket and its receive ring.
 type sock struct {
@@ -102,10 +102,10 @@ func Open(ctx context.Context, ifname string, cfg nic.Config) (*Device, error) {
 		return nil, fmt.Errorf("%w: afpacket: buffer size %d (slots of 2048 or 4096 bytes)", nic.ErrInvalid, chunk)
 	}
 	size = 1 << (bits.Len(uint(size)) - 1)
-	d := &Device{name: "afpacket:" + ifname, ifname: ifname, ctl: -1}
-	d.core.Name = d.name
-	if err := d.open(ctx, pairs, size, chunk); err != nil {
-		_ = d.core.Teardown(nic.ErrClosed, d.hw)
+	d := &Device{}
+	d.core().Name = "afpacket:" + ifname
+	if err := d.open(ctx, ifname, pairs, size, chunk); err != nil {
+		_ = d.core().Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil
@@ -116,18 +116,12 @@ type tpacketReq struct {
 	BlockSize, BlockNr, FrameSize, FrameNr uint32
 }
 
-func (d *Device) open(ctx context.Context, pairs, size, chunk int) error {
-	ifc, err := net.InterfaceByName(d.ifname)
+func (d *Device) open(ctx context.Context, ifname string, pairs, size, chunk int) error {
+	ifc, err := hostif.Open("afpacket", ifname, ErrNoInterface)
 	if err != nil {
-		if strings.Contains(err.Error(), "no such network interface") {
-			return fmt.Errorf("%w: %q", ErrNoInterface, d.ifname)
-		}
-		return fmt.Errorf("afpacket: %s: %w", d.ifname, err)
+		return err
 	}
-	d.ifindex, d.mac = ifc.Index, ifc.HardwareAddr
-	if d.ctl, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-		return fmt.Errorf("afpacket: control socket: %w", err)
-	}
+	hostif.Setup(&d.host, ifc, nic.Info{})
 	group := -1
 	for i := range pairs {
 		if err := ctx.Err(); err != nil {
@@ -135,7 +129,7 @@ func (d *Device) open(ctx context.Context, pairs, size, chunk int) error {
 		}
 		s := &sock{fd: -1}
 		d.socks = append(d.socks, s)
-		if err := s.open(d.ifname, d.ifindex, size, chunk); err != nil {
+		if err := s.open(ifname, ifc.Index, size, chunk); err != nil {
 			return err
 		}
 		if pairs > 1 {
@@ -143,9 +137,9 @@ func (d *Device) open(ctx context.Context, pairs, size, chunk int) error {
 				return err
 			}
 		}
-		name := fmt.Sprintf("%s@%d", d.ifname, i)
+		name := fmt.Sprintf("%s@%d", ifname, i)
 		if pairs == 1 {
-			name = d.ifname
+			name = ifname
 		}
 		rx, err := newRxQueue(s, i, name, size, chunk)
 		if err != nil {
@@ -156,18 +150,14 @@ func (d *Device) open(ctx context.Context, pairs, size, chunk int) error {
 			return err
 		}
 		d.rx, d.tx = append(d.rx, rx), append(d.tx, tx)
-		d.core.Rx, d.core.Tx = append(d.core.Rx, &rx.Queue), append(d.core.Tx, &tx.Queue)
-	}
-	model := "AF_PACKET"
-	if di, err := unix.IoctlGetEthtoolDrvinfo(d.ctl, d.ifname); err == nil {
-		model += " on " + unix.ByteSliceToString(di.Driver[:])
+		hostif.Add(&d.host, rx, &rx.Queue, tx, &tx.Queue)
 	}
 	feats := []string{"tpacket-v2", "qdisc-bypass", "vlan-reinsert"}
 	if pairs > 1 {
 		feats = append(feats, "fanout-hash")
 	}
-	d.info = nic.Info{Driver: "afpacket", Address: d.name, Model: model, MAC: d.mac, MTU: ifc.MTU,
-		QueuePairs: pairs, MaxQueuePairs: maxPairs, QueueSize: size, RxBuffers: size, BufferSize: chunk, Features: feats}
+	hostif.Setup(&d.host, ifc, nic.Info{Driver: "afpacket", Address: d.core().Name, Model: ifc.Model("AF_PACKET"), MAC: ifc.MAC, MTU: ifc.MTU,
+		QueuePairs: pairs, MaxQueuePairs: maxPairs, QueueSize: size, RxBuffers: size, BufferSize: chunk, Features: feats})
 	return nil
 }
 
@@ -267,42 +257,6 @@ func (s *sock) close() error {
 	return errors.Join(errs...)
 }
 
-// Info implements nic.Device.
-func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
-
-// MAC implements nic.Device.
-func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
-
-// QueuePairs implements nic.Device.
-func (d *Device) QueuePairs() int { return len(d.rx) }
-
-// Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
-
-// Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
-
-// Link implements nic.Device: the interface's flags (up and running).
-func (d *Device) Link() (nic.Link, error) {
-	d.core.Mu.Lock()
-	defer d.core.Mu.Unlock()
-	if d.core.Closed {
-		return nic.Link{}, nic.ErrClosed
-	}
-	ifr, err := unix.NewIfreq(d.ifname)
-	if err != nil {
-		return nic.Link{}, err
-	}
-	if err := unix.IoctlIfreq(d.ctl, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return nic.Link{}, fmt.Errorf("afpacket: %s flags: %w", d.ifname, err)
-	}
-	fl := ifr.Uint16()
-	return nic.Link{Up: fl&unix.IFF_UP != 0 && fl&unix.IFF_RUNNING != 0, Reported: true}, nil
-}
-
-// Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats { return d.core.Stats(0) }
-
 // BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue of
 // pair i and 2i+1 for its transmit queue. A receive entry's Buf is the
 // frame (RxQueue.Frame, Repost, Release). The socket's readiness cannot
@@ -310,13 +264,13 @@ func (d *Device) Stats() nic.Stats { return d.core.Stats(0) }
 // waits on it and signals the CQ; a transmit queue signals it when its
 // Flush has written completions.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return d.core.BindForwarded(c, i, dir, nil, 0)
+	return d.core().BindForwarded(c, i, dir, nil, 0)
 }
 
 // Close implements nic.Device: the queues close (operations outstanding
 // on a queue bound to a CQ complete there as flushed), then the sockets
 // and rings go.
-func (d *Device) Close() error { return d.core.Close(nic.ErrClosed, nil, d.hw) }
+func (d *Device) Close() error { return d.core().Close(nic.ErrClosed, nil, d.hw) }
 
 // hw releases the sockets and rings once the queues are closed: nothing
 // reads a ring once it is unmapped.
@@ -325,10 +279,7 @@ func (d *Device) hw() error {
 	for _, s := range d.socks {
 		errs = append(errs, s.close())
 	}
-	if d.ctl >= 0 {
-		errs = append(errs, unix.Close(d.ctl))
-		d.ctl = -1
-	}
+	errs = append(errs, hostif.IfaceOf(&d.host).Close())
 	return errors.Join(errs...)
 }
 

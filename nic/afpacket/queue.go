@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -19,10 +18,6 @@ import (
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"golang.org/x/sys/unix"
 )
-
-// errFrameSize is Send's error for a frame of the wrong size, prepared
-// once so that returning it does not allocate.
-var errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 
 // Where the kernel puts things in a TPACKET_V2 slot.
 const (
@@ -71,10 +66,10 @@ func TxLayout(n int) cqring.Layout {
 // a close owes) over a ring read by cq/ring, and the socket.
 type queue struct {
 	qcore.Queue
-	s   *sock
-	src *cqring.RingSource
-	tab *cqring.Table
-	out int // postings not completed
+	s *sock
+	// sr reads the queue's ring; sr.Out counts the postings not
+	// completed.
+	sr qcore.SourceRing
 	// sendErr is a failed sendmmsg's error, for the Flush that made it.
 	sendErr error
 }
@@ -82,86 +77,33 @@ type queue struct {
 // init makes the reader over mem with layout l and a table of n slots,
 // and gives the core the queue's ring.
 func (q *queue) init(rd qcore.Ring, mem []byte, regs cqring.RingRegs, l cqring.Layout, n int, bufs *rxbuf.Pool) error {
-	src, err := cqring.NewRingSource(cqring.RingConfig{Mem: mem, Layout: l, Regs: regs})
-	if err != nil {
-		return fmt.Errorf("%w: afpacket: %v", nic.ErrInvalid, err)
-	}
-	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
-	if err != nil {
+	var err error
+	if q.sr, err = qcore.NewSourceRing(cqring.RingConfig{Mem: mem, Layout: l, Regs: regs}, n); err != nil {
 		return err
 	}
-	if err := src.BindTable(0, tab); err != nil {
-		return err
-	}
-	q.src, q.tab = src, tab
 	q.Queue.Init(rd, n, bufs)
 	return nil
 }
 
 // reader is a queue's qcore.Ring: the parts receive and transmit share.
 // The core calls it locked.
-type reader struct{ q *queue }
-
-// read takes a batch through the ring reader.
-func (r reader) read(cs []cqring.Completion) int {
-	n := r.q.src.NextBatch(cs)
-	for i := range cs[:n] {
-		if cs[i].Done {
-			r.q.out--
-		}
-	}
-	return n
+type reader struct {
+	*qcore.SourceRing
+	q *queue
 }
-
-// Publish implements qcore.Ring.
-func (r reader) Publish() { r.q.src.Publish() }
-
-// Pending implements qcore.Ring.
-func (r reader) Pending(max int) int { return r.q.src.Pending(max) }
-
-// Outstanding implements qcore.Ring.
-func (r reader) Outstanding() int { return r.q.out }
 
 // Broken implements qcore.Ring: neither ring can lose step (the kernel
 // writes a slot only when it is posted; the transmit ring is the
 // queue's own).
 func (r reader) Broken() bool { return false }
 
-// Disarm implements qcore.Ring: the socket's readiness needs no disarming.
-func (r reader) Disarm() {}
+// Arm implements qcore.Ring.
+func (r reader) Arm(threshold int) (late, ok bool) { return r.q.ArmReadiness() }
 
-// Err implements qcore.Ring: every refusal carries a cq/ring code.
-func (r reader) Err(c *cqring.Completion) error {
-	if err := c.Prov.Refusal(); err != nil {
-		return err
-	}
-	return nic.ErrDeviceStatus
-}
-
-// StrError implements qcore.Ring: afpacket reports only cq's own codes.
-func (r reader) StrError(prov cq.ProvErrno, data []byte) (string, bool) { return "", false }
-
-// Table implements qcore.Ring.
-func (r reader) Table() *cqring.Table { return r.q.tab }
-
-// Arm implements qcore.Ring: the socket's readiness needs no arming; a
-// CQ the queue feeds is signalled by its forwarder (qcore.Forwarder).
-func (r reader) Arm(threshold int) (late, ok bool) {
-	if fw := r.q.FW; fw != nil {
-		return fw.Arm(), true
-	}
-	return false, true
-}
-
-// Flush implements nic.Queue: the core's, and a failed send's error.
-func (q *queue) Flush() error {
-	if err := q.Queue.Flush(); err != nil {
-		return err
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	err := q.sendErr
-	q.sendErr = nil
+// NotifyErr implements qcore.Notifier: a failed send's error, once.
+func (r reader) NotifyErr() error {
+	err := r.q.sendErr
+	r.q.sendErr = nil
 	return err
 }
 
@@ -184,7 +126,7 @@ func newRxQueue(s *sock, pair int, name string, n, size int) (*RxQueue, error) {
 	q := &RxQueue{bufs: rxbuf.New(p, frameOff), size: size}
 	q.s = s
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "rx-"+name, pair, -1, s.irq, uint32(2*pair), "afpacket"
-	if err := q.init(rxReader{reader{&q.queue}, q}, s.ring, cqring.RingRegs{}, RxLayout(n, size), n, &q.bufs); err != nil {
+	if err := q.init(rxReader{reader{&q.sr, &q.queue}, q}, s.ring, cqring.RingRegs{}, RxLayout(n, size), n, &q.bufs); err != nil {
 		return nil, err
 	}
 	q.Rx = qcore.NewRx(&q.Queue, rxPoster{q}, size-frameOff)
@@ -200,17 +142,17 @@ func (q *RxQueue) status(i uint32) *uint32 {
 type rxPoster struct{ q *RxQueue }
 
 // Room implements qcore.RxPoster.
-func (p rxPoster) Room(held int) bool { return p.q.out+held < len(p.q.s.ring)/p.q.size }
+func (p rxPoster) Room(held int) bool { return p.q.sr.Out+held < len(p.q.s.ring)/p.q.size }
 
 // PostBuf implements qcore.RxPoster: slot b becomes the kernel's (zero in
 // its status word) once the table holds the posting.
 func (p rxPoster) PostBuf(b uint32, ctx any) error {
 	q := p.q
 	op := cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.size, Flags: cq.FlagRecv | cq.FlagMsg, Word: q.Word(0)}
-	if _, err := q.tab.PostSlot(b, op); err != nil {
+	if _, err := q.sr.Tab.PostSlot(b, op); err != nil {
 		return qcore.ErrNoDesc // not reachable: a buffer not posted has its slot free
 	}
-	q.out++
+	q.sr.Out++
 	atomic.StoreUint32(q.status(b), 0) // release: the kernel's from now on
 	return nil
 }
@@ -233,7 +175,7 @@ type rxReader struct {
 // frame's Buf is its first byte, frameOff into the slot.
 func (r rxReader) Read(cs []cqring.Completion) int {
 	q := r.rx
-	n := r.read(cs)
+	n := r.Take(cs)
 	for i := range cs[:n] {
 		c := &cs[i]
 		start := q.bufs.Start(c.ID)
@@ -317,7 +259,7 @@ func newTxQueue(s *sock, pair int, name string, n, maxFrame int) (*TxQueue, erro
 		return nil, err
 	}
 	q.prod = (*uint32)(unsafe.Pointer(&q.comp[8*n]))
-	if err := q.init(txReader{reader{&q.queue}, q}, q.comp[:8*n], cqring.RingRegs{Producer: prod}, TxLayout(n), n, nil); err != nil {
+	if err := q.init(txReader{reader{&q.sr, &q.queue}, q}, q.comp[:8*n], cqring.RingRegs{Producer: prod}, TxLayout(n), n, nil); err != nil {
 		return nil, err
 	}
 	return q, nil
@@ -328,25 +270,21 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
 func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
-		return errFrameSize
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.Usable(); err != nil {
+	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
 		return err
 	}
-	if q.out >= len(q.bufs) {
+	defer q.Mu.Unlock()
+	if q.sr.Out >= len(q.bufs) {
 		return qcore.ErrNoDesc
 	}
-	id, err := q.tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return qcore.ErrNoDesc
 	}
 	q.lens[id] = copy(q.bufs[id], frame)
 	q.order[q.tail%uint32(len(q.order))] = id
 	q.tail++
-	q.out++
+	q.sr.Out++
 	return nil
 }
 
@@ -355,7 +293,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 // readiness.
 func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	q.Mu.Lock()
-	owed := q.out > 0 && !q.Closed
+	owed := q.sr.Out > 0 && !q.Closed
 	q.Mu.Unlock()
 	if owed {
 		return nil
@@ -438,7 +376,7 @@ func (r txReader) Read(cs []cqring.Completion) int {
 			q.sendErr = err // for the next Flush
 		}
 	}
-	return r.read(cs)
+	return r.Take(cs)
 }
 
 // Notify implements qcore.Ring: sendmmsg for the frames waiting.

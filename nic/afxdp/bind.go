@@ -13,7 +13,7 @@ import (
 // and signals the CQ, a transmit queue's for TxOwedWait at the most while
 // sends are owed (AF_XDP signals no completion; Flush pokes it).
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return d.core.BindForwarded(c, i, dir, func(q *qcore.Queue) func() bool {
+	return d.core().BindForwarded(c, i, dir, func(q *qcore.Queue) func() bool {
 		if q == &d.tx[q.Pair].Queue {
 			return func() bool { return q.Outstanding() > 0 }
 		}

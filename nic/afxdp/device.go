@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/hostif"
 	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"golang.org/x/sys/unix"
 )
@@ -49,21 +49,21 @@ func init() {
 // Device is a network interface's queues driven through AF_XDP sockets
 // (nic.Device).
 type Device struct {
-	// core is the lock (Close, BindCQ, Link), the closed state, the
-	// queues as the core sees them and the CQs they feed.
-	core    qcore.Device
-	name    string // "afxdp:eth1@2"
-	ifname  string
-	ifindex int
-	key     ifKey
-	ctl     int // a UDP socket in the interface's namespace, for ioctls
-	mac     net.HardwareAddr
-	red     *redirect
-	xsks    []*xsk
-	rx      []*RxQueue
-	tx      []*TxQueue
-	info    nic.Info
+	// host is the queue core's device, the interface, the queues and
+	// the accessors of nic.Device.
+	host
+	key  ifKey
+	red  *redirect
+	xsks []*xsk
+	rx   []*RxQueue
+	tx   []*TxQueue
 }
+
+// host is the part of Device every host device has.
+type host = hostif.Device[*RxQueue, *TxQueue]
+
+// core is the queue core's device.
+func (d *Device) core() *qcore.Device { return hostif.Core(&d.host) }
 
 var _ nic.Device = (*Device)(nil)
 
@@ -117,10 +117,10 @@ func Open(ctx context.Context, name string, cfg nic.Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: "afxdp:" + name, ifname: ifname, ctl: -1}
-	d.core.Name = d.name
+	d := &Device{}
+	d.core().Name = "afxdp:" + name
 	if err := d.open(ctx, ifname, first, pairs, size, rxBufs, chunk, cfg.Force); err != nil {
-		_ = d.core.Teardown(nic.ErrClosed, d.hw)
+		_ = d.core().Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil
@@ -157,24 +157,18 @@ func normalize(cfg nic.Config) (pairs, size, rxBufs, chunk int, err error) {
 }
 
 func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rxBufs, chunk int, force bool) error {
-	ifc, err := net.InterfaceByName(ifname)
+	ifc, err := hostif.Open("afxdp", ifname, ErrNoInterface)
 	if err != nil {
-		if strings.Contains(err.Error(), "no such network interface") {
-			return fmt.Errorf("%w: %q", ErrNoInterface, ifname)
-		}
-		return fmt.Errorf("afxdp: %s: %w", ifname, err)
+		return err
 	}
-	d.ifindex, d.mac = ifc.Index, ifc.HardwareAddr
-	if d.ctl, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-		return fmt.Errorf("afxdp: control socket: %w", err)
-	}
-	if d.key, err = thisNetns(d.ifindex); err != nil {
+	hostif.Setup(&d.host, ifc, nic.Info{})
+	if d.key, err = thisNetns(ifc.Index); err != nil {
 		return err
 	}
 	openMu.Lock()
 	other, busy := open[d.key]
 	if !busy {
-		open[d.key] = d.name
+		open[d.key] = d.core().Name
 	}
 	openMu.Unlock()
 	if busy {
@@ -192,7 +186,7 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		x, err := newXSK(xskConfig{ifname: ifname, ifindex: d.ifindex, queue: first + i, size: size, txBufs: size, rxBufs: rxBufs, chunk: chunk})
+		x, err := newXSK(xskConfig{ifname: ifname, ifindex: ifc.Index, queue: first + i, size: size, txBufs: size, rxBufs: rxBufs, chunk: chunk})
 		if err != nil {
 			return err
 		}
@@ -210,14 +204,10 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 			return err
 		}
 		d.rx, d.tx = append(d.rx, rx), append(d.tx, tx)
-		d.core.Rx, d.core.Tx = append(d.core.Rx, &rx.Queue), append(d.core.Tx, &tx.Queue)
+		hostif.Add(&d.host, rx, &rx.Queue, tx, &tx.Queue)
 	}
-	if err := d.red.attach(ifname, d.ifindex, force); err != nil {
+	if err := d.red.attach(ifname, ifc.Index, force); err != nil {
 		return err
-	}
-	model := "AF_XDP"
-	if di, err := unix.IoctlGetEthtoolDrvinfo(d.ctl, ifname); err == nil {
-		model += " on " + unix.ByteSliceToString(di.Driver[:])
 	}
 	feats := []string{"copy", "xdp-generic", "need-wakeup"}
 	if d.xsks[0].zc {
@@ -226,8 +216,8 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 	if d.red.native {
 		feats[1] = "xdp-native"
 	}
-	d.info = nic.Info{Driver: "afxdp", Address: d.name, Model: model, MAC: d.mac, MTU: ifc.MTU,
-		QueuePairs: pairs, MaxQueuePairs: nq, QueueSize: size, RxBuffers: rxBufs, BufferSize: chunk, Features: feats}
+	hostif.Setup(&d.host, ifc, nic.Info{Driver: "afxdp", Address: d.core().Name, Model: ifc.Model("AF_XDP"), MAC: ifc.MAC, MTU: ifc.MTU,
+		QueuePairs: pairs, MaxQueuePairs: nq, QueueSize: size, RxBuffers: rxBufs, BufferSize: chunk, Features: feats})
 	return nil
 }
 
@@ -257,9 +247,9 @@ func (d *Device) queues() (inUse, most int) {
 		data uintptr
 		_    [16]byte
 	}
-	copy(ifr.name[:], d.ifname)
+	copy(ifr.name[:], hostif.IfaceOf(&d.host).Name)
 	ifr.data = uintptr(unsafe.Pointer(&ch))
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(d.ctl), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(hostif.IfaceOf(&d.host).Ctl), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
 		return 1, 1
 	}
 	inUse = max(int(ch.RxCount), int(ch.CombinedCount), 1)
@@ -267,47 +257,11 @@ func (d *Device) queues() (inUse, most int) {
 	return inUse, most
 }
 
-// Info implements nic.Device.
-func (d *Device) Info() nic.Info { return qcore.Info(d.info, d.mac) }
-
-// MAC implements nic.Device.
-func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
-
-// QueuePairs implements nic.Device.
-func (d *Device) QueuePairs() int { return len(d.rx) }
-
-// Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) { return qcore.RxAt(d.rx, i, d.name) }
-
-// Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) { return qcore.TxAt(d.tx, i, d.name) }
-
-// Link implements nic.Device: the interface's flags (up and running).
-func (d *Device) Link() (nic.Link, error) {
-	d.core.Mu.Lock()
-	defer d.core.Mu.Unlock()
-	if d.core.Closed {
-		return nic.Link{}, nic.ErrClosed
-	}
-	ifr, err := unix.NewIfreq(d.ifname)
-	if err != nil {
-		return nic.Link{}, err
-	}
-	if err := unix.IoctlIfreq(d.ctl, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return nic.Link{}, fmt.Errorf("afxdp: %s flags: %w", d.ifname, err)
-	}
-	fl := ifr.Uint16()
-	return nic.Link{Up: fl&unix.IFF_UP != 0 && fl&unix.IFF_RUNNING != 0, Reported: true}, nil
-}
-
-// Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats { return d.core.Stats(0) }
-
 // Close implements nic.Device: the queues close (their operations then
 // fail with nic.ErrClosed; operations outstanding on a queue bound to a
 // CQ complete there as flushed), the XDP program is detached, the
 // sockets closed and the rings and UMEM unmapped.
-func (d *Device) Close() error { return d.core.Close(nic.ErrClosed, nil, d.hw) }
+func (d *Device) Close() error { return d.core().Close(nic.ErrClosed, nil, d.hw) }
 
 // hw releases what open made once the queues are closed: no ring or UMEM
 // is unmapped while a queue operation may use it.
@@ -319,10 +273,7 @@ func (d *Device) hw() error {
 	for _, x := range d.xsks {
 		errs = append(errs, x.close())
 	}
-	if d.ctl >= 0 {
-		errs = append(errs, unix.Close(d.ctl))
-		d.ctl = -1
-	}
+	errs = append(errs, hostif.IfaceOf(&d.host).Close())
 	if d.key != (ifKey{}) {
 		openMu.Lock()
 		delete(open, d.key)

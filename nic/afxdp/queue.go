@@ -2,8 +2,6 @@ package afxdp
 
 import (
 	"context"
-	"fmt"
-	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -20,20 +18,16 @@ import (
 // looked at again after it.
 var TxOwedWait = time.Millisecond
 
-// errFrameSize is Send's error for a frame of the wrong size, prepared
-// once so that returning it does not allocate.
-var errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
-
 // queue is what receive and transmit queues share: the core's queue
 // (lock, closed state, the CQ fed, counters, Poll, the CQ's reader, what
 // a close owes) over the ring the kernel writes (receive or completion),
 // read by cq/ring, and the ring this queue produces (fill or transmit).
 type queue struct {
 	qcore.Queue
-	x   *xsk
-	src *cqring.RingSource
-	tab *cqring.Table
-	out int // postings the kernel has not completed
+	x *xsk
+	// sr reads the ring the kernel writes; sr.Out counts the postings
+	// the kernel has not completed.
+	sr qcore.SourceRing
 	// prod is the ring this queue produces (fill or transmit); pub the
 	// producer index last published on it.
 	prod   *ring
@@ -47,93 +41,49 @@ type queue struct {
 // and a table of n slots, and gives the core the queue's ring.
 func (q *queue) init(rd qcore.Ring, r *ring, l cqring.Layout, n int, bufs *rxbuf.Pool) error {
 	l.Name += "-" + q.Name
-	src, err := cqring.NewRingSource(cqring.RingConfig{Mem: r.desc, Layout: l,
-		Regs: cqring.RingRegs{Producer: r.word(r.prod), Doorbell: doorbell.NewDoorbell(r.word(r.cons))}})
+	var err error
+	q.sr, err = qcore.NewSourceRing(cqring.RingConfig{Mem: r.desc, Layout: l,
+		Regs: cqring.RingRegs{Producer: r.word(r.prod), Doorbell: doorbell.NewDoorbell(r.word(r.cons))}}, n)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.Name, err)
-	}
-	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
-	if err != nil {
-		return fmt.Errorf("%w: %s: %v", nic.ErrInvalid, q.Name, err)
-	}
-	if err := src.BindTable(0, tab); err != nil {
 		return err
 	}
-	src.Ring().SetProducerLimit(0) // nothing handed over yet
-	q.src, q.tab = src, tab
+	q.sr.Src.Ring().SetProducerLimit(0) // nothing handed over yet
 	q.Queue.Init(rd, int(r.n), bufs)
 	return nil
 }
 
-// Flush implements nic.Queue: the produced ring's new entries become the
-// kernel's, with a kick only when it asked for one (copy mode always
-// asks for sends: it sends from the system call); the error is the
-// core's, or the kick's.
-func (q *queue) Flush() error {
-	if err := q.Queue.Flush(); err != nil {
-		return err
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	err := q.kickErr
-	q.kickErr = nil
-	return err
-}
-
 // reader is a queue's qcore.Ring: the parts receive and transmit share.
 // The core calls it locked.
-type reader struct{ q *queue }
+type reader struct {
+	*qcore.SourceRing
+	q *queue
+}
 
 // read takes a batch through the ring reader (the one read of each entry
 // and the table's checks). A producer index out of step with what was
 // handed over stops the queue (nic.ErrBroken).
 func (r reader) read(cs []cqring.Completion) int {
-	q := r.q
-	if q.broken {
+	if r.q.broken {
 		return 0
 	}
-	n := q.src.NextBatch(cs)
+	n := r.Take(cs)
 	for i := range cs[:n] {
-		c := &cs[i]
-		if c.Prov == cq.ProvBadIndex {
-			q.broken = true
-		}
-		if c.Done {
-			q.out--
+		if cs[i].Prov == cq.ProvBadIndex {
+			r.q.broken = true
 		}
 	}
 	return n
 }
 
-// Publish implements qcore.Ring.
-func (r reader) Publish() { r.q.src.Publish() }
-
-// Pending implements qcore.Ring.
-func (r reader) Pending(max int) int { return r.q.src.Pending(max) }
-
-// Outstanding implements qcore.Ring.
-func (r reader) Outstanding() int { return r.q.out }
-
 // Broken implements qcore.Ring.
 func (r reader) Broken() bool { return r.q.broken }
 
-// Disarm implements qcore.Ring: the socket's readiness needs no disarming.
-func (r reader) Disarm() {}
-
-// Err implements qcore.Ring: every refusal carries a cq/ring code.
-func (r reader) Err(c *cqring.Completion) error {
-	if err := c.Prov.Refusal(); err != nil {
-		return err
-	}
-	return nic.ErrDeviceStatus
+// NotifyErr implements qcore.Notifier: a failed kick's error, once.
+func (r reader) NotifyErr() error {
+	err := r.q.kickErr
+	r.q.kickErr = nil
+	return err
 }
-
-// StrError implements qcore.Ring: afxdp reports only cq's own codes,
-// which the CQ describes itself.
-func (r reader) StrError(prov cq.ProvErrno, data []byte) (string, bool) { return "", false }
-
-// Table implements qcore.Ring.
-func (r reader) Table() *cqring.Table { return r.q.tab }
 
 // notify publishes the produced ring's new entries and kicks the kernel
 // with kick when it asked for it.
@@ -144,22 +94,12 @@ func (r reader) notify(kick func() error) (rang, suppressed bool) {
 	}
 	q.prod.publish()
 	q.pub = q.prod.next
-	q.src.Ring().SetProducerLimit(q.pub)
+	q.sr.Src.Ring().SetProducerLimit(q.pub)
 	if !q.prod.needWakeup() {
 		return false, true
 	}
 	q.kickErr = kick()
 	return true, false
-}
-
-// arm is the CQ's arm (a queue that feeds one): late when an entry is
-// ready now (the core signals the CQ then), else the forwarder waits for
-// the socket's readiness. The queue's own Arm has nothing to arm.
-func (r reader) arm() (late, ok bool) {
-	if fw := r.q.FW; fw != nil {
-		return fw.Arm(), true
-	}
-	return false, true
 }
 
 // RxQueue is a receive queue: the socket's fill and receive rings
@@ -184,7 +124,7 @@ func newRxQueue(x *xsk, pair int, name string, nbufs int) (*RxQueue, error) {
 	q := &RxQueue{bufs: rxbuf.New(pool, headroom), base: uint32(base)}
 	q.x, q.prod = x, &x.fill
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "rx-"+name, pair, -1, x.irq, uint32(2*pair), "afxdp"
-	if err := q.init(rxReader{reader{&q.queue}}, &x.rx, RxLayout(int(x.rx.n), x.shift), base+nbufs, &q.bufs); err != nil {
+	if err := q.init(rxReader{reader{&q.sr, &q.queue}}, &x.rx, RxLayout(int(x.rx.n), x.shift), base+nbufs, &q.bufs); err != nil {
 		return nil, err
 	}
 	q.Rx = qcore.NewRx(&q.Queue, rxPoster{q}, x.chunk-headroom)
@@ -196,7 +136,7 @@ type rxPoster struct{ q *RxQueue }
 
 // Room implements qcore.RxPoster: the fill ring (and the receive ring,
 // for the frames) hold a ring of postings.
-func (p rxPoster) Room(held int) bool { return p.q.out+held < int(p.q.x.fill.n) }
+func (p rxPoster) Room(held int) bool { return p.q.sr.Out+held < int(p.q.x.fill.n) }
 
 // PostBuf implements qcore.RxPoster: buffer b goes to the kernel through
 // the fill ring.
@@ -204,11 +144,11 @@ func (p rxPoster) PostBuf(b uint32, ctx any) error {
 	q := p.q
 	chunk := q.base + b
 	op := cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.MaxFrame(), Flags: cq.FlagRecv | cq.FlagMsg, Word: q.Word(0)}
-	if _, err := q.tab.PostSlot(chunk, op); err != nil {
+	if _, err := q.sr.Tab.PostSlot(chunk, op); err != nil {
 		return qcore.ErrNoDesc // not reachable: a buffer not posted has its slot free
 	}
 	q.x.fill.putAddr(uint64(chunk) << q.x.shift)
-	q.out++
+	q.sr.Out++
 	return nil
 }
 
@@ -247,11 +187,11 @@ func (r rxReader) Notify() (rang, suppressed bool) { return r.notify(r.q.x.kickF
 // would come to wake the caller).
 func (r rxReader) Arm(threshold int) (late, ok bool) {
 	q := r.q
-	if q.out > 0 && q.x.fill.needWakeup() {
+	if q.sr.Out > 0 && q.x.fill.needWakeup() {
 		q.Notifies.Add(1)
 		q.kickErr = q.x.kickFill()
 	}
-	return r.arm()
+	return r.q.ArmReadiness()
 }
 
 // TxQueue is a transmit queue: the socket's transmit and completion rings
@@ -267,7 +207,7 @@ func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
 	q := &TxQueue{maxFrame: maxFrame}
 	q.x, q.prod = x, &x.tx
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, x.irq, uint32(2*pair+1), "afxdp"
-	if err := q.init(txReader{reader{&q.queue}}, &x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), nil); err != nil {
+	if err := q.init(txReader{reader{&q.sr, &q.queue}}, &x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), nil); err != nil {
 		return nil, err
 	}
 	return q, nil
@@ -278,22 +218,18 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
 func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
-		return errFrameSize
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.Usable(); err != nil {
+	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
 		return err
 	}
-	id, err := q.tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	defer q.Mu.Unlock()
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return qcore.ErrNoDesc
 	}
 	addr := uint64(id) << q.x.shift
 	copy(q.x.umem.Bytes()[addr:addr+uint64(len(frame))], frame)
 	q.x.tx.putDesc(addr, uint32(len(frame)))
-	q.out++
+	q.sr.Out++
 	return nil
 }
 
@@ -302,7 +238,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 // nic.Queue allows, so that their completions are read).
 func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	q.Mu.Lock()
-	owed := q.out > 0 && !q.Closed
+	owed := q.sr.Out > 0 && !q.Closed
 	q.Mu.Unlock()
 	if !owed {
 		return q.Queue.WaitInterrupt(ctx, deadline)
@@ -347,7 +283,7 @@ func (r txReader) Read(cs []cqring.Completion) int {
 // transmit ring, the kernel is kicked again when it asks (in copy mode it
 // sends a bounded batch per system call).
 func (r txReader) Publish() {
-	r.reader.Publish()
+	r.Src.Publish()
 	r.rekick()
 }
 
@@ -366,14 +302,14 @@ func (r txReader) Notify() (rang, suppressed bool) {
 // wait after this arm is bounded while sends are owed (WaitInterrupt).
 func (r txReader) Arm(threshold int) (late, ok bool) {
 	r.rekick()
-	return r.arm()
+	return r.q.ArmReadiness()
 }
 
 // rekick kicks the kernel when published sends wait in the transmit ring
 // and it asked for a kick. A failed kick is retried at the next poll.
 func (r txReader) rekick() {
 	q := r.q
-	if q.out > 0 && q.pub != atomic.LoadUint32(q.x.tx.cons) && q.x.tx.needWakeup() {
+	if q.sr.Out > 0 && q.pub != atomic.LoadUint32(q.x.tx.cons) && q.x.tx.needWakeup() {
 		q.Notifies.Add(1)
 		_ = q.x.kick()
 	}

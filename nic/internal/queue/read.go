@@ -197,6 +197,9 @@ func (q *Queue) Flush() error {
 	if suppressed {
 		q.Suppressed.Add(1)
 	}
+	if n, ok := q.ring.(Notifier); ok {
+		return n.NotifyErr()
+	}
 	return nil
 }
 
