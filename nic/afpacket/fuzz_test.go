@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
 	"golang.org/x/sys/unix"
 )
@@ -98,4 +99,54 @@ func FuzzRxRing(f *testing.F) {
 			require.NoError(t, q.Repost(b, nil))
 		}
 	})
+}
+
+// TestSlotChecks: a frame the kernel put elsewhere than frameOff is moved
+// there; a VLAN tag is put back only where the slot has room for it, else
+// the frame completes with cq.ProvMultiBuffer and its slot goes back.
+func TestSlotChecks(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		snap, mac uint32
+		tag       uint32 // tp_vlan_tci | tp_vlan_tpid<<16
+		want      error  // nil: a good frame
+		wantLen   int
+	}{
+		{"at frameOff", 60, frameOff, 0, nil, 60},
+		{"moved", 60, 62, 0, nil, 60},
+		{"tagged", 60, frameOff, 0x8100<<16 | 5, nil, 64},
+		{"tagged, full slot", 2048 - frameOff - vlanLen, frameOff, 0x8100<<16 | 5, nil, 2048 - frameOff},
+		{"tagged, no room", 2048 - frameOff, frameOff, 0x8100<<16 | 5, cq.ProvMultiBuffer, 0},
+		{"moved, no room", 2048 - 60, 60, 0, cq.ProvMultiBuffer, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := fakeRx(t)
+			slot := q.s.ring[:2048]
+			for i := range int(tc.snap) {
+				slot[int(tc.mac)+i] = byte(i)
+			}
+			binary.LittleEndian.PutUint32(slot[24:], tc.tag)
+			copy(slot, hdr(1, tc.snap, tc.snap, uint16(tc.mac)))
+			comps := make([]nic.Completion, 1)
+			require.Equal(t, 1, q.Poll(comps))
+			c := comps[0]
+			if tc.want != nil {
+				require.ErrorIs(t, c.Err, tc.want)
+				posted, lent := q.bufs.Counts()
+				require.Equal(t, [2]int{fuzzSlots - 1, 0}, [2]int{posted, lent}, "the slot is the driver's again")
+				return
+			}
+			require.NoError(t, c.Err)
+			require.Equal(t, tc.wantLen, c.Len)
+			require.Equal(t, q.bufs.Start(0)+frameOff, c.Buf)
+			want := make([]byte, tc.snap)
+			for i := range want {
+				want[i] = byte(i)
+			}
+			if tc.tag != 0 {
+				want = append(append(append([]byte(nil), want[:12]...), 0x81, 0, 0, 5), want[12:]...)
+			}
+			require.Equal(t, want, c.Data)
+		})
+	}
 }
