@@ -18,7 +18,9 @@ type Pool struct {
 	mem     Slice
 	size    uint32
 	count   uint32
-	free    []uint32 // stack of free indexes
+	free    []uint32 // stack of free indexes (a queue from head when fifo)
+	head    int
+	fifo    bool
 	out     []uint64 // bitmap of buffers handed out, to catch double Put
 	iovaEnd uint64
 }
@@ -40,23 +42,50 @@ func NewPool(r *Region, count, size int) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newPool(mem, count, size), nil
+}
+
+// NewPoolOver makes a pool of count buffers of size bytes (a multiple of
+// 64) over mem, memory the caller mapped that no device reaches through
+// an IOVA (a packet socket's ring, whose slots are the buffers): Addr is
+// a buffer's offset in mem. Get hands buffers out in index order first,
+// then in the order Put returned them, as a ring that the device fills in
+// order wants them back.
+func NewPoolOver(mem []byte, count, size int) (*Pool, error) {
+	if count <= 0 || size <= 0 || size%64 != 0 || count > 1<<24 || size > 1<<24 || len(mem)/size < count {
+		return nil, fmt.Errorf("%w: pool of %d x %d bytes over %d", ErrBadRange, count, size, len(mem))
+	}
+	p := newPool(Slice{Bytes: mem[:count*size]}, count, size)
+	p.fifo = true
+	for i := range p.free {
+		p.free[i] = uint32(i)
+	}
+	return p, nil
+}
+
+func newPool(mem Slice, count, size int) *Pool {
 	p := &Pool{mem: mem, size: uint32(size), count: uint32(count),
 		free: make([]uint32, count), out: make([]uint64, (count+63)/64)}
 	for i := range p.free {
 		p.free[i] = uint32(count - 1 - i) // index 0 comes out first
 	}
 	p.iovaEnd = mem.IOVA + uint64(count*size)
-	return p, nil
+	return p
 }
 
 // Get takes a free buffer; ok is false when all are in use.
 func (p *Pool) Get() (idx uint32, ok bool) {
 	n := len(p.free)
-	if n == 0 {
+	switch {
+	case n == p.head:
 		return 0, false
+	case p.fifo:
+		idx = p.free[p.head]
+		p.head++
+	default:
+		idx = p.free[n-1]
+		p.free = p.free[:n-1]
 	}
-	idx = p.free[n-1]
-	p.free = p.free[:n-1]
 	p.out[idx/64] |= 1 << (idx % 64)
 	return idx, true
 }
@@ -71,6 +100,10 @@ func (p *Pool) Put(idx uint32) error {
 		return fmt.Errorf("%w: buffer %d returned twice", ErrBadBuffer, idx)
 	}
 	p.out[idx/64] &^= bit
+	if p.head > 0 && len(p.free) == cap(p.free) {
+		p.free = p.free[:copy(p.free, p.free[p.head:])] // the queue moves to the front, allocating nothing
+		p.head = 0
+	}
 	p.free = append(p.free, idx)
 	return nil
 }
@@ -111,4 +144,4 @@ func (p *Pool) BufSize() int { return int(p.size) }
 func (p *Pool) Cap() int { return int(p.count) }
 
 // Free returns the number of buffers not in use.
-func (p *Pool) Free() int { return len(p.free) }
+func (p *Pool) Free() int { return len(p.free) - p.head }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,10 @@ type FD struct {
 	wakers  []int    // each thread sleeper's cancel eventfd, which Close kicks
 	spare   int      // a cancel eventfd for the next thread sleeper, or -1
 	watches []*watch // registrations of the sleepers' contexts (watch.go)
+	// signals are the eventfds a Close signals (SignalOnClose), for
+	// sleepers that wait on the descriptor in an epoll set of their own:
+	// closing a descriptor takes it out of the set without waking them.
+	signals []*FD
 }
 
 // closedBit marks a closed FD in users; the bits below count calls.
@@ -419,8 +424,8 @@ func (e *FD) Close() error {
 	e.mu.Lock()
 	e.closing = true
 	e.kickSleepers()
-	watches := e.watches
-	e.watches = nil
+	watches, signals := e.watches, e.signals
+	e.watches, e.signals = nil, nil
 	e.mu.Unlock()
 	for _, w := range watches {
 		w.stop()
@@ -431,6 +436,13 @@ func (e *FD) Close() error {
 	if e.spare >= 0 {
 		_ = unix.Close(e.spare)
 	}
+	// Signalled once the descriptor is gone: a woken sleeper that looks
+	// at it finds it closed.
+	defer func() {
+		for _, s := range signals {
+			_ = s.Add(1) // a closed s has no sleeper left to wake
+		}
+	}()
 	// No new os.File after closing was set; without one, no Wait used
 	// the poller and the users have let go of the fd.
 	if e.f != nil {
@@ -440,6 +452,34 @@ func (e *FD) Close() error {
 		return fmt.Errorf("eventfd: close: %w", err)
 	}
 	return nil
+}
+
+// SignalOnClose makes Close add 1 to s once the descriptor is closed,
+// for a sleeper that waits on Fd in an epoll set of its own (a polling
+// core): closing a descriptor only takes it out of the epoll sets it is
+// in, which wakes nobody. With s in the same set, the sleeper wakes when
+// e closes and finds it closed. cancel undoes the registration. An FD
+// closed already signals s at once; one that New did not make never
+// closes, and never signals.
+func (e *FD) SignalOnClose(s *FD) (cancel func()) {
+	if e.drained == nil {
+		return func() {}
+	}
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		_ = s.Add(1)
+		return func() {}
+	}
+	e.signals = append(e.signals, s)
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if i := slices.Index(e.signals, s); i >= 0 {
+			e.signals = slices.Delete(e.signals, i, i+1)
+		}
+	}
 }
 
 // waitThread is Wait (take) or Await with the calling thread asleep in

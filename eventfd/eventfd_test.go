@@ -375,3 +375,41 @@ func TestZeroFD(t *testing.T) {
 	_, err = unix.Read(p[0], b[:])
 	require.ErrorIs(t, err, unix.EAGAIN, "something was written to fd 0")
 }
+
+// TestSignalOnClose: Close signals each registered eventfd once, after
+// the descriptor is gone; a cancelled registration is not signalled, an
+// FD closed already signals at once, and one New did not make never.
+func TestSignalOnClose(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	s, err := New()
+	require.NoError(t, err)
+	defer s.Close()
+	other, err := New()
+	require.NoError(t, err)
+	defer other.Close()
+	e.SignalOnClose(s)
+	e.SignalOnClose(other)()
+	n, err := s.Take()
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing before Close")
+	require.NoError(t, e.Close())
+	n, err = s.Take()
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), n, "signalled by Close")
+	require.Equal(t, -1, e.Fd(), "after the descriptor closed")
+	n, err = other.Take()
+	require.NoError(t, err)
+	require.Zero(t, n, "cancelled")
+	require.NoError(t, e.Close())
+	n, _ = s.Take()
+	require.Zero(t, n, "a second Close signals nothing")
+
+	e.SignalOnClose(s)
+	n, _ = s.Take()
+	require.Equal(t, uint64(1), n, "closed already: at once")
+	var zero FD
+	zero.SignalOnClose(s)()
+	n, _ = s.Take()
+	require.Zero(t, n, "an FD New did not make never closes")
+}

@@ -2,7 +2,6 @@ package lcore
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/vfnic/vfnic/eventfd"
 	"golang.org/x/sys/unix"
@@ -11,11 +10,15 @@ import (
 // epoller sleeps the core's locked thread in epoll_wait on its queues'
 // interrupt eventfds and its wake eventfd. The eventfds stay registered
 // with Go's runtime poller too (an fd may be in several epoll sets); only
-// this thread reads them while the core runs.
+// this thread reads them while the core runs. A queue's interrupt that
+// closes (its device closed, or taken back by the kernel) leaves the set
+// without waking it, so each signals the wake eventfd as it closes
+// (eventfd.FD.SignalOnClose): the core wakes at once and finds it closed.
 type epoller struct {
-	fd     int
-	wake   *eventfd.FD
-	events []unix.EpollEvent
+	fd      int
+	wake    *eventfd.FD
+	events  []unix.EpollEvent
+	cancels []func() // the SignalOnClose registrations
 }
 
 const wakeTag = -1 // the event data of the wake eventfd
@@ -41,6 +44,9 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 		if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, n, &ev); err != nil {
 			return fmt.Errorf("lcore: epoll_ctl: %w", err)
 		}
+		if efd != wake {
+			ep.cancels = append(ep.cancels, efd.SignalOnClose(wake))
+		}
 		return nil
 	}
 	if err := add(wake, wakeTag); err != nil {
@@ -56,19 +62,13 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 	return ep, nil
 }
 
-// closedCheck bounds a sleep: a queue closed while its core sleeps (the
-// device closed, or taken back by the kernel) closes its interrupt
-// eventfd, which does not wake an epoll_wait on it (the epoll set only
-// loses the fd), so the core wakes this often to find out. An idle core
-// then costs one wake-up a second.
-const closedCheck = time.Second
-
-// wait blocks the thread until an interrupt or the wake eventfd fires, or
-// closedCheck passes, and drains the wake eventfd if it fired (the
-// queues' eventfds are drained before their next arm).
+// wait blocks the thread until an interrupt or the wake eventfd fires
+// (a Wake, the context, or a queue's interrupt closing), and drains the
+// wake eventfd if it fired (the queues' eventfds are drained before their
+// next arm).
 func (ep *epoller) wait() error {
 	for {
-		n, err := unix.EpollWait(ep.fd, ep.events, int(closedCheck/time.Millisecond))
+		n, err := unix.EpollWait(ep.fd, ep.events, -1)
 		if err == unix.EINTR {
 			continue
 		}
@@ -86,4 +86,9 @@ func (ep *epoller) wait() error {
 	}
 }
 
-func (ep *epoller) close() { _ = unix.Close(ep.fd) }
+func (ep *epoller) close() {
+	for _, cancel := range ep.cancels {
+		cancel()
+	}
+	_ = unix.Close(ep.fd)
+}

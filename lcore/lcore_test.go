@@ -865,9 +865,12 @@ func TestSleepingCoreShortensSlice(t *testing.T) {
 }
 
 // TestClosedQueueStopsSleepingCore: a queue closed while its core sleeps
-// on its interrupt (a device closed or taken back by the kernel) stops the
-// core within about closedCheck, with an error matching os.ErrClosed,
-// although closing the eventfd does not wake the core's epoll_wait.
+// on its interrupt (a device closed or taken back by the kernel) wakes
+// the core at once (its eventfd signals the core's wake eventfd as it
+// closes, where closing alone would only take it out of the epoll set),
+// which stops with an error matching os.ErrClosed. Nothing else wakes an
+// idle core: it sleeps through a quiet second and a half, then wakes
+// once, for the close.
 func TestClosedQueueStopsSleepingCore(t *testing.T) {
 	for _, mode := range []Mode{Adaptive, Interrupt} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -878,14 +881,22 @@ func TestClosedQueueStopsSleepingCore(t *testing.T) {
 			require.NoError(t, c.AddQueue(q, h.handle))
 			require.NoError(t, c.Start(context.Background()))
 			require.True(t, waitFor(5*time.Second, func() bool { return c.Stats().Sleeps > 0 }), "the core sleeps")
+			asleep := c.Stats()
+			time.Sleep(1500 * time.Millisecond)
+			require.Equal(t, asleep, c.Stats(), "an idle core stays asleep (no periodic look)")
 			start := time.Now()
 			require.NoError(t, q.Close())
-			ctx, cancel := context.WithTimeout(context.Background(), 5*closedCheck)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err = c.Wait(ctx)
 			require.ErrorIs(t, err, os.ErrClosed, "the core stopped on the closed queue")
-			t.Logf("stopped %v after the queue closed: %v", time.Since(start).Round(time.Millisecond), err)
+			t.Logf("stopped %v after the queue closed: %v", time.Since(start).Round(time.Microsecond), err)
 			require.NoError(t, ctx.Err())
+			// Stats publishes Wakeups at the next sleep or the end: the last
+			// sleep was woken, by the close, and none followed.
+			end := c.Stats()
+			require.Equal(t, asleep.Sleeps, end.Sleeps, "no sleep after the close")
+			require.Equal(t, end.Sleeps, end.Wakeups, "the last sleep woken")
 			_ = c.Close()
 		})
 	}

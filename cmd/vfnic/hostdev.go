@@ -27,7 +27,7 @@ import (
 const hostNames = `A device is a PCI address of a NIC bound to vfio-pci ("0000:00:04.0"), or a host interface:
   afxdp:IF       queue 0 of interface IF through AF_XDP sockets (queues 0.. with -queues)
   afxdp:IF@Q     queue Q (and up) of IF
-  afpacket:IF    IF through an AF_PACKET socket (one queue), where AF_XDP is missing
+  afpacket:IF    IF through AF_PACKET sockets (-queues N: N sockets sharing its frames by flow), where AF_XDP is missing
 The kernel keeps a host interface: frames the program does not take go on to its stack.
 With afxdp, -force detaches an XDP program someone else attached through netlink (as
 'ip link set dev IF xdp off'; without -force it is refused, never replaced); one held by

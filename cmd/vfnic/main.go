@@ -18,7 +18,7 @@
 //
 // ADDR of the traffic commands, info and probe is a PCI address or a host
 // interface: afxdp:IF (queue 0, or 0 and up with -queues), afxdp:IF@Q
-// (queue Q and up) or afpacket:IF (one queue). The kernel keeps a host
+// (queue Q and up) or afpacket:IF (a socket per queue, -queues). The kernel keeps a host
 // interface; with afxdp, -force detaches an XDP program someone else
 // attached through netlink, which is refused otherwise.
 //

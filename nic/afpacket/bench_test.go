@@ -18,7 +18,7 @@ func BenchmarkSend(b *testing.B) {
 		b.Run(map[int]string{64: "64B", 1514: "1514B"}[size], func(b *testing.B) {
 			v := vt.New(b, 1)
 			dev := openIn(b, v.A, "vfx0", nic.Config{})
-			tx := dev.tx
+			tx := dev.tx[0]
 			frame := make([]byte, size)
 			copy(frame, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 			frame[12], frame[13] = vt.TestType>>8, vt.TestType&0xff

@@ -5,14 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"net"
 	"strings"
-	"sync"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/hostif"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,30 +44,41 @@ func init() {
 		}})
 }
 
-// Device is a network interface driven through an AF_PACKET socket
-// (nic.Device).
+// Device is a network interface driven through AF_PACKET sockets
+// (nic.Device), one per queue pair, joined in a PACKET_FANOUT group when
+// there are several.
 type Device struct {
-	mu       sync.Mutex
-	name     string
-	ifname   string
-	ifindex  int
-	fd       int
-	ctl      int
-	ring     []byte
-	irq      *eventfd.FD
-	mac      net.HardwareAddr
-	rx       *RxQueue
-	tx       *TxQueue
-	info     nic.Info
-	closed   bool
-	closeErr error
+	// host is the queue core's device, the interface, the queues and
+	// the accessors of nic.Device.
+	host
+	socks []*sock
+	rx    []*RxQueue
+	tx    []*TxQueue
+}
+
+// host is the part of Device every host device has.
+type host = hostif.Device[*RxQueue, *TxQueue]
+
+// core is the queue core's device.
+func (d *Device) core() *qcore.Device { return hostif.Core(&d.host) }
+
+// sock is a queue pair's packet socket and its receive ring.
+type sock struct {
+	fd   int
+	ring []byte
+	irq  *eventfd.FD // the socket's readiness
 }
 
 var _ nic.Device = (*Device)(nil)
 
+// maxPairs bounds Config.QueuePairs: sockets in one fanout group.
+const maxPairs = 64
+
 // Open opens the interface named ifname in the network namespace of the
-// calling thread: one queue pair, a receive ring of cfg.QueueSize slots
-// (a power of two, default 256) of cfg.BufferSize bytes (2048 or 4096).
+// calling thread: cfg.QueuePairs queue pairs (default 1), each a socket
+// with a receive ring of cfg.QueueSize slots (a power of two, default
+// 256) of cfg.BufferSize bytes (2048 or 4096). Several pairs share the
+// interface's frames by flow (PACKET_FANOUT_HASH).
 func Open(ctx context.Context, ifname string, cfg nic.Config) (*Device, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", nic.ErrInvalid)
@@ -75,7 +86,7 @@ func Open(ctx context.Context, ifname string, cfg nic.Config) (*Device, error) {
 	if ifname == "" || len(ifname) >= unix.IFNAMSIZ || strings.ContainsAny(ifname, "/:@ \t") {
 		return nil, fmt.Errorf("%w: afpacket: interface name %q (want afpacket:IFNAME)", nic.ErrInvalid, ifname)
 	}
-	size, chunk := cfg.QueueSize, cfg.BufferSize
+	pairs, size, chunk := max(cfg.QueuePairs, 1), cfg.QueueSize, cfg.BufferSize
 	if size == 0 {
 		size = defaultSize
 	}
@@ -83,17 +94,18 @@ func Open(ctx context.Context, ifname string, cfg nic.Config) (*Device, error) {
 		chunk = defaultChunk
 	}
 	switch {
-	case cfg.QueuePairs > 1:
-		return nil, fmt.Errorf("%w: afpacket: %d queue pairs (one for now: PACKET_FANOUT is not done)", nic.ErrNotSupported, cfg.QueuePairs)
+	case cfg.QueuePairs < 0 || pairs > maxPairs:
+		return nil, fmt.Errorf("%w: afpacket: %d queue pairs (1 to %d)", nic.ErrInvalid, cfg.QueuePairs, maxPairs)
 	case size < 2 || size > maxSize:
 		return nil, fmt.Errorf("%w: afpacket: queue size %d outside [2, %d]", nic.ErrInvalid, size, maxSize)
 	case chunk != 2048 && chunk != 4096:
 		return nil, fmt.Errorf("%w: afpacket: buffer size %d (slots of 2048 or 4096 bytes)", nic.ErrInvalid, chunk)
 	}
 	size = 1 << (bits.Len(uint(size)) - 1)
-	d := &Device{name: "afpacket:" + ifname, ifname: ifname, fd: -1, ctl: -1}
-	if err := d.open(size, chunk); err != nil {
-		_ = d.teardown()
+	d := &Device{}
+	d.core().Name = "afpacket:" + ifname
+	if err := d.open(ctx, ifname, pairs, size, chunk); err != nil {
+		_ = d.core().Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil
@@ -104,24 +116,61 @@ type tpacketReq struct {
 	BlockSize, BlockNr, FrameSize, FrameNr uint32
 }
 
-func (d *Device) open(size, chunk int) error {
-	ifc, err := net.InterfaceByName(d.ifname)
+func (d *Device) open(ctx context.Context, ifname string, pairs, size, chunk int) error {
+	ifc, err := hostif.Open("afpacket", ifname, ErrNoInterface)
 	if err != nil {
-		if strings.Contains(err.Error(), "no such network interface") {
-			return fmt.Errorf("%w: %q", ErrNoInterface, d.ifname)
+		return err
+	}
+	hostif.Setup(&d.host, ifc, nic.Info{})
+	group := -1
+	for i := range pairs {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		return fmt.Errorf("afpacket: %s: %w", d.ifname, err)
+		s := &sock{fd: -1}
+		d.socks = append(d.socks, s)
+		if err := s.open(ifname, ifc.Index, size, chunk); err != nil {
+			return err
+		}
+		if pairs > 1 {
+			if group, err = s.fanout(group); err != nil {
+				return err
+			}
+		}
+		name := fmt.Sprintf("%s@%d", ifname, i)
+		if pairs == 1 {
+			name = ifname
+		}
+		rx, err := newRxQueue(s, i, name, size, chunk)
+		if err != nil {
+			return err
+		}
+		tx, err := newTxQueue(s, i, name, size, min(ifc.MTU+nic.FrameOverhead, 65535))
+		if err != nil {
+			return err
+		}
+		d.rx, d.tx = append(d.rx, rx), append(d.tx, tx)
+		hostif.Add(&d.host, rx, &rx.Queue, tx, &tx.Queue)
 	}
-	d.ifindex, d.mac = ifc.Index, ifc.HardwareAddr
-	if d.ctl, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-		return fmt.Errorf("afpacket: control socket: %w", err)
+	feats := []string{"tpacket-v2", "qdisc-bypass", "vlan-reinsert"}
+	if pairs > 1 {
+		feats = append(feats, "fanout-hash")
 	}
-	proto := int(htons(unix.ETH_P_ALL))
-	d.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, proto)
+	hostif.Setup(&d.host, ifc, nic.Info{Driver: "afpacket", Address: d.core().Name, Model: ifc.Model("AF_PACKET"), MAC: ifc.MAC, MTU: ifc.MTU,
+		QueuePairs: pairs, MaxQueuePairs: maxPairs, QueueSize: size, RxBuffers: size, BufferSize: chunk, Features: feats})
+	return nil
+}
+
+// open makes the socket, its receive ring of size slots of chunk bytes,
+// and binds it to the interface.
+func (s *sock) open(ifname string, ifindex, size, chunk int) error {
+	var err error
+	s.fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, int(htons(unix.ETH_P_ALL)))
 	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		s.fd = -1
 		return fmt.Errorf("%w: packet socket: %w", ErrPermission, err)
 	} else if err != nil {
-		d.fd = -1
+		s.fd = -1
 		return fmt.Errorf("afpacket: packet socket: %w", err)
 	}
 	for _, o := range []struct {
@@ -132,140 +181,105 @@ func (d *Device) open(size, chunk int) error {
 		{unix.PACKET_QDISC_BYPASS, 1, "PACKET_QDISC_BYPASS"},
 		{unix.PACKET_IGNORE_OUTGOING, 1, "PACKET_IGNORE_OUTGOING"},
 	} {
-		if err := unix.SetsockoptInt(d.fd, unix.SOL_PACKET, o.opt, o.val); err != nil {
+		if err := unix.SetsockoptInt(s.fd, unix.SOL_PACKET, o.opt, o.val); err != nil {
 			return fmt.Errorf("afpacket: %s: %w", o.name, err)
 		}
 	}
 	block := max(chunk, 4096)
 	req := tpacketReq{BlockSize: uint32(block), FrameSize: uint32(chunk), FrameNr: uint32(size)}
 	req.BlockNr = uint32(size * chunk / block)
-	if _, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(d.fd), unix.SOL_PACKET, unix.PACKET_RX_RING,
+	if _, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(s.fd), unix.SOL_PACKET, unix.PACKET_RX_RING,
 		uintptr(unsafe.Pointer(&req)), unsafe.Sizeof(req), 0); e != 0 {
 		return fmt.Errorf("afpacket: PACKET_RX_RING of %d slots: %w", size, e)
 	}
-	if d.ring, err = unix.Mmap(d.fd, 0, size*chunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
+	if s.ring, err = unix.Mmap(s.fd, 0, size*chunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
 		return fmt.Errorf("afpacket: mmap the receive ring: %w", err)
 	}
 	// Every slot is the driver's until posted: the kernel writes only
 	// slots whose status is zero.
 	for i := range size {
-		*(*uint32)(unsafe.Pointer(&d.ring[i*chunk])) = held
+		*(*uint32)(unsafe.Pointer(&s.ring[i*chunk])) = held
 	}
-	if err := unix.Bind(d.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: d.ifindex}); err != nil {
-		return fmt.Errorf("afpacket: bind to %s: %w", d.ifname, err)
+	if err := unix.Bind(s.fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
+		return fmt.Errorf("afpacket: bind to %s: %w", ifname, err)
 	}
-	if d.irq, err = eventfd.Readable(d.fd); err != nil {
+	if s.irq, err = eventfd.Readable(s.fd); err != nil {
 		return err
 	}
-	if d.rx, err = newRxQueue(d, size, chunk); err != nil {
-		return err
-	}
-	d.tx = newTxQueue(d, size, min(ifc.MTU+nic.FrameOverhead, 65535))
-	model := "AF_PACKET"
-	if di, err := unix.IoctlGetEthtoolDrvinfo(d.ctl, d.ifname); err == nil {
-		model += " on " + unix.ByteSliceToString(di.Driver[:])
-	}
-	d.info = nic.Info{Driver: "afpacket", Address: d.name, Model: model, MAC: d.mac, MTU: ifc.MTU,
-		QueuePairs: 1, MaxQueuePairs: 1, QueueSize: size, RxBuffers: size, BufferSize: chunk,
-		Features: []string{"tpacket-v2", "qdisc-bypass"}}
 	return nil
 }
 
-// Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
+// fanoutMode is how a device's sockets share the interface's frames:
+// by flow hash, so that a flow stays on one queue and in order (as RSS
+// does, and as DPDK's net_af_packet does with its queue pairs), with IP
+// fragments reassembled first so that they hash as their flow
+// (PACKET_FANOUT_FLAG_DEFRAG). PACKET_FANOUT_QM would follow the NIC's
+// own queues, which a veth or a single-queue NIC does not spread;
+// PACKET_FANOUT_CPU the receiving CPU, which splits a flow whenever the
+// kernel moves it.
+const fanoutMode = unix.PACKET_FANOUT_HASH | unix.PACKET_FANOUT_FLAG_DEFRAG
 
-// MAC implements nic.Device.
-func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
-
-// QueuePairs implements nic.Device.
-func (d *Device) QueuePairs() int { return 1 }
-
-// Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	if i != 0 {
-		return nil, fmt.Errorf("%w: %s: receive queue %d of 1", nic.ErrInvalid, d.name, i)
+// fanout joins the socket to fanout group id, or, for -1, to a new group
+// with an id the kernel picks unique (PACKET_FANOUT_FLAG_UNIQUEID), and
+// returns the group's id.
+func (s *sock) fanout(id int) (int, error) {
+	arg := id | fanoutMode<<16
+	if id < 0 {
+		arg = (fanoutMode | unix.PACKET_FANOUT_FLAG_UNIQUEID) << 16
 	}
-	return d.rx, nil
-}
-
-// Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	if i != 0 {
-		return nil, fmt.Errorf("%w: %s: transmit queue %d of 1", nic.ErrInvalid, d.name, i)
+	if err := unix.SetsockoptInt(s.fd, unix.SOL_PACKET, unix.PACKET_FANOUT, arg); err != nil {
+		return 0, fmt.Errorf("afpacket: PACKET_FANOUT: %w", err)
 	}
-	return d.tx, nil
-}
-
-// Link implements nic.Device: the interface's flags (up and running).
-func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nic.Link{}, nic.ErrClosed
+	if id >= 0 {
+		return id, nil
 	}
-	ifr, err := unix.NewIfreq(d.ifname)
+	got, err := unix.GetsockoptInt(s.fd, unix.SOL_PACKET, unix.PACKET_FANOUT)
 	if err != nil {
-		return nic.Link{}, err
+		return 0, fmt.Errorf("afpacket: PACKET_FANOUT group: %w", err)
 	}
-	if err := unix.IoctlIfreq(d.ctl, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return nic.Link{}, fmt.Errorf("afpacket: %s flags: %w", d.ifname, err)
-	}
-	fl := ifr.Uint16()
-	return nic.Link{Up: fl&unix.IFF_UP != 0 && fl&unix.IFF_RUNNING != 0, Reported: true}, nil
+	return got & 0xffff, nil
 }
 
-// Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats {
-	rs, ts := d.rx.Stats(), d.tx.Stats()
-	return nic.Stats{Rx: rs, Tx: ts, RxQueues: []nic.QueueStats{rs}, TxQueues: []nic.QueueStats{ts}}
-}
-
-// BindCQ implements nic.Device: not supported (see the package
-// documentation: sends complete at Flush, from no ring).
-func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return fmt.Errorf("%w: afpacket: BindCQ (sends complete in sendmmsg, from no ring a CQ could read)", nic.ErrNotSupported)
-}
-
-// Close implements nic.Device.
-func (d *Device) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeErr
-	}
-	d.closed = true
-	d.closeErr = d.teardown()
-	return d.closeErr
-}
-
-// teardown closes the queues first: nothing reads the ring once it is
-// unmapped.
-func (d *Device) teardown() error {
-	if d.rx != nil {
-		d.rx.close()
-	}
-	if d.tx != nil {
-		d.tx.close()
-	}
+// close releases the socket and its ring.
+func (s *sock) close() error {
 	var errs []error
-	if d.irq != nil {
-		errs = append(errs, d.irq.Close())
+	if s.irq != nil {
+		errs = append(errs, s.irq.Close())
 	}
-	if d.ring != nil {
-		errs = append(errs, unix.Munmap(d.ring))
-		d.ring = nil
+	if s.ring != nil {
+		errs = append(errs, unix.Munmap(s.ring))
+		s.ring = nil
 	}
-	for _, fd := range []*int{&d.fd, &d.ctl} {
-		if *fd >= 0 {
-			errs = append(errs, unix.Close(*fd))
-			*fd = -1
-		}
+	if s.fd >= 0 {
+		errs = append(errs, unix.Close(s.fd))
+		s.fd = -1
 	}
+	return errors.Join(errs...)
+}
+
+// BindCQ implements nic.Device. Entry.Queue is 2i for the receive queue of
+// pair i and 2i+1 for its transmit queue. A receive entry's Buf is the
+// frame (RxQueue.Frame, Repost, Release). The socket's readiness cannot
+// signal the CQ's eventfd itself: an armed receive queue's forwarder
+// waits on it and signals the CQ; a transmit queue signals it when its
+// Flush has written completions.
+func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
+	return d.core().BindForwarded(c, i, dir, nil, 0)
+}
+
+// Close implements nic.Device: the queues close (operations outstanding
+// on a queue bound to a CQ complete there as flushed), then the sockets
+// and rings go.
+func (d *Device) Close() error { return d.core().Close(nic.ErrClosed, nil, d.hw) }
+
+// hw releases the sockets and rings once the queues are closed: nothing
+// reads a ring once it is unmapped.
+func (d *Device) hw() error {
+	var errs []error
+	for _, s := range d.socks {
+		errs = append(errs, s.close())
+	}
+	errs = append(errs, hostif.IfaceOf(&d.host).Close())
 	return errors.Join(errs...)
 }
 

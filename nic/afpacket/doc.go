@@ -18,7 +18,10 @@
 // convention, while V3's blocks hold a variable number of frames that the
 // kernel hands over a block at a time (one status for many frames). The
 // kernel fills slots in ring order, so a buffer held by the caller stops
-// reception at its slot until it is handed back.
+// reception at its slot until it is handed back; PostRecv posts slots in
+// the order they came back (first in ring order). Every lent frame starts
+// at the same place in its slot (66 bytes in, where the kernel puts an
+// Ethernet frame; one put elsewhere is moved there).
 //
 // Every field of a slot's header the kernel wrote (status, snap length,
 // frame length, MAC offset) is read once into a copy and checked: the
@@ -27,18 +30,36 @@
 //
 // Transmit: frames are sent at Flush with one sendmmsg(2) on a socket with
 // PACKET_QDISC_BYPASS; the kernel has taken each frame when the call
-// returns, so each send completes then (in order, read with Poll). No
-// ring is involved, so a transmit queue cannot feed a CQ, and BindCQ is
-// not supported (nic.ErrNotSupported).
+// returns, so each send completes then: the queue writes a completion
+// (the posting's id and length) into a ring of its own, read by cq/ring's
+// used-index reader as the kernel's rings are, in order.
+//
+// Both queues run on the queue core the VFIO drivers share (Poll, the CQ
+// a queue feeds through BindCQ, buffer lending, flushed completions at
+// Close). The CQ's eventfd cannot be wired to the socket's readiness: an
+// armed receive queue has a goroutine wait on the readiness and signal
+// the CQ; a transmit queue signals it when its Flush writes completions.
 //
 // The socket's readiness is the queues' interrupt (eventfd.Readable):
 // AF_PACKET reports the socket readable while the slot before the
 // kernel's position is not the kernel's, so a caller that keeps that
 // buffer (neither Repost nor Release) is woken again at once.
 //
-// AF_PACKET hands a received frame's 802.1Q tag over in the slot header
-// (tp_vlan_tci) with the tag taken out of the frame; this driver does not
-// put it back yet, so tagged frames arrive untagged.
+// AF_PACKET hands a received frame's outer VLAN tag (802.1Q or 802.1ad)
+// over in the slot header (tp_vlan_tci, tp_vlan_tpid) with the tag taken
+// out of the frame; the driver puts it back after the MAC addresses,
+// moving the rest of the frame 4 bytes on inside its slot, so frames
+// arrive as they were on the wire. A tagged frame whose tag does not fit
+// in the slot completes with cq.ProvMultiBuffer.
 //
-// One queue pair (PACKET_FANOUT for more is not done yet).
+// Queue pairs: Config.QueuePairs sockets (default 1, at most 64), each
+// with its own receive ring, joined in one PACKET_FANOUT group with a
+// kernel-chosen unique id. The mode is PACKET_FANOUT_HASH with
+// PACKET_FANOUT_FLAG_DEFRAG: a flow stays on one queue, in order, as with
+// RSS and as DPDK's net_af_packet spreads its queue pairs; IP fragments
+// are reassembled first so that they follow their flow. PACKET_FANOUT_QM
+// would follow the NIC's own receive queues, which a veth or a
+// single-queue NIC does not spread, and PACKET_FANOUT_CPU the receiving
+// CPU, which splits a flow whenever the kernel moves it. Queue pair i
+// sends on socket i.
 package afpacket

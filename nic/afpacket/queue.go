@@ -2,352 +2,267 @@ package afpacket
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/dma"
+	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
 	qcore "github.com/vfnic/vfnic/nic/internal/queue"
+	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 	"golang.org/x/sys/unix"
 )
 
-// Errors returned on the data path, prepared so that returning them does
-// not allocate.
-var (
-	errNoBuffer  = fmt.Errorf("%w: every receive slot is posted or lent out (Release or Repost some)", nic.ErrFull)
-	errNoDesc    = fmt.Errorf("%w: every send waits for Flush or for its completion to be read", nic.ErrFull)
-	errNotLent   = fmt.Errorf("%w: buffer is not lent to the caller", nic.ErrBadBuffer)
-	errNotBuffer = fmt.Errorf("%w: address is not a frame in this queue's ring", nic.ErrBadBuffer)
+// Where the kernel puts things in a TPACKET_V2 slot.
+const (
+	// hdrLen is struct tpacket2_hdr's size: a frame starts no closer to
+	// its slot's start.
+	hdrLen = 32
+	// frameOff is where the kernel puts an Ethernet frame in its slot on
+	// a SOCK_RAW socket (tp_mac): TPACKET_ALIGN(tpacket2_hdr and
+	// sockaddr_ll, 52 bytes, plus 16) less the 14-byte header. A frame
+	// elsewhere is moved here, so that every lent frame starts at the
+	// same place (the buffer pool's headroom).
+	frameOff = 66
+	// vlanLen is the length of the VLAN tag put back into a frame.
+	vlanLen = 4
 )
-
-// hdrLen is struct tpacket2_hdr's size: a frame starts no closer to its
-// slot's start.
-const hdrLen = 32
 
 // RxLayout describes a TPACKET_V2 receive ring of n slots of size bytes
 // as cq/ring reads it: the slot's position is its id; tp_status (the
 // first word) carries TP_STATUS_USER when the kernel has written a frame,
 // cleared and replaced by Held when the reader consumes it; Len is
-// tp_snaplen, Meta[0] tp_mac (the frame's offset in the slot) and Meta[1]
-// tp_len (the frame's length on the wire).
+// tp_snaplen and BufOff tp_mac (the frame's offset in the slot: the
+// reader checks that the frame lies inside the slot); Meta[0] is tp_len
+// (the frame's length on the wire) and Meta[1] tp_vlan_tci with
+// tp_vlan_tpid above it (the tag the kernel took out of the frame).
 func RxLayout(n, size int) cqring.Layout {
 	return cqring.Layout{Name: "tpacket-v2", EntrySize: size, Entries: n,
 		Convention: cqring.DescriptorDone, OwnerOff: 0, OwnerMask: unix.TP_STATUS_USER, Held: held, IDIsIndex: true,
 		Fields: cqring.Fields{
-			Len:  cqring.Field{Off: 8, Bits: 32},
-			Meta: [2]cqring.Field{{Off: 12, Bits: 16}, {Off: 4, Bits: 32}},
+			Len:    cqring.Field{Off: 8, Bits: 32},
+			BufOff: cqring.Field{Off: 12, Bits: 16},
+			Meta:   [2]cqring.Field{{Off: 4, Bits: 32}, {Off: 24, Bits: 32}},
 		}}
 }
 
-// Slot states.
-const (
-	slotFree   = iota // the driver's (status Held), not posted
-	slotPosted        // the kernel's (status zero, then USER)
-	slotLent          // a frame lent to the caller (status Held)
-)
+// TxLayout describes the completion ring a transmit queue writes for
+// itself as sendmmsg takes its frames: entries of the posting's id and
+// the frame's length behind a free-running producer index.
+func TxLayout(n int) cqring.Layout {
+	return cqring.Layout{Name: "afpacket-sent", EntrySize: 8, Entries: n,
+		Convention: cqring.UsedIndex, IndexBits: 32,
+		Fields: cqring.Fields{ID: cqring.Field{Off: 0, Bits: 32}, Len: cqring.Field{Off: 4, Bits: 32}}}
+}
 
-// RxQueue is the receive queue: the TPACKET_V2 ring (nic.RxQueue).
+// queue is what receive and transmit queues share: the core's queue
+// (lock, closed state, the CQ fed, counters, Poll, the CQ's reader, what
+// a close owes) over a ring read by cq/ring, and the socket.
+type queue struct {
+	qcore.Queue
+	s *sock
+	// sr reads the queue's ring; sr.Out counts the postings not
+	// completed.
+	sr qcore.SourceRing
+	// sendErr is a failed sendmmsg's error, for the Flush that made it.
+	sendErr error
+}
+
+// init makes the reader over mem with layout l and a table of n slots,
+// and gives the core the queue's ring.
+func (q *queue) init(rd qcore.Ring, mem []byte, regs cqring.RingRegs, l cqring.Layout, n int, bufs *rxbuf.Pool) error {
+	var err error
+	if q.sr, err = qcore.NewSourceRing(cqring.RingConfig{Mem: mem, Layout: l, Regs: regs}, n); err != nil {
+		return err
+	}
+	q.Queue.Init(rd, n, bufs)
+	return nil
+}
+
+// reader is a queue's qcore.Ring: the parts receive and transmit share.
+// The core calls it locked.
+type reader struct {
+	*qcore.SourceRing
+	q *queue
+}
+
+// Broken implements qcore.Ring: neither ring can lose step (the kernel
+// writes a slot only when it is posted; the transmit ring is the
+// queue's own).
+func (r reader) Broken() bool { return false }
+
+// Arm implements qcore.Ring.
+func (r reader) Arm(threshold int) (late, ok bool) { return r.q.ArmReadiness() }
+
+// NotifyErr implements qcore.Notifier: a failed send's error, once.
+func (r reader) NotifyErr() error {
+	err := r.q.sendErr
+	r.q.sendErr = nil
+	return err
+}
+
+// RxQueue is a receive queue: a TPACKET_V2 ring (nic.RxQueue). Buffer b
+// is slot b, and the slot of its posting in the table.
 type RxQueue struct {
-	qcore.Core[struct{}]
-	d      *Device
-	ring   []byte
-	size   int // slot size
-	src    *cqring.RingSource
-	tab    *cqring.Table
-	state  []uint8
-	mac    []uint16 // the lent frame's offset in its slot
-	next   int      // the slot PostRecv tries first: after the last posted
-	out    int
-	broken bool
+	queue
+	qcore.Rx
+	bufs rxbuf.Pool
+	size int // slot size
 }
 
 var _ nic.RxQueue = (*RxQueue)(nil)
 
-func newRxQueue(d *Device, n, size int) (*RxQueue, error) {
-	src, err := cqring.NewRingSource(cqring.RingConfig{Mem: d.ring, Layout: RxLayout(n, size)})
+func newRxQueue(s *sock, pair int, name string, n, size int) (*RxQueue, error) {
+	p, err := dma.NewPoolOver(s.ring, n, size)
 	if err != nil {
 		return nil, fmt.Errorf("%w: afpacket: %v", nic.ErrInvalid, err)
 	}
-	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
-	if err != nil {
+	q := &RxQueue{bufs: rxbuf.New(p, frameOff), size: size}
+	q.s = s
+	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "rx-"+name, pair, -1, s.irq, uint32(2*pair), "afpacket"
+	if err := q.init(rxReader{reader{&q.sr, &q.queue}, q}, s.ring, cqring.RingRegs{}, RxLayout(n, size), n, &q.bufs); err != nil {
 		return nil, err
 	}
-	if err := src.BindTable(0, tab); err != nil {
-		return nil, err
-	}
-	return &RxQueue{Core: qcore.Core[struct{}]{Name: "rx-" + d.ifname, Vector: -1, EFD: d.irq},
-		d: d, ring: d.ring, size: size, src: src, tab: tab, state: make([]uint8, n), mac: make([]uint16, n)}, nil
+	q.Rx = qcore.NewRx(&q.Queue, rxPoster{q}, size-frameOff)
+	return q, nil
 }
 
 // status is slot i's tp_status word.
-func (q *RxQueue) status(i int) *uint32 { return (*uint32)(unsafe.Pointer(&q.ring[i*q.size])) }
-
-// Size implements nic.Queue.
-func (q *RxQueue) Size() int { return len(q.state) }
-
-// Outstanding implements nic.Queue.
-func (q *RxQueue) Outstanding() int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	return q.out
+func (q *RxQueue) status(i uint32) *uint32 {
+	return (*uint32)(unsafe.Pointer(&q.s.ring[int(i)*q.size]))
 }
 
-// MaxFrame implements nic.RxQueue: a slot less the kernel's headers
-// (tpacket2_hdr, sockaddr_ll, alignment).
-func (q *RxQueue) MaxFrame() int { return q.size - 66 }
+// rxPoster is a receive queue's qcore.RxPoster.
+type rxPoster struct{ q *RxQueue }
 
-func (q *RxQueue) usable() error {
-	switch {
-	case q.Closed:
-		return q.CloseErr
-	case q.broken:
-		return nic.ErrBroken
+// Room implements qcore.RxPoster.
+func (p rxPoster) Room(held int) bool { return p.q.sr.Out+held < len(p.q.s.ring)/p.q.size }
+
+// PostBuf implements qcore.RxPoster: slot b becomes the kernel's (zero in
+// its status word) once the table holds the posting.
+func (p rxPoster) PostBuf(b uint32, ctx any) error {
+	q := p.q
+	op := cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.size, Flags: cq.FlagRecv | cq.FlagMsg, Word: q.Word(0)}
+	if _, err := q.sr.Tab.PostSlot(b, op); err != nil {
+		return qcore.ErrNoDesc // not reachable: a buffer not posted has its slot free
 	}
+	q.sr.Out++
+	atomic.StoreUint32(q.status(b), 0) // release: the kernel's from now on
 	return nil
 }
 
-// PostRecv implements nic.RxQueue: the first free slot from the one after
-// the last posted, in ring order (the order the kernel fills them in).
-func (q *RxQueue) PostRecv(ctx any) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	n := len(q.state)
-	for k := range n {
-		if i := (q.next + k) % n; q.state[i] == slotFree {
-			return q.post(i, ctx)
-		}
-	}
-	return errNoBuffer
+// rxReader is a receive queue's qcore.Ring.
+type rxReader struct {
+	reader
+	rx *RxQueue
 }
 
-// post hands slot i to the kernel: zero in its status word, after the
-// table holds the posting. Called locked.
-func (q *RxQueue) post(i int, ctx any) error {
-	if _, err := q.tab.PostSlot(uint32(i), cqring.Op{Context: ctx, Buf: uintptr(unsafe.Pointer(&q.ring[i*q.size])),
-		Len: q.size, Flags: cq.FlagRecv | cq.FlagMsg}); err != nil {
-		return errNoBuffer
-	}
-	q.state[i] = slotPosted
-	q.out++
-	q.next = (i + 1) % len(q.state)
-	atomic.StoreUint32(q.status(i), 0) // release: the kernel's from now on
-	return nil
-}
-
-// lent returns the slot of a frame lent to the caller at buf.
-func (q *RxQueue) lent(buf uintptr) (int, error) {
-	base := uintptr(unsafe.Pointer(&q.ring[0]))
-	if buf < base || buf >= base+uintptr(len(q.ring)) {
-		return 0, errNotBuffer
-	}
-	i := int((buf - base) / uintptr(q.size))
-	if q.state[i] != slotLent {
-		return 0, errNotLent
-	}
-	if buf != base+uintptr(i*q.size)+uintptr(q.mac[i]) {
-		return 0, errNotBuffer
-	}
-	return i, nil
-}
-
-// Repost implements nic.RxQueue.
-func (q *RxQueue) Repost(buf uintptr, ctx any) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	i, err := q.lent(buf)
-	if err != nil {
-		return err
-	}
-	q.state[i] = slotFree
-	return q.post(i, ctx)
-}
-
-// Release implements nic.RxQueue: the slot stays the driver's until
-// PostRecv posts it again.
-func (q *RxQueue) Release(buf uintptr) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return nic.ErrClosed
-	}
-	i, err := q.lent(buf)
-	if err != nil {
-		return err
-	}
-	q.state[i] = slotFree
-	return nil
-}
-
-// Frame implements nic.RxQueue.
-func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return nil, nic.ErrClosed
-	}
-	i, err := q.lent(buf)
-	if err != nil {
-		return nil, err
-	}
-	off := i*q.size + int(q.mac[i])
-	if length < 0 || off+length > (i+1)*q.size {
-		return nil, fmt.Errorf("%w: %d bytes in the frame's slot", nic.ErrInvalid, length)
-	}
-	return q.ring[off : off+length : off+length], nil
-}
-
-// Flush implements nic.Queue: posting hands a slot over at once.
-func (q *RxQueue) Flush() error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	return q.usable()
-}
-
-// Poll implements nic.Queue.
-func (q *RxQueue) Poll(out []nic.Completion) int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return 0
-	}
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(out) && q.take(&c) {
-		o := &out[n]
-		n++
+// Read implements qcore.Ring: the ring reader takes each slot (its
+// status, loaded first, then one copy of its header, and checks that the
+// frame lies inside the slot), then its fields are checked from that
+// copy: the frame starts after the kernel's header, is whole (tp_len is
+// the snap length) and holds an Ethernet header. A VLAN tag the kernel
+// took out of the frame (tp_vlan_tpid not zero: the kernel sets it with
+// TP_STATUS_VLAN_VALID and TP_STATUS_VLAN_TPID_VALID) is put back after
+// the MAC addresses, the rest of the frame moved 4 bytes on inside the
+// slot, so that the caller gets the frame as it was on the wire. A good
+// frame's Buf is its first byte, frameOff into the slot.
+func (r rxReader) Read(cs []cqring.Completion) int {
+	q := r.rx
+	n := r.Take(cs)
+	for i := range cs[:n] {
+		c := &cs[i]
+		start := q.bufs.Start(c.ID)
 		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: 0, Err: refused(&c)}
-			errs++
-			break
+			if c.Done {
+				c.Buf = start // recycled by the core
+			}
+			continue
 		}
-		i := int(c.ID)
-		off := i*q.size + int(q.mac[i])
-		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: q.ring[off : off+c.Len : off+c.Len], Len: c.Len}
-		bytes += uint64(c.Len)
-	}
-	if n > 0 {
-		q.src.Publish()
-		q.Count(n, errs, bytes)
+		mac, wire, tag := int(c.Buf-start), c.Meta[0], c.Meta[1]
+		tpid, tci := uint16(tag>>16), uint16(tag)
+		extra := 0
+		if tpid != 0 {
+			extra = vlanLen
+		}
+		switch {
+		case mac < hdrLen:
+			c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+		case wire != uint64(c.Len):
+			c.Err, c.Prov = cq.ETRUNC, cq.ProvMultiBuffer // longer than the slot holds
+		case c.Len < nic.MinFrame:
+			c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+		case frameOff+c.Len+extra > q.size:
+			c.Err, c.Prov = cq.ETRUNC, cq.ProvMultiBuffer // no room to put the tag back
+		default:
+			slot := q.bufs.Buf(c.ID)
+			if mac != frameOff {
+				copy(slot[frameOff:], slot[mac:mac+c.Len])
+			}
+			if tpid != 0 {
+				f := slot[frameOff : frameOff+c.Len+vlanLen]
+				copy(f[12+vlanLen:], f[12:c.Len])
+				binary.BigEndian.PutUint16(f[12:], tpid)
+				binary.BigEndian.PutUint16(f[14:], tci)
+				c.Len += vlanLen
+			}
+			c.Buf = start + frameOff
+			continue
+		}
+		c.Buf = start
 	}
 	return n
 }
 
-// take reads the next frame through the ring reader (the slot's status,
-// loaded first, then one copy of its header), then checks the header's
-// fields from that copy: the frame lies inside the slot after the
-// kernel's header, is whole (tp_len is the snap length) and holds an
-// Ethernet header; a refused slot goes back to the driver (free).
-func (q *RxQueue) take(c *cqring.Completion) bool {
-	if q.broken || !q.src.Next(c) {
-		return false
-	}
-	if c.Done {
-		q.out--
-	}
-	i := int(c.ID)
-	if c.Err != 0 {
-		if c.Done {
-			q.state[i] = slotFree
-		}
-		c.Buf = 0
-		return true
-	}
-	mac, wire := c.Meta[0], c.Meta[1]
-	switch {
-	case mac < hdrLen || mac+uint64(c.Len) > uint64(q.size):
-		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-	case wire != uint64(c.Len):
-		c.Err, c.Prov = cq.ETRUNC, cq.ProvMultiBuffer // longer than the slot holds
-	case c.Len < nic.MinFrame:
-		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-	default:
-		q.state[i], q.mac[i] = slotLent, uint16(mac)
-		c.Buf += uintptr(mac)
-		return true
-	}
-	q.state[i] = slotFree
-	c.Buf = 0
-	return true
-}
+// Notify implements qcore.Ring: posting hands a slot over at once.
+func (r rxReader) Notify() (rang, suppressed bool) { return false, false }
 
-// refused is the queue API's error for an entry refused.
-func refused(c *cqring.Completion) error {
-	if err := c.Prov.Refusal(); err != nil {
-		return err
-	}
-	return nic.ErrDeviceStatus
-}
-
-// Arm implements nic.Queue: the socket is readable once the kernel has
-// written a frame; nothing to arm.
-func (q *RxQueue) Arm(threshold int) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	return q.usable()
-}
-
-// SRead implements nic.Queue.
-func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	return nic.SRead(ctx, q, out, threshold, timeout)
-}
-
-func (q *RxQueue) close() {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if !q.Closed {
-		q.Closed, q.CloseErr = true, nic.ErrClosed
-	}
-}
-
-// TxQueue is the transmit queue (nic.TxQueue): frames wait in the
-// queue's own buffers until Flush sends them with one sendmmsg(2); each
-// then completes, in order.
+// TxQueue is a transmit queue (nic.TxQueue): frames wait in the queue's
+// own buffers until Flush sends them with one sendmmsg(2); the queue then
+// writes a completion for each frame the kernel took into its own ring,
+// read by cq/ring as the kernel's rings are.
 type TxQueue struct {
-	qcore.Core[struct{}]
-	d        *Device
+	queue
 	maxFrame int
-	bufs     [][]byte // a frame per slot, reused
-	ctxs     []any
+	bufs     [][]byte // the frame of each table slot
 	lens     []int
+	order    []uint32 // table slots in posting order, a ring
 	msgs     []unix.Mmsghdr
 	iovs     []unix.Iovec
-	// Slots from head: done (sent, completion unread) up to sent, then
-	// pending up to tail. Free-running counters.
-	head, sent, tail int
+	comp     []byte // the completion ring: entries, then the producer index
+	prod     *uint32
+	// sent and tail count postings (free-running): those before sent
+	// went out, those from sent to tail wait for sendmmsg.
+	sent, tail uint32
 }
 
 var _ nic.TxQueue = (*TxQueue)(nil)
 
-func newTxQueue(d *Device, n, maxFrame int) *TxQueue {
-	q := &TxQueue{Core: qcore.Core[struct{}]{Name: "tx-" + d.ifname, Vector: -1, EFD: d.irq}, d: d, maxFrame: maxFrame,
-		bufs: make([][]byte, n), ctxs: make([]any, n), lens: make([]int, n), msgs: make([]unix.Mmsghdr, n), iovs: make([]unix.Iovec, n)}
+func newTxQueue(s *sock, pair int, name string, n, maxFrame int) (*TxQueue, error) {
+	q := &TxQueue{maxFrame: maxFrame, bufs: make([][]byte, n), lens: make([]int, n), order: make([]uint32, n),
+		msgs: make([]unix.Mmsghdr, n), iovs: make([]unix.Iovec, n), comp: make([]byte, 8*n+64)}
+	q.s = s
+	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, s.irq, uint32(2*pair+1), "afpacket"
 	mem := make([]byte, n*maxFrame)
 	for i := range q.bufs {
 		q.bufs[i] = mem[i*maxFrame : (i+1)*maxFrame : (i+1)*maxFrame]
 	}
-	return q
-}
-
-// Size implements nic.Queue.
-func (q *TxQueue) Size() int { return len(q.bufs) }
-
-// Outstanding implements nic.Queue.
-func (q *TxQueue) Outstanding() int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	return q.tail - q.head
+	win := doorbell.NewWindow(q.comp)
+	prod, err := win.Reg32(uintptr(8 * n))
+	if err != nil {
+		return nil, err
+	}
+	q.prod = (*uint32)(unsafe.Pointer(&q.comp[8*n]))
+	if err := q.init(txReader{reader{&q.sr, &q.queue}, q}, q.comp[:8*n], cqring.RingRegs{Producer: prod}, TxLayout(n), n, nil); err != nil {
+		return nil, err
+	}
+	return q, nil
 }
 
 // MaxFrame implements nic.TxQueue.
@@ -355,122 +270,123 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
 func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
-		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
+	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
+		return err
 	}
-	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if q.Closed {
-		return q.CloseErr
+	if q.sr.Out >= len(q.bufs) {
+		return qcore.ErrNoDesc
 	}
-	if q.tail-q.head == len(q.bufs) {
-		return errNoDesc
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	if err != nil {
+		return qcore.ErrNoDesc
 	}
-	i := q.tail % len(q.bufs)
-	q.lens[i] = copy(q.bufs[i], frame)
-	q.ctxs[i] = ctx
+	q.lens[id] = copy(q.bufs[id], frame)
+	q.order[q.tail%uint32(len(q.order))] = id
 	q.tail++
+	q.sr.Out++
 	return nil
 }
 
-// Flush implements nic.Queue: one sendmmsg for the frames waiting (two
-// when they wrap around the slots). A busy socket (EAGAIN, ENOBUFS)
-// keeps them for the next Flush or Poll.
-func (q *TxQueue) Flush() error {
+// WaitInterrupt implements nic.Queue: at once while sends are owed (they
+// complete at the next Flush or Poll, with no event), else the socket's
+// readiness.
+func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return q.CloseErr
+	owed := q.sr.Out > 0 && !q.Closed
+	q.Mu.Unlock()
+	if owed {
+		return nil
 	}
-	return q.flush()
+	return q.Queue.WaitInterrupt(ctx, deadline)
 }
 
-func (q *TxQueue) flush() error {
-	for q.sent < q.tail {
-		n := len(q.bufs)
+// SRead implements nic.Queue, sleeping in the transmit queue's own
+// WaitInterrupt.
+func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
+	if q.Bound() {
+		return 0, q.ErrBound()
+	}
+	return nic.SRead(ctx, q, out, threshold, timeout)
+}
+
+// send hands the frames waiting to the kernel: one sendmmsg (two when
+// they wrap around the order ring), then a completion for each frame it
+// took. A busy socket (EAGAIN, ENOBUFS) keeps them for the next Flush or
+// Poll. Called locked.
+func (q *TxQueue) send() error {
+	n := uint32(len(q.order))
+	for q.sent != q.tail {
 		first := q.sent % n
 		k := min(q.tail-q.sent, n-first)
 		for j := range k {
-			i := first + j
-			q.iovs[i] = unix.Iovec{Base: &q.bufs[i][0]}
-			q.iovs[i].SetLen(q.lens[i])
-			q.msgs[i] = unix.Mmsghdr{}
-			q.msgs[i].Hdr.Iov = &q.iovs[i]
-			q.msgs[i].Hdr.SetIovlen(1)
+			id := q.order[first+j]
+			q.iovs[first+j] = unix.Iovec{Base: &q.bufs[id][0]}
+			q.iovs[first+j].SetLen(q.lens[id])
+			q.msgs[first+j] = unix.Mmsghdr{}
+			q.msgs[first+j].Hdr.Iov = &q.iovs[first+j]
+			q.msgs[first+j].Hdr.SetIovlen(1)
 		}
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(q.d.fd), uintptr(unsafe.Pointer(&q.msgs[first])), uintptr(k), unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(q.s.fd), uintptr(unsafe.Pointer(&q.msgs[first])), uintptr(k), unix.MSG_DONTWAIT, 0, 0)
 		q.Notifies.Add(1)
 		if e != 0 {
 			if errors.Is(e, unix.EAGAIN) || errors.Is(e, unix.ENOBUFS) || errors.Is(e, unix.EINTR) {
 				return nil
 			}
-			return fmt.Errorf("afpacket: sendmmsg on %s: %w", q.d.ifname, e)
+			return fmt.Errorf("afpacket: sendmmsg on %s: %w", q.Name, e)
 		}
-		q.sent += int(r)
-		if int(r) < k {
+		q.complete(uint32(r))
+		if uint32(r) < k {
 			return nil // the socket took what it could: the rest at the next flush
 		}
 	}
 	return nil
 }
 
-// Poll implements nic.Queue: the sends sendmmsg took, in order; frames
-// still waiting are sent first.
-func (q *TxQueue) Poll(out []nic.Completion) int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return 0
+// complete writes the completions of the next k frames sent, then
+// publishes them (release: the entries first), and signals a CQ the
+// queue feeds if it is armed.
+func (q *TxQueue) complete(k uint32) {
+	n := uint32(len(q.order))
+	p := atomic.LoadUint32(q.prod)
+	for range k {
+		id := q.order[q.sent%n]
+		e := q.comp[8*(p%n):]
+		binary.LittleEndian.PutUint32(e, id)
+		binary.LittleEndian.PutUint32(e[4:], uint32(q.lens[id]))
+		p++
+		q.sent++
 	}
-	if q.sent < q.tail {
-		_ = q.flush() // its error comes back from the next Flush
+	atomic.StoreUint32(q.prod, p)
+	if q.FW != nil && k > 0 {
+		q.FW.Signal()
 	}
-	n := 0
-	var bytes uint64
-	for n < len(out) && q.head < q.sent {
-		i := q.head % len(q.bufs)
-		out[n] = nic.Completion{Context: q.ctxs[i], Len: q.lens[i]}
-		q.ctxs[i] = nil
-		bytes += uint64(q.lens[i])
-		q.head++
-		n++
-	}
-	q.Count(n, 0, bytes)
-	return n
 }
 
-// Arm implements nic.Queue.
-func (q *TxQueue) Arm(threshold int) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return q.CloseErr
-	}
-	return nil
+// txReader is a transmit queue's qcore.Ring.
+type txReader struct {
+	reader
+	tx *TxQueue
 }
 
-// WaitInterrupt implements nic.Queue: at once while sends are done or
-// waiting (their completions need no event), else the socket's
-// readiness.
-func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
-	q.Mu.Lock()
-	owed := q.tail > q.head && !q.Closed
-	q.Mu.Unlock()
-	if owed {
-		return nil
+// Read implements qcore.Ring: frames still waiting are sent first.
+func (r txReader) Read(cs []cqring.Completion) int {
+	if q := r.tx; q.sent != q.tail {
+		if err := q.send(); err != nil && q.sendErr == nil {
+			q.sendErr = err // for the next Flush
+		}
 	}
-	return q.Core.WaitInterrupt(ctx, deadline)
+	return r.Take(cs)
 }
 
-// SRead implements nic.Queue.
-func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	return nic.SRead(ctx, q, out, threshold, timeout)
-}
-
-func (q *TxQueue) close() {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if !q.Closed {
-		q.Closed, q.CloseErr = true, nic.ErrClosed
+// Notify implements qcore.Ring: sendmmsg for the frames waiting.
+func (r txReader) Notify() (rang, suppressed bool) {
+	q := r.tx
+	if q.sent == q.tail {
+		return false, false
 	}
+	if err := q.send(); err != nil {
+		q.sendErr = err
+	}
+	return true, false
 }

@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
 
-	"github.com/vfnic/vfnic/cq"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/hostif"
+	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,25 +49,21 @@ func init() {
 // Device is a network interface's queues driven through AF_XDP sockets
 // (nic.Device).
 type Device struct {
-	mu      sync.Mutex
-	name    string // "afxdp:eth1@2"
-	ifname  string
-	ifindex int
-	key     ifKey
-	ctl     int // a UDP socket in the interface's namespace, for ioctls
-	mac     net.HardwareAddr
-	red     *redirect
-	xsks    []*xsk
-	rx      []*RxQueue
-	tx      []*TxQueue
-	info    nic.Info
-	// bound are the CQs the queues feed (one entry per binding), and
-	// forwarders the sources whose forwarder goroutine Close ends.
-	bound      []*cq.CQ
-	forwarders []*cqSource
-	closed     bool
-	closeErr   error
+	// host is the queue core's device, the interface, the queues and
+	// the accessors of nic.Device.
+	host
+	key  ifKey
+	red  *redirect
+	xsks []*xsk
+	rx   []*RxQueue
+	tx   []*TxQueue
 }
+
+// host is the part of Device every host device has.
+type host = hostif.Device[*RxQueue, *TxQueue]
+
+// core is the queue core's device.
+func (d *Device) core() *qcore.Device { return hostif.Core(&d.host) }
 
 var _ nic.Device = (*Device)(nil)
 
@@ -121,9 +117,10 @@ func Open(ctx context.Context, name string, cfg nic.Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{name: "afxdp:" + name, ifname: ifname, ctl: -1}
+	d := &Device{}
+	d.core().Name = "afxdp:" + name
 	if err := d.open(ctx, ifname, first, pairs, size, rxBufs, chunk, cfg.Force); err != nil {
-		_ = d.teardown()
+		_ = d.core().Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil
@@ -160,24 +157,18 @@ func normalize(cfg nic.Config) (pairs, size, rxBufs, chunk int, err error) {
 }
 
 func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rxBufs, chunk int, force bool) error {
-	ifc, err := net.InterfaceByName(ifname)
+	ifc, err := hostif.Open("afxdp", ifname, ErrNoInterface)
 	if err != nil {
-		if strings.Contains(err.Error(), "no such network interface") {
-			return fmt.Errorf("%w: %q", ErrNoInterface, ifname)
-		}
-		return fmt.Errorf("afxdp: %s: %w", ifname, err)
+		return err
 	}
-	d.ifindex, d.mac = ifc.Index, ifc.HardwareAddr
-	if d.ctl, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-		return fmt.Errorf("afxdp: control socket: %w", err)
-	}
-	if d.key, err = thisNetns(d.ifindex); err != nil {
+	hostif.Setup(&d.host, ifc, nic.Info{})
+	if d.key, err = thisNetns(ifc.Index); err != nil {
 		return err
 	}
 	openMu.Lock()
 	other, busy := open[d.key]
 	if !busy {
-		open[d.key] = d.name
+		open[d.key] = d.core().Name
 	}
 	openMu.Unlock()
 	if busy {
@@ -195,7 +186,7 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		x, err := newXSK(xskConfig{ifname: ifname, ifindex: d.ifindex, queue: first + i, size: size, txBufs: size, rxBufs: rxBufs, chunk: chunk})
+		x, err := newXSK(xskConfig{ifname: ifname, ifindex: ifc.Index, queue: first + i, size: size, txBufs: size, rxBufs: rxBufs, chunk: chunk})
 		if err != nil {
 			return err
 		}
@@ -213,13 +204,10 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 			return err
 		}
 		d.rx, d.tx = append(d.rx, rx), append(d.tx, tx)
+		hostif.Add(&d.host, rx, &rx.Queue, tx, &tx.Queue)
 	}
-	if err := d.red.attach(ifname, d.ifindex, force); err != nil {
+	if err := d.red.attach(ifname, ifc.Index, force); err != nil {
 		return err
-	}
-	model := "AF_XDP"
-	if di, err := unix.IoctlGetEthtoolDrvinfo(d.ctl, ifname); err == nil {
-		model += " on " + unix.ByteSliceToString(di.Driver[:])
 	}
 	feats := []string{"copy", "xdp-generic", "need-wakeup"}
 	if d.xsks[0].zc {
@@ -228,8 +216,8 @@ func (d *Device) open(ctx context.Context, ifname string, first, pairs, size, rx
 	if d.red.native {
 		feats[1] = "xdp-native"
 	}
-	d.info = nic.Info{Driver: "afxdp", Address: d.name, Model: model, MAC: d.mac, MTU: ifc.MTU,
-		QueuePairs: pairs, MaxQueuePairs: nq, QueueSize: size, RxBuffers: rxBufs, BufferSize: chunk, Features: feats}
+	hostif.Setup(&d.host, ifc, nic.Info{Driver: "afxdp", Address: d.core().Name, Model: ifc.Model("AF_XDP"), MAC: ifc.MAC, MTU: ifc.MTU,
+		QueuePairs: pairs, MaxQueuePairs: nq, QueueSize: size, RxBuffers: rxBufs, BufferSize: chunk, Features: feats})
 	return nil
 }
 
@@ -259,9 +247,9 @@ func (d *Device) queues() (inUse, most int) {
 		data uintptr
 		_    [16]byte
 	}
-	copy(ifr.name[:], d.ifname)
+	copy(ifr.name[:], hostif.IfaceOf(&d.host).Name)
 	ifr.data = uintptr(unsafe.Pointer(&ch))
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(d.ctl), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(hostif.IfaceOf(&d.host).Ctl), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
 		return 1, 1
 	}
 	inUse = max(int(ch.RxCount), int(ch.CombinedCount), 1)
@@ -269,96 +257,15 @@ func (d *Device) queues() (inUse, most int) {
 	return inUse, most
 }
 
-// Info implements nic.Device.
-func (d *Device) Info() nic.Info {
-	i := d.info
-	i.MAC = append(net.HardwareAddr(nil), d.mac...)
-	i.Features = append([]string(nil), i.Features...)
-	return i
-}
-
-// MAC implements nic.Device.
-func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac...) }
-
-// QueuePairs implements nic.Device.
-func (d *Device) QueuePairs() int { return len(d.rx) }
-
-// Rx implements nic.Device.
-func (d *Device) Rx(i int) (nic.RxQueue, error) {
-	if i < 0 || i >= len(d.rx) {
-		return nil, fmt.Errorf("%w: %s: receive queue %d of %d", nic.ErrInvalid, d.name, i, len(d.rx))
-	}
-	return d.rx[i], nil
-}
-
-// Tx implements nic.Device.
-func (d *Device) Tx(i int) (nic.TxQueue, error) {
-	if i < 0 || i >= len(d.tx) {
-		return nil, fmt.Errorf("%w: %s: transmit queue %d of %d", nic.ErrInvalid, d.name, i, len(d.tx))
-	}
-	return d.tx[i], nil
-}
-
-// Link implements nic.Device: the interface's flags (up and running).
-func (d *Device) Link() (nic.Link, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nic.Link{}, nic.ErrClosed
-	}
-	ifr, err := unix.NewIfreq(d.ifname)
-	if err != nil {
-		return nic.Link{}, err
-	}
-	if err := unix.IoctlIfreq(d.ctl, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return nic.Link{}, fmt.Errorf("afxdp: %s flags: %w", d.ifname, err)
-	}
-	fl := ifr.Uint16()
-	return nic.Link{Up: fl&unix.IFF_UP != 0 && fl&unix.IFF_RUNNING != 0, Reported: true}, nil
-}
-
-// Stats implements nic.Device.
-func (d *Device) Stats() nic.Stats {
-	var s nic.Stats
-	for _, q := range d.rx {
-		qs := q.Stats()
-		s.Rx.Add(qs)
-		s.RxQueues = append(s.RxQueues, qs)
-	}
-	for _, q := range d.tx {
-		qs := q.Stats()
-		s.Tx.Add(qs)
-		s.TxQueues = append(s.TxQueues, qs)
-	}
-	return s
-}
-
 // Close implements nic.Device: the queues close (their operations then
-// fail with nic.ErrClosed), the XDP program is detached, the sockets
-// closed and the rings and UMEM unmapped.
-func (d *Device) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return d.closeErr
-	}
-	d.closed = true
-	d.closeErr = d.teardown()
-	return d.closeErr
-}
+// fail with nic.ErrClosed; operations outstanding on a queue bound to a
+// CQ complete there as flushed), the XDP program is detached, the
+// sockets closed and the rings and UMEM unmapped.
+func (d *Device) Close() error { return d.core().Close(nic.ErrClosed, nil, d.hw) }
 
-// teardown releases what open made, queues first: no ring or UMEM is
-// unmapped while a queue operation may use it.
-func (d *Device) teardown() error {
-	for _, q := range d.rx {
-		q.close()
-	}
-	for _, q := range d.tx {
-		q.close()
-	}
-	for _, s := range d.forwarders {
-		s.halt()
-	}
+// hw releases what open made once the queues are closed: no ring or UMEM
+// is unmapped while a queue operation may use it.
+func (d *Device) hw() error {
 	var errs []error
 	if d.red != nil {
 		errs = append(errs, d.red.close())
@@ -366,14 +273,7 @@ func (d *Device) teardown() error {
 	for _, x := range d.xsks {
 		errs = append(errs, x.close())
 	}
-	if d.ctl >= 0 {
-		errs = append(errs, unix.Close(d.ctl))
-		d.ctl = -1
-	}
-	for _, c := range d.bound {
-		c.Driver().Unbind() // the CQ may close now; its sources read nothing more
-	}
-	d.bound = nil
+	errs = append(errs, hostif.IfaceOf(&d.host).Close())
 	if d.key != (ifKey{}) {
 		openMu.Lock()
 		delete(open, d.key)

@@ -121,10 +121,12 @@ func FuzzRxRing(f *testing.F) {
 				require.False(t, lent[c.Buf], "buffer lent twice")
 				lent[c.Buf] = true
 			}
-			posted, nlent := rx.bufs.Counts()
-			require.Equal(t, len(lent), nlent)
-			require.Equal(t, posted, rx.Outstanding())
-			require.LessOrEqual(t, posted+nlent, fuzzRing)
+			// After an error completion the queue may hold completions
+			// it read past it, for the next Poll: the accounting is
+			// whole again once they are handed out.
+			if n == 0 || comps[n-1].Err == nil {
+				accounted(t, rx, lent)
+			}
 			if n == 0 {
 				break
 			}
@@ -133,6 +135,15 @@ func FuzzRxRing(f *testing.F) {
 			require.NoError(t, rx.Release(b))
 		}
 	})
+}
+
+// accounted checks that the buffers lent are those the reader holds and
+// that each other buffer not free is posted.
+func accounted(t *testing.T, rx *RxQueue, lent map[uintptr]bool) {
+	posted, nlent := rx.bufs.Counts()
+	require.Equal(t, len(lent), nlent)
+	require.Equal(t, posted, rx.Outstanding())
+	require.LessOrEqual(t, posted+nlent, fuzzRing)
 }
 
 // FuzzCompletionRing: whatever the kernel writes into the completion

@@ -16,22 +16,14 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 	vt "github.com/vfnic/vfnic/internal/vethtest"
+	"github.com/vfnic/vfnic/internal/vethtest/vethconf"
 	"github.com/vfnic/vfnic/nic"
+	"github.com/vfnic/vfnic/nic/internal/hostif"
 	"golang.org/x/sys/unix"
 )
 
 // socketFDs counts the process's open sockets.
-func socketFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	n := 0
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
-			n++
-		}
-	}
-	return n
-}
+var socketFDs = vethconf.SocketFDs
 
 // mappings returns the process's mappings of sockets (the rings) and
 // whether any mapping covers addr (the UMEM).
@@ -122,7 +114,7 @@ func TestBusy(t *testing.T) {
 	BindRetry = 100 * time.Millisecond
 	defer func() { BindRetry = old }()
 	err = vt.In(v.A, func() error {
-		x, err := newXSK(xskConfig{ifname: "vfx0", ifindex: dev.ifindex, size: 64, txBufs: 64, rxBufs: 64, chunk: 2048})
+		x, err := newXSK(xskConfig{ifname: "vfx0", ifindex: hostif.IfaceOf(&dev.host).Index, size: 64, txBufs: 64, rxBufs: 64, chunk: 2048})
 		if err == nil {
 			_ = x.close()
 		}
@@ -174,7 +166,12 @@ func TestForeignXDP(t *testing.T) {
 	err = open(false)
 	require.ErrorIs(t, err, ErrXDPInUse)
 	require.ErrorContains(t, err, "Config.Force")
-	require.ErrorIs(t, open(true), ErrXDPInUse)
+	// Forced: the error says why Force could not take it, and does not
+	// send the caller to Force again.
+	err = open(true)
+	require.ErrorIs(t, err, ErrXDPInUse)
+	require.ErrorContains(t, err, "Config.Force could not detach it: it is held by a bpf_link")
+	require.NotContains(t, err.Error(), "open with Config.Force")
 	require.Contains(t, vt.IP(t, "-n", v.A, "link", "show", "vfx0"), "prog/xdp", "still there")
 	require.NoError(t, l.Close())
 

@@ -81,14 +81,25 @@ func (r *redirect) attach(ifname string, ifindex int, force bool) error {
 		if !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EEXIST) {
 			return permission(fmt.Errorf("afxdp: attach XDP program to %s: %w", ifname, err))
 		}
-		if !force || try > 0 {
+		if !force {
 			return fmt.Errorf("%w: %s (%v): detach it (ip link set dev %s xdp off) or open with Config.Force", ErrXDPInUse, ifname, err, ifname)
 		}
-		if err := detachXDP(ifindex); err != nil {
-			return fmt.Errorf("%w: %s: Config.Force could not detach it (a program attached through a bpf_link can only be detached by its owner): %w", ErrXDPInUse, ifname, err)
+		// The kernel refuses a netlink detach of a program a bpf_link
+		// holds (EBUSY), and a detach in the mode that has no program
+		// succeeds doing nothing: a refusal after a detach that said yes
+		// is a bpf_link's program too.
+		derr := errHeldByLink
+		if try == 0 {
+			derr = detachXDP(ifindex)
+		}
+		if derr != nil {
+			return fmt.Errorf("%w: %s (%v): Config.Force could not detach it: %w", ErrXDPInUse, ifname, err, derr)
 		}
 	}
 }
+
+// errHeldByLink says why Config.Force leaves a program in place.
+var errHeldByLink = errors.New("it is held by a bpf_link, which only its owner can detach (closing the link, or ending its process)")
 
 // set puts the socket fd in the map at queue q.
 func (r *redirect) set(q, fd int) error {
@@ -126,7 +137,9 @@ func detachXDP(ifindex int) error {
 	defer unix.Close(fd)
 	var errs []error
 	for _, mode := range []uint32{unix.XDP_FLAGS_SKB_MODE, unix.XDP_FLAGS_DRV_MODE} {
-		if err := setLinkXDP(fd, ifindex, -1, mode); err != nil {
+		if err := setLinkXDP(fd, ifindex, -1, mode); errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("%w (%v)", errHeldByLink, err)
+		} else if err != nil {
 			errs = append(errs, err)
 		}
 	}

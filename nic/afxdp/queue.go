@@ -2,8 +2,6 @@ package afxdp
 
 import (
 	"context"
-	"fmt"
-	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -11,7 +9,6 @@ import (
 	cqring "github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/nic"
-	"github.com/vfnic/vfnic/nic/internal/canceled"
 	qcore "github.com/vfnic/vfnic/nic/internal/queue"
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
@@ -21,138 +18,88 @@ import (
 // looked at again after it.
 var TxOwedWait = time.Millisecond
 
-// Errors returned on the data path, prepared so that returning them does
-// not allocate.
-var (
-	errNoBuffer = fmt.Errorf("%w: every receive buffer is lent out (Release some)", nic.ErrFull)
-	errNoDesc   = fmt.Errorf("%w: the ring is full (read completions first)", nic.ErrFull)
-)
-
-// queue is what receive and transmit queues share: the socket, the ring
-// reader of the ring the kernel writes and its table of postings.
+// queue is what receive and transmit queues share: the core's queue
+// (lock, closed state, the CQ fed, counters, Poll, the CQ's reader, what
+// a close owes) over the ring the kernel writes (receive or completion),
+// read by cq/ring, and the ring this queue produces (fill or transmit).
 type queue struct {
-	// Core: the lock, closed state, the CQ fed (Src), name, pair index,
-	// interrupt (the socket's readiness) and counters.
-	qcore.Core[cqSource]
-	x   *xsk
-	src *cqring.RingSource
-	tab *cqring.Table
-	out int // postings the kernel has not completed
-	// pub is the producer index last published on the ring this queue
-	// produces (fill or transmit).
+	qcore.Queue
+	x *xsk
+	// sr reads the ring the kernel writes; sr.Out counts the postings
+	// the kernel has not completed.
+	sr qcore.SourceRing
+	// prod is the ring this queue produces (fill or transmit); pub the
+	// producer index last published on it.
+	prod   *ring
 	pub    uint32
 	broken bool
-	// canceled are the operations outstanding at close that a CQ the
-	// queue fed reads as flushed completions (cqSource.ReadBatch).
-	canceled canceled.List
+	// kickErr is a failed kick's error, for the Flush that made it.
+	kickErr error
 }
 
-// newReader makes the reader of ring r (receive or completion) with
-// layout l and a table of n slots.
-func newReader(r *ring, l cqring.Layout, n int, name string) (*cqring.RingSource, *cqring.Table, error) {
-	l.Name += "-" + name
-	src, err := cqring.NewRingSource(cqring.RingConfig{Mem: r.desc, Layout: l,
-		Regs: cqring.RingRegs{Producer: r.word(r.prod), Doorbell: doorbell.NewDoorbell(r.word(r.cons))}})
+// init makes the reader of ring r (receive or completion) with layout l
+// and a table of n slots, and gives the core the queue's ring.
+func (q *queue) init(rd qcore.Ring, r *ring, l cqring.Layout, n int, bufs *rxbuf.Pool) error {
+	l.Name += "-" + q.Name
+	var err error
+	q.sr, err = qcore.NewSourceRing(cqring.RingConfig{Mem: r.desc, Layout: l,
+		Regs: cqring.RingRegs{Producer: r.word(r.prod), Doorbell: doorbell.NewDoorbell(r.word(r.cons))}}, n)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, name, err)
+		return err
 	}
-	tab, err := cqring.NewTable(n, bits.Len(uint(n-1)))
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, name, err)
-	}
-	if err := src.BindTable(0, tab); err != nil {
-		return nil, nil, err
-	}
-	src.Ring().SetProducerLimit(0) // nothing handed over yet
-	return src, tab, nil
-}
-
-// Size implements nic.Queue.
-func (q *queue) Size() int { return int(q.x.rx.n) }
-
-// Outstanding implements nic.Queue.
-func (q *queue) Outstanding() int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	return q.out
-}
-
-// Ready counts, up to max, the entries the kernel has written that
-// nobody has read yet (by Poll, or through the CQ the queue feeds),
-// without consuming them; an entry the driver will refuse counts.
-func (q *queue) Ready(max int) int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed || q.broken || max <= 0 {
-		return 0
-	}
-	return q.src.Pending(max)
-}
-
-// usable returns why the queue cannot take an operation, or nil. Called
-// locked.
-func (q *queue) usable() error {
-	switch {
-	case q.Closed:
-		return q.CloseErr
-	case q.broken:
-		return nic.ErrBroken
-	}
+	q.sr.Src.Ring().SetProducerLimit(0) // nothing handed over yet
+	q.Queue.Init(rd, int(r.n), bufs)
 	return nil
 }
 
-// close marks the queue closed: later operations return nic.ErrClosed,
-// and nothing touches the rings again (the device unmaps them next). A
-// queue that feeds a CQ keeps each operation still outstanding, for the
-// CQ to read as a flushed completion (cq.ECANCELED), and wakes a reader
-// asleep on the CQ; a plain Close reports none to Poll.
-func (q *queue) close() {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return
-	}
-	q.Closed, q.CloseErr = true, nic.ErrClosed
-	if q.Src == nil {
-		return
-	}
-	q.tab.Each(func(ctx any) { q.canceled.Add(ctx, q.Pair, cq.ECANCELED) })
-	if q.canceled.Len() > 0 && q.Src.irq != nil {
-		_ = q.Src.irq.Add(1)
-	}
+// reader is a queue's qcore.Ring: the parts receive and transmit share.
+// The core calls it locked.
+type reader struct {
+	*qcore.SourceRing
+	q *queue
 }
 
-// boundError is Poll on a queue that feeds a CQ: one error completion
-// saying so. Called locked.
-func (q *queue) boundError(out []nic.Completion) int {
-	if len(out) == 0 {
+// read takes a batch through the ring reader (the one read of each entry
+// and the table's checks). A producer index out of step with what was
+// handed over stops the queue (nic.ErrBroken).
+func (r reader) read(cs []cqring.Completion) int {
+	if r.q.broken {
 		return 0
 	}
-	out[0] = nic.Completion{Queue: q.Pair, Err: nic.ErrBound}
-	return 1
+	n := r.Take(cs)
+	for i := range cs[:n] {
+		if cs[i].Prov == cq.ProvBadIndex {
+			r.q.broken = true
+		}
+	}
+	return n
 }
 
-// next takes the next entry of the kernel's ring through the reader (the
-// one read of each entry and the table's checks). Called locked.
-func (q *queue) next(c *cqring.Completion) bool {
-	if q.broken || !q.src.Next(c) {
-		return false
-	}
-	if c.Prov == cq.ProvBadIndex {
-		q.broken = true
-	}
-	if c.Done {
-		q.out--
-	}
-	return true
+// Broken implements qcore.Ring.
+func (r reader) Broken() bool { return r.q.broken }
+
+// NotifyErr implements qcore.Notifier: a failed kick's error, once.
+func (r reader) NotifyErr() error {
+	err := r.q.kickErr
+	r.q.kickErr = nil
+	return err
 }
 
-// refused is the queue API's error for an entry the reader refused.
-func refused(c *cqring.Completion) error {
-	if err := c.Prov.Refusal(); err != nil {
-		return err
+// notify publishes the produced ring's new entries and kicks the kernel
+// with kick when it asked for it.
+func (r reader) notify(kick func() error) (rang, suppressed bool) {
+	q := r.q
+	if q.prod.next == q.pub {
+		return false, false
 	}
-	return nic.ErrDeviceStatus
+	q.prod.publish()
+	q.pub = q.prod.next
+	q.sr.Src.Ring().SetProducerLimit(q.pub)
+	if !q.prod.needWakeup() {
+		return false, true
+	}
+	q.kickErr = kick()
+	return true, false
 }
 
 // RxQueue is a receive queue: the socket's fill and receive rings
@@ -161,6 +108,7 @@ func refused(c *cqring.Completion) error {
 // names the posting.
 type RxQueue struct {
 	queue
+	qcore.Rx
 	bufs rxbuf.Pool
 	base uint32 // chunk of buffer 0
 }
@@ -173,223 +121,77 @@ func newRxQueue(x *xsk, pair int, name string, nbufs int) (*RxQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	src, tab, err := newReader(&x.rx, RxLayout(int(x.rx.n), x.shift), base+nbufs, "rx-"+name)
-	if err != nil {
+	q := &RxQueue{bufs: rxbuf.New(pool, headroom), base: uint32(base)}
+	q.x, q.prod = x, &x.fill
+	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "rx-"+name, pair, -1, x.irq, uint32(2*pair), "afxdp"
+	if err := q.init(rxReader{reader{&q.sr, &q.queue}}, &x.rx, RxLayout(int(x.rx.n), x.shift), base+nbufs, &q.bufs); err != nil {
 		return nil, err
 	}
-	q := &RxQueue{queue: queue{Core: qcore.Core[cqSource]{Name: "rx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
-		x: x, src: src, tab: tab}, bufs: rxbuf.New(pool, headroom), base: uint32(base)}
+	q.Rx = qcore.NewRx(&q.Queue, rxPoster{q}, x.chunk-headroom)
 	return q, nil
 }
 
-// MaxFrame implements nic.RxQueue.
-func (q *RxQueue) MaxFrame() int { return q.x.chunk - headroom }
+// rxPoster is a receive queue's qcore.RxPoster.
+type rxPoster struct{ q *RxQueue }
 
-// PostRecv implements nic.RxQueue.
-func (q *RxQueue) PostRecv(ctx any) error {
-	_, err := q.postFree(ctx)
-	return err
-}
+// Room implements qcore.RxPoster: the fill ring (and the receive ring,
+// for the frames) hold a ring of postings.
+func (p rxPoster) Room(held int) bool { return p.q.sr.Out+held < int(p.q.x.fill.n) }
 
-// PostRecvBuf is PostRecv that also says where the frame will land: the
-// frame area of the buffer it posted (MaxFrame bytes from the address a
-// completion reports as Buf). The kernel owns the bytes until the
-// completion is read.
-func (q *RxQueue) PostRecvBuf(ctx any) ([]byte, error) {
-	b, err := q.postFree(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return q.bufs.Buf(b)[headroom:], nil
-}
-
-// postFree posts a free buffer and returns its index.
-func (q *RxQueue) postFree(ctx any) (uint32, error) {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return 0, err
-	}
-	if q.out >= int(q.x.fill.n) {
-		return 0, errNoDesc
-	}
-	b, ok := q.bufs.Get()
-	if !ok {
-		return 0, errNoBuffer
-	}
-	if err := q.post(b, ctx); err != nil {
-		_ = q.bufs.Put(b)
-		return 0, err
-	}
-	return b, nil
-}
-
-// post lends buffer b to the kernel through the fill ring. Called locked
-// with fewer than a ring of postings outstanding, so the fill ring (and
-// the receive ring, for their frames) has room.
-func (q *RxQueue) post(b uint32, ctx any) error {
+// PostBuf implements qcore.RxPoster: buffer b goes to the kernel through
+// the fill ring.
+func (p rxPoster) PostBuf(b uint32, ctx any) error {
+	q := p.q
 	chunk := q.base + b
-	if _, err := q.tab.PostSlot(chunk, cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.MaxFrame(), Flags: cq.FlagRecv | cq.FlagMsg}); err != nil {
-		return errNoDesc // not reachable: a buffer not posted has its slot free
+	op := cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: q.MaxFrame(), Flags: cq.FlagRecv | cq.FlagMsg, Word: q.Word(0)}
+	if _, err := q.sr.Tab.PostSlot(chunk, op); err != nil {
+		return qcore.ErrNoDesc // not reachable: a buffer not posted has its slot free
 	}
 	q.x.fill.putAddr(uint64(chunk) << q.x.shift)
-	q.out++
+	q.sr.Out++
 	return nil
 }
 
-// Repost implements nic.RxQueue.
-func (q *RxQueue) Repost(buf uintptr, ctx any) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	b, err := q.bufs.Lent(buf)
-	if err != nil {
-		return err
-	}
-	if q.out >= int(q.x.fill.n) {
-		return errNoDesc
-	}
-	if err := q.post(b, ctx); err != nil {
-		return err // still lent: the caller may Release it
-	}
-	q.bufs.Unlend(b)
-	return nil
-}
+// rxReader is a receive queue's qcore.Ring.
+type rxReader struct{ reader }
 
-// Release implements nic.RxQueue.
-func (q *RxQueue) Release(buf uintptr) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return nic.ErrClosed
-	}
-	return q.bufs.Release(buf)
-}
-
-// Frame implements nic.RxQueue.
-func (q *RxQueue) Frame(buf uintptr, length int) ([]byte, error) {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if q.Closed {
-		return nil, nic.ErrClosed
-	}
-	return q.bufs.Frame(buf, length, q.MaxFrame())
-}
-
-// Flush implements nic.Queue: the fill ring's new entries become the
-// kernel's, with a system call only when it asked for one.
-func (q *RxQueue) Flush() error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	f := &q.x.fill
-	if f.next == q.pub {
-		return nil
-	}
-	f.publish()
-	q.pub = f.next
-	q.src.Ring().SetProducerLimit(q.pub)
-	if !f.needWakeup() {
-		q.Suppressed.Add(1)
-		return nil
-	}
-	q.Notifies.Add(1)
-	return q.x.kickFill()
-}
-
-// Poll implements nic.Queue.
-func (q *RxQueue) Poll(out []nic.Completion) int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	switch {
-	case q.Closed:
-		return 0
-	case q.Src != nil:
-		return q.boundError(out)
-	}
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(out) && q.take(&c) {
-		o := &out[n]
-		n++
-		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: refused(&c)}
-			errs++
-			break
+// Read implements qcore.Ring: the ring reader's checks of each descriptor
+// (its address names a posted buffer, its length fits it, its options are
+// 0), then the frame's place in the buffer, from the same copy: the
+// offset the kernel wrote must be the XDP headroom and no address bit
+// beyond the chunk may be set (cq.ProvBadID), and the frame must hold an
+// Ethernet header (cq.ProvBadLen). A good frame's Buf is its first byte.
+func (r rxReader) Read(cs []cqring.Completion) int {
+	n := r.read(cs)
+	for i := range cs[:n] {
+		c := &cs[i]
+		switch {
+		case c.Err != 0:
+		case c.Meta[0] != headroom || c.Meta[1] != 0:
+			c.Err, c.Prov = cq.EIO, cq.ProvBadID
+		case c.Len < nic.MinFrame:
+			c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+		default:
+			c.Buf += headroom
 		}
-		*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: q.bufs.Bytes(c.Buf, c.Len), Len: c.Len, Queue: q.Pair}
-		bytes += uint64(c.Len)
-	}
-	if n > 0 {
-		q.src.Publish()
-		q.Count(n, errs, bytes)
 	}
 	return n
 }
 
-// take reads the next received frame into c: the reader's checks of the
-// descriptor (its address names a posted buffer, its length fits it, its
-// options are 0), then the frame's place in the buffer, from the same
-// copy: the offset the kernel wrote must be the XDP headroom and no
-// address bit beyond the chunk may be set (cq.ProvBadID), and the frame
-// must hold an Ethernet header (cq.ProvBadLen). A good buffer is lent to
-// the caller, c.Buf its frame; a refused one goes back to the pool.
-// Called locked.
-func (q *RxQueue) take(c *cqring.Completion) bool {
-	if !q.next(c) {
-		return false
-	}
-	if c.Err != 0 {
-		if c.Done && c.Buf != 0 {
-			q.bufs.Recycle(q.bufs.Of(c.Buf))
-		}
-		c.Buf = 0
-		return true
-	}
-	b := q.bufs.Of(c.Buf)
-	switch {
-	case c.Meta[0] != headroom || c.Meta[1] != 0:
-		c.Err, c.Prov = cq.EIO, cq.ProvBadID
-	case c.Len < nic.MinFrame:
-		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-	default:
-		q.bufs.Lend(b)
-		c.Buf += headroom
-		return true
-	}
-	q.bufs.Recycle(b)
-	c.Buf = 0
-	return true
-}
+// Notify implements qcore.Ring.
+func (r rxReader) Notify() (rang, suppressed bool) { return r.notify(r.q.x.kickFill) }
 
-// Arm implements nic.Queue: the socket is readable while its receive
+// Arm implements qcore.Ring: the socket is readable while its receive
 // ring holds frames, so there is nothing to arm, except that a kernel
 // that asked to be woken for the fill ring is woken now (else no frame
 // would come to wake the caller).
-func (q *RxQueue) Arm(threshold int) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	if q.out > 0 && q.x.fill.needWakeup() {
+func (r rxReader) Arm(threshold int) (late, ok bool) {
+	q := r.q
+	if q.sr.Out > 0 && q.x.fill.needWakeup() {
 		q.Notifies.Add(1)
-		return q.x.kickFill()
+		q.kickErr = q.x.kickFill()
 	}
-	return nil
-}
-
-// SRead implements nic.Queue.
-func (q *RxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
-	if q.Bound() {
-		return 0, q.ErrBound()
-	}
-	return nic.SRead(ctx, q, out, threshold, timeout)
+	return r.q.ArmReadiness()
 }
 
 // TxQueue is a transmit queue: the socket's transmit and completion rings
@@ -402,12 +204,13 @@ type TxQueue struct {
 var _ nic.TxQueue = (*TxQueue)(nil)
 
 func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
-	src, tab, err := newReader(&x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), "tx-"+name)
-	if err != nil {
+	q := &TxQueue{maxFrame: maxFrame}
+	q.x, q.prod = x, &x.tx
+	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, x.irq, uint32(2*pair+1), "afxdp"
+	if err := q.init(txReader{reader{&q.sr, &q.queue}}, &x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), nil); err != nil {
 		return nil, err
 	}
-	return &TxQueue{queue: queue{Core: qcore.Core[cqSource]{Name: "tx-" + name, Pair: pair, Vector: -1, EFD: x.irq},
-		x: x, src: src, tab: tab}, maxFrame: maxFrame}, nil
+	return q, nil
 }
 
 // MaxFrame implements nic.TxQueue.
@@ -415,119 +218,18 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
 func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
-		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
+	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
 		return err
 	}
-	id, err := q.tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg})
+	defer q.Mu.Unlock()
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
-		return errNoDesc
+		return qcore.ErrNoDesc
 	}
 	addr := uint64(id) << q.x.shift
 	copy(q.x.umem.Bytes()[addr:addr+uint64(len(frame))], frame)
 	q.x.tx.putDesc(addr, uint32(len(frame)))
-	q.out++
-	return nil
-}
-
-// Flush implements nic.Queue: the transmit ring's new entries become the
-// kernel's, and it is kicked when it asked for it (copy mode always
-// does: it sends from the system call).
-func (q *TxQueue) Flush() error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	t := &q.x.tx
-	if t.next == q.pub {
-		return nil
-	}
-	t.publish()
-	q.pub = t.next
-	q.src.Ring().SetProducerLimit(q.pub)
-	if q.Src != nil && q.Src.arm != nil && q.Src.armed.Load() {
-		q.Src.poke() // its forwarder waits for these completions now
-	}
-	if !t.needWakeup() {
-		q.Suppressed.Add(1)
-		return nil
-	}
-	q.Notifies.Add(1)
-	return q.x.kick()
-}
-
-// Poll implements nic.Queue. A completion reports the posted length.
-// While sends published are still in the transmit ring, the kernel is
-// kicked again when it asks: in copy mode it sends a bounded batch per
-// system call.
-func (q *TxQueue) Poll(out []nic.Completion) int {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	switch {
-	case q.Closed:
-		return 0
-	case q.Src != nil:
-		return q.boundError(out)
-	}
-	n, errs := 0, 0
-	var bytes uint64
-	var c cqring.Completion
-	for n < len(out) && q.take(&c) {
-		o := &out[n]
-		n++
-		if c.Err != 0 {
-			*o = nic.Completion{Context: c.Context, Queue: q.Pair, Err: refused(&c)}
-			errs++
-			break
-		}
-		*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
-		bytes += uint64(c.Len)
-	}
-	if n > 0 {
-		q.src.Publish()
-		q.Count(n, errs, bytes)
-	}
-	q.rekick()
-	return n
-}
-
-// take reads the next completion into c: the reader's checks of the
-// address (a posted send's chunk), then, from the same copy, its offset
-// (0, where sends are posted) and the bits beyond the chunk (0).
-func (q *TxQueue) take(c *cqring.Completion) bool {
-	if !q.next(c) {
-		return false
-	}
-	if c.Err == 0 && (c.Meta[0] != 0 || c.Meta[1] != 0) {
-		c.Err, c.Prov = cq.EIO, cq.ProvBadID
-	}
-	return true
-}
-
-// rekick kicks the kernel when published sends wait in the transmit ring
-// and it asked for a kick. Called locked.
-func (q *TxQueue) rekick() {
-	if q.out > 0 && q.pub != atomic.LoadUint32(q.x.tx.cons) && q.x.tx.needWakeup() {
-		q.Notifies.Add(1)
-		_ = q.x.kick() // a failed kick is retried at the next poll
-	}
-}
-
-// Arm implements nic.Queue: the kernel is kicked for sends still in the
-// transmit ring. AF_XDP raises nothing when it completes a send: the
-// wait after this arm is bounded while sends are owed (WaitInterrupt).
-func (q *TxQueue) Arm(threshold int) error {
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.usable(); err != nil {
-		return err
-	}
-	q.rekick()
+	q.sr.Out++
 	return nil
 }
 
@@ -536,25 +238,79 @@ func (q *TxQueue) Arm(threshold int) error {
 // nic.Queue allows, so that their completions are read).
 func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 	q.Mu.Lock()
-	owed := q.out > 0 && !q.Closed
+	owed := q.sr.Out > 0 && !q.Closed
 	q.Mu.Unlock()
 	if !owed {
-		return q.Core.WaitInterrupt(ctx, deadline)
+		return q.Queue.WaitInterrupt(ctx, deadline)
 	}
 	capped := time.Now().Add(TxOwedWait)
 	if !deadline.IsZero() && deadline.Before(capped) {
-		return q.Core.WaitInterrupt(ctx, deadline)
+		return q.Queue.WaitInterrupt(ctx, deadline)
 	}
-	if err := q.Core.WaitInterrupt(ctx, capped); err != nic.ErrTimeout {
+	if err := q.Queue.WaitInterrupt(ctx, capped); err != nic.ErrTimeout {
 		return err
 	}
 	return nil
 }
 
-// SRead implements nic.Queue.
+// SRead implements nic.Queue, sleeping in the transmit queue's own
+// WaitInterrupt.
 func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int, timeout time.Duration) (int, error) {
 	if q.Bound() {
 		return 0, q.ErrBound()
 	}
 	return nic.SRead(ctx, q, out, threshold, timeout)
+}
+
+// txReader is a transmit queue's qcore.Ring.
+type txReader struct{ reader }
+
+// Read implements qcore.Ring: the reader's checks of the address (a
+// posted send's chunk), then, from the same copy, its offset (0, where
+// sends are posted) and the bits beyond the chunk (0). A completion
+// reports the posted length.
+func (r txReader) Read(cs []cqring.Completion) int {
+	n := r.read(cs)
+	for i := range cs[:n] {
+		if c := &cs[i]; c.Err == 0 && (c.Meta[0] != 0 || c.Meta[1] != 0) {
+			c.Err, c.Prov = cq.EIO, cq.ProvBadID
+		}
+	}
+	return n
+}
+
+// Publish implements qcore.Ring: while sends published are still in the
+// transmit ring, the kernel is kicked again when it asks (in copy mode it
+// sends a bounded batch per system call).
+func (r txReader) Publish() {
+	r.Src.Publish()
+	r.rekick()
+}
+
+// Notify implements qcore.Ring; a forwarder waiting for an armed CQ
+// waits for these sends' completions now.
+func (r txReader) Notify() (rang, suppressed bool) {
+	rang, suppressed = r.notify(r.q.x.kick)
+	if fw := r.q.FW; fw != nil {
+		fw.Poke()
+	}
+	return rang, suppressed
+}
+
+// Arm implements qcore.Ring: the kernel is kicked for sends still in the
+// transmit ring. AF_XDP raises nothing when it completes a send: the
+// wait after this arm is bounded while sends are owed (WaitInterrupt).
+func (r txReader) Arm(threshold int) (late, ok bool) {
+	r.rekick()
+	return r.q.ArmReadiness()
+}
+
+// rekick kicks the kernel when published sends wait in the transmit ring
+// and it asked for a kick. A failed kick is retried at the next poll.
+func (r txReader) rekick() {
+	q := r.q
+	if q.sr.Out > 0 && q.pub != atomic.LoadUint32(q.x.tx.cons) && q.x.tx.needWakeup() {
+		q.Notifies.Add(1)
+		_ = q.x.kick()
+	}
 }

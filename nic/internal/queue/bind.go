@@ -149,6 +149,9 @@ func (d *Device) Teardown(why error, hw func() error) error {
 	for _, q := range d.Tx {
 		q.CloseQueue(why)
 	}
+	for _, q := range append(d.Rx[:len(d.Rx):len(d.Rx)], d.Tx...) {
+		q.unforward() // before hw closes what it waits on
+	}
 	err := hw()
 	d.UnbindAll()
 	return err

@@ -110,6 +110,9 @@ type Queue struct {
 	// Driver names the driver in a flushed completion's description
 	// ("virtio").
 	Driver string
+	// FW signals the CQ the queue feeds when its interrupt is a
+	// readiness FD (Device.BindForwarded); guarded by Mu.
+	FW *Forwarder
 
 	size     int
 	recv     bool
@@ -193,6 +196,9 @@ func (q *Queue) Flush() error {
 	}
 	if suppressed {
 		q.Suppressed.Add(1)
+	}
+	if n, ok := q.ring.(Notifier); ok {
+		return n.NotifyErr()
 	}
 	return nil
 }

@@ -1,0 +1,115 @@
+package queue
+
+import (
+	"fmt"
+	"math/bits"
+
+	"github.com/vfnic/vfnic/cq"
+	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/nic"
+)
+
+// SourceRing is most of a Ring for a driver whose ring is read by one
+// cqring.RingSource over one table, whose refusals all carry cq/ring's
+// codes and whose interrupt needs no disarming (a socket's readiness:
+// nic/afxdp, nic/afpacket). The driver embeds it and adds Read (with
+// Take), Notify, Arm and Broken. The core calls it locked.
+type SourceRing struct {
+	Src *cqring.RingSource
+	Tab *cqring.Table
+	// Out counts the postings not completed: the driver adds its posts,
+	// Take subtracts the completions.
+	Out int
+}
+
+// NewSourceRing makes the reader of cfg's ring and its table of slots
+// entries.
+func NewSourceRing(cfg cqring.RingConfig, slots int) (SourceRing, error) {
+	src, err := cqring.NewRingSource(cfg)
+	if err != nil {
+		return SourceRing{}, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, cfg.Layout.Name, err)
+	}
+	tab, err := cqring.NewTable(slots, bits.Len(uint(slots-1)))
+	if err != nil {
+		return SourceRing{}, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, cfg.Layout.Name, err)
+	}
+	if err := src.BindTable(0, tab); err != nil {
+		return SourceRing{}, err
+	}
+	return SourceRing{Src: src, Tab: tab}, nil
+}
+
+// Take is the ring reader's batch read into cs, each completion that
+// ends a posting counted off Out.
+func (r *SourceRing) Take(cs []cqring.Completion) int {
+	n := r.Src.NextBatch(cs)
+	for i := range cs[:n] {
+		if cs[i].Done {
+			r.Out--
+		}
+	}
+	return n
+}
+
+// Publish implements Ring.
+func (r *SourceRing) Publish() { r.Src.Publish() }
+
+// Pending implements Ring.
+func (r *SourceRing) Pending(max int) int { return r.Src.Pending(max) }
+
+// Outstanding implements Ring.
+func (r *SourceRing) Outstanding() int { return r.Out }
+
+// Disarm implements Ring: a readiness needs no disarming.
+func (r *SourceRing) Disarm() {}
+
+// Err implements Ring: every refusal carries a cq/ring code.
+func (r *SourceRing) Err(c *cqring.Completion) error {
+	if err := c.Prov.Refusal(); err != nil {
+		return err
+	}
+	return nic.ErrDeviceStatus
+}
+
+// StrError implements Ring: only cq's own codes, which the CQ describes
+// itself.
+func (r *SourceRing) StrError(prov cq.ProvErrno, data []byte) (string, bool) { return "", false }
+
+// Table implements Ring.
+func (r *SourceRing) Table() *cqring.Table { return r.Tab }
+
+// ArmReadiness is Ring.Arm for a queue whose interrupt is a readiness,
+// which needs no arming: a CQ the queue feeds is armed through its
+// Forwarder (late: completions are ready now). Called locked.
+func (q *Queue) ArmReadiness() (late, ok bool) {
+	if q.FW != nil {
+		return q.FW.Arm(), true
+	}
+	return false, true
+}
+
+// Notifier is a Ring whose Notify can fail (a system call): Flush returns
+// the error NotifyErr gives back once.
+type Notifier interface {
+	NotifyErr() error
+}
+
+// ErrFrameSize is a send's error for a frame shorter than nic.MinFrame or
+// longer than the queue takes, prepared once so that returning it does
+// not allocate.
+var ErrFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
+
+// LockSend begins a send of a frame of n bytes on a queue that takes at
+// most max: nil with Mu held (the caller unlocks), or why not (the
+// frame's size, the queue closed or broken) with Mu not held.
+func (q *Queue) LockSend(n, max int) error {
+	if n < nic.MinFrame || n > max {
+		return ErrFrameSize
+	}
+	q.Mu.Lock()
+	if err := q.Usable(); err != nil {
+		q.Mu.Unlock()
+		return err
+	}
+	return nil
+}
