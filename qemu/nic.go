@@ -329,8 +329,10 @@ func (n NIC) qemuArgs(index int) []string {
 		args = append(args, "-netdev", fmt.Sprintf("hubport,id=%s,hubid=%d", id, n.Net.Hub))
 	case NetTap:
 		// The tap is opened by Run in the wire's namespace and handed
-		// over open: QEMU stays in the machine's namespace.
-		args = append(args, "-netdev", fmt.Sprintf("tap,id=%s,fd=%d,vnet_hdr=on", id, n.Net.fd))
+		// over open: QEMU stays in the machine's namespace. QEMU finds
+		// IFF_VNET_HDR on the descriptor itself (vnet_hdr= is refused
+		// beside fd=).
+		args = append(args, "-netdev", fmt.Sprintf("tap,id=%s,fd=%d", id, n.Net.fd))
 	}
 	dev := fmt.Sprintf("%s,id=nic%d,bus=pcie.0,addr=%#02x,mac=%s", n.Model, index, n.Slot, n.MAC)
 	if n.Net.Kind != NetNone {

@@ -26,10 +26,10 @@ func TestTapNICArgs(t *testing.T) {
 		got = append(got, strings.Join(n.qemuArgs(i), " "))
 	}
 	require.Equal(t, []string{
-		"-netdev tap,id=n0,fd=3,vnet_hdr=on -device virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,packed=off,ats=on",
+		"-netdev tap,id=n0,fd=3 -device virtio-net-pci,id=nic0,bus=pcie.0,addr=0x04,mac=52:54:00:12:34:04,netdev=n0,disable-legacy=on,iommu_platform=on,packed=off,ats=on",
 		"-netdev hubport,id=n1,hubid=1 -device e1000e,id=nic1,bus=pcie.0,addr=0x05,mac=52:54:00:12:34:05,netdev=n1",
-		"-netdev tap,id=n2,fd=4,vnet_hdr=on -device virtio-net-pci,id=nic2,bus=pcie.0,addr=0x06,mac=52:54:00:12:34:06,netdev=n2,disable-legacy=on,iommu_platform=on,packed=off,ats=on",
-		"-netdev tap,id=n3,fd=5,vnet_hdr=on -device igb,id=nic3,bus=pcie.0,addr=0x07,mac=52:54:00:12:34:07,netdev=n3",
+		"-netdev tap,id=n2,fd=4 -device virtio-net-pci,id=nic2,bus=pcie.0,addr=0x06,mac=52:54:00:12:34:06,netdev=n2,disable-legacy=on,iommu_platform=on,packed=off,ats=on",
+		"-netdev tap,id=n3,fd=5 -device igb,id=nic3,bus=pcie.0,addr=0x07,mac=52:54:00:12:34:07,netdev=n3",
 	}, got)
 }
 
