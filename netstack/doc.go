@@ -25,10 +25,13 @@
 // half, so that each write after a stall posts and notifies the device.
 // Neither path allocates per frame beyond gVisor's own buffer pool.
 //
-// Checksum offloads are used where the device has them (nic/igb; virtio-net
-// offers none behind QEMU's hub and socket backends): the stack leaves TCP
-// and UDP checksums to the device and skips verifying those the device
-// verified. gVisor's receive capability is one flag for the whole NIC,
+// Checksum offloads are used where the device has them (nic/igb, and
+// nic/virtio where CSUM and GUEST_CSUM were negotiated: QEMU offers them
+// on a tap backend, not behind its hub and socket backends): the stack
+// leaves TCP and UDP checksums to the device and skips verifying those the
+// device verified, or whose checksum a sender on a virtual wire left to an
+// offload (virtio's NEEDS_CSUM; with receive offload off the endpoint
+// fills those in before the stack checks them). gVisor's receive capability is one flag for the whole NIC,
 // read as each packet comes in, so the endpoint withdraws it while it
 // delivers a frame the device did not verify: the stack then checks that
 // frame itself, and carries the verdict through IP reassembly, so that

@@ -80,14 +80,32 @@ type txChecksummer interface {
 	SendL4Checksum(frame []byte, ctx any) error
 }
 
+// checksumOffloader is a queue whose checksum methods above work only
+// when its device has the offload (nic/virtio: negotiated or not).
+type checksumOffloader interface {
+	// ChecksumOffload reports whether the device does the queue's
+	// checksum offload.
+	ChecksumOffload() bool
+}
+
+// checksumFiller is a receive queue whose device may deliver frames whose
+// checksum was never computed (virtio's NEEDS_CSUM); with receive offload
+// off the stack checks every checksum, so those are filled in first.
+type checksumFiller interface {
+	// FillChecksum computes, in place, the checksum of the frame lent at
+	// buf if the device left it to the receiver.
+	FillChecksum(buf uintptr) error
+}
+
 // dispatcher boxes the stack's NetworkDispatcher for an atomic pointer.
 type dispatcher struct{ d stack.NetworkDispatcher }
 
 type rxQueue struct {
 	ep   *endpoint
 	q    nic.RxQueue
-	csum rxChecksummer // nil without receive checksum offload
-	seen uint64        // frames seen, for dropEvery (the core's thread only)
+	csum rxChecksummer  // nil without receive checksum offload
+	fill checksumFiller // with the offload off where the device has it: frames to complete
+	seen uint64         // frames seen, for dropEvery (the core's thread only)
 }
 
 type txQueue struct {
@@ -134,6 +152,14 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpo
 			limit: max(tq.Size()/2, 1)}
 		e.rx[i].csum, _ = rq.(rxChecksummer)
 		e.tx[i].csum, _ = tq.(txChecksummer)
+		if o, ok := rq.(checksumOffloader); ok && !o.ChecksumOffload() {
+			e.rx[i].csum = nil
+		} else if ok {
+			e.rx[i].fill, _ = rq.(checksumFiller)
+		}
+		if o, ok := tq.(checksumOffloader); ok && !o.ChecksumOffload() {
+			e.tx[i].csum = nil
+		}
 		for _, m := range []int{rq.MaxFrame(), tq.MaxFrame()} {
 			if maxFrame < 0 || m < maxFrame {
 				maxFrame = m
@@ -164,6 +190,8 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpo
 	for i := range e.rx {
 		if !e.rxOffload {
 			e.rx[i].csum = nil
+		} else {
+			e.rx[i].fill = nil // the device's partial frames count as verified
 		}
 		if !e.txOffload {
 			e.tx[i].csum = nil
@@ -263,6 +291,9 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			e.rxErrors.Add(1)
 			_ = r.q.PostRecv(nil)
 			continue
+		}
+		if r.fill != nil {
+			_ = r.fill.FillChecksum(c.Buf) // fails only for a buffer not lent: then no frame either
 		}
 		data := c.Data
 		if e.capture != nil {

@@ -242,6 +242,13 @@ type Config struct {
 	// Memory says which pages back DMA memory (hugepage.Options); the zero
 	// value asks for 2 MiB hugepages without fallback.
 	Memory hugepage.Options
+	// NoRxChecksumOffload and NoTxChecksumOffload turn off the device's
+	// receive and transmit checksum offloads, which drivers otherwise use
+	// where the device has them. virtio then does not negotiate
+	// GUEST_CSUM and CSUM (the backend completes every checksum, as on a
+	// wire without offloads); igb's ChecksumVerified reports no frame
+	// checked and its SendL4Checksum declines with ErrNotSupported.
+	NoRxChecksumOffload, NoTxChecksumOffload bool
 }
 
 // Info describes an open device.

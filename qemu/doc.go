@@ -41,6 +41,17 @@
 // when the payload exits: the guest writes them as a tar stream to a raw
 // virtio-blk disk that the host reads after QEMU has exited.
 //
+// A NIC's backend (NIC.Net) is a QEMU hub (Hub: NICs on one hub share a
+// wire), UDP datagrams to and from the host on 127.0.0.1 (Dgram), or a tap
+// device on a bridge (Tap, "net=tap:WIRE"). Taps are the backend that
+// carries virtio-net headers, the only one on which QEMU offers
+// virtio-net's checksum and segmentation offloads. Run makes them, as
+// root, in a network namespace of its own ("vfnic-tap-PID-N": a bridge per
+// wire, a tap per NIC opened with IFF_VNET_HDR from a thread in that
+// namespace, its descriptor passed to QEMU), and removes the namespace
+// when the guest ends; one left by a killed run is removed by the next.
+// No interface of the machine is touched.
+//
 // Environment: $VFNIC_QEMU overrides the qemu-system-x86_64 found in PATH;
 // the kernel and modules come from the cache directory ($VFNIC_CACHE, else
 // $XDG_CACHE_HOME/vfnic, else ~/.cache/vfnic) where `go run

@@ -18,6 +18,7 @@ func FuzzParseNICs(f *testing.F) {
 		"igb,bind=none,net=none;vmxnet3,bind=linux", "virtio-net-pci,slot=5 virtio,slot=6,packed=off",
 		",net=", "e1000e,packed=on", "igb,slot=4 e1000e,slot=4", "virtio,iommu_platform=off", "  ",
 		"igb,net=hub:-1", "igb,slot=-0x1", "e1000e,x=1,x=2", "net=hub:0",
+		"virtio,net=tap:w0 virtio,bind=linux,ip=10.0.0.2/24,net=tap:w0", "igb,net=tap:", "igb,net=tap:a:b",
 	} {
 		f.Add(s)
 	}

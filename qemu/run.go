@@ -189,6 +189,7 @@ type plan struct {
 	argv    []string
 	cmd     Command
 	collect string // the collect disk image, when Config.Collect is set
+	taps    int    // NetTap NICs (their taps are opened by Run)
 }
 
 var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
@@ -251,6 +252,7 @@ func newPlan(ctx context.Context, cfg Config, cmd Command) (*plan, error) {
 		return nil, err
 	}
 	p.nics = nics
+	p.taps = assignTapFDs(p.nics)
 
 	if p.qemu = c.QEMU; p.qemu == "" {
 		if p.qemu, err = FindQEMU(); err != nil {
@@ -513,10 +515,20 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 		return nil, err
 	}
 
+	var taps *tapWires
+	if p.taps > 0 {
+		if taps, err = openTapWires(p.nics); err != nil {
+			return nil, err
+		}
+		defer taps.Close()
+	}
 	args := p.qemuArgs(initrd)
 	con := newConsole(nonce, p.cfg.Console, p.cfg.Output)
 	var stderr bytes.Buffer
 	c := exec.Command(p.qemu, args...)
+	if taps != nil {
+		c.ExtraFiles = taps.files // fd 3 upwards, as assignTapFDs numbered them
+	}
 	c.Stdout = con
 	c.Stderr = &limitedBuffer{buf: &stderr, max: 64 << 10}
 	// If this process dies, QEMU goes with it instead of running on.

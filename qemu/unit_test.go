@@ -56,7 +56,9 @@ func TestResolveNICsErrors(t *testing.T) {
 		{{Model: E1000E, Net: Dgram(5, 5)}},                    // same port
 		{{Model: "e1000e,romfile=x"}},                          // option injection
 		{{Model: E1000E, Bind: "kernel"}},                      // unknown binding
-		{{Model: E1000E, Net: Netdev{Kind: "tap"}}},            // unknown backend
+		{{Model: E1000E, Net: Netdev{Kind: "tap"}}},            // tap without a wire
+		{{Model: E1000E, Net: Tap("br-0")}},                    // a wire name ip would misread
+		{{Model: E1000E, Net: Netdev{Kind: "vde"}}},            // unknown backend
 	}
 	for i, nics := range bad {
 		_, err := ResolveNICs(nics)
@@ -108,6 +110,10 @@ func TestParseFormatNICs(t *testing.T) {
 		"igb,net=dgram:5:5":             "both 5",
 		"igb,bind=vfio,ip=10.0.0.1/24":  "IPv4",
 		"igb,bind=kernel":               `binding "kernel"`,
+		"igb,net=tap:":                  `tap wire ""`,
+		"igb,net=tap:a-b":               `tap wire "a-b"`,
+		"igb,net=tap:abcdefghijklm":     `tap wire "abcdefghijklm"`,
+		"igb,net=tap:a:b":               `net="tap:a:b"`,
 	} {
 		_, err := ParseNICs(s)
 		require.ErrorIs(t, err, ErrBadConfig, s)

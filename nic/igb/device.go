@@ -596,6 +596,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 		rq.Rx = qcore.NewRx(&rq.Queue, ops{&rq.queue}, cfg.BufferSize)
 		rq.meta = make([]rxMeta, pool.Cap())
 		rq.rss = pairs > 1
+		rq.noCsum = cfg.NoRxChecksumOffload
 		d.rx = append(d.rx, rq)
 		d.core.Rx = append(d.core.Rx, &rq.Queue)
 
@@ -620,6 +621,7 @@ func (d *Device) setupQueues(cfg nic.Config, pairs int) error {
 			return fmt.Errorf("igb: transmit buffers of %s: %w", d.name, err)
 		}
 		tq.pool = tpool
+		tq.noCsum = cfg.NoTxChecksumOffload
 		tq.Queue.Init(ops{&tq.queue}, n, nil)
 		d.tx = append(d.tx, tq)
 		d.core.Tx = append(d.core.Tx, &tq.Queue)

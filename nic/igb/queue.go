@@ -71,6 +71,10 @@ type queue struct {
 	ctxs    [2]txContext // what the device's contexts 0 and 1 hold (zero, which no frame matches, until written)
 	ctxNext uint8        // the context the next new one replaces
 
+	// noCsum: nic.Config turned this direction's checksum offload off;
+	// the network stack's methods decline (csum.go).
+	noCsum bool
+
 	broken bool
 }
 

@@ -96,8 +96,9 @@ func Match(d pci.Device) bool {
 // Open takes the virtio-net device at addr: it checks the kernel is not
 // using it (unless cfg.Force), binds it to vfio-pci, resets it, negotiates
 // features (VERSION_1 and ACCESS_PLATFORM are required; RING_PACKED,
-// EVENT_IDX, MRG_RXBUF, MAC, STATUS, MTU, CTRL_VQ, CTRL_RX and MQ are taken
-// when offered), sets up the queues in DMA memory with one MSI-X vector
+// EVENT_IDX, MRG_RXBUF, MAC, STATUS, MTU, CTRL_VQ, CTRL_RX, MQ and the
+// checksum offloads CSUM and GUEST_CSUM are taken when offered, unless
+// cfg turns them off), sets up the queues in DMA memory with one MSI-X vector
 // per queue (vector 0 for configuration changes) and starts the device.
 // The receive queues start empty: post buffers, then Flush.
 func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
@@ -299,6 +300,14 @@ func (d *Device) negotiate(cfg Config) error {
 	}
 	if !cfg.NoMergeable {
 		want |= bit(FeatureMrgRxBuf)
+	}
+	// Checksum offloads, offered on a backend that carries the header
+	// (QEMU's tap); segmentation offloads are not taken (nethdr.go).
+	if !cfg.NoTxChecksumOffload {
+		want |= bit(FeatureCsum)
+	}
+	if !cfg.NoRxChecksumOffload {
+		want |= bit(FeatureGuestCsum)
 	}
 	if offered.Has(FeatureCtrlVQ) {
 		want |= bit(FeatureCtrlVQ) | bit(FeatureCtrlRx) | bit(FeatureMQ)
@@ -551,6 +560,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 				return err
 			}
 			q.Vector, q.VDev = int(s.vector), d.vdev
+			q.setOffloads(d.features.Has(FeatureGuestCsum))
 			d.rx = append(d.rx, q)
 			d.core.Rx = append(d.core.Rx, &q.Queue)
 		case "tx":
@@ -563,6 +573,7 @@ func (d *Device) setupQueues(cfg Config, pairs int) error {
 				return err
 			}
 			q.Vector, q.VDev = int(s.vector), d.vdev
+			q.csum = d.features.Has(FeatureCsum)
 			d.tx = append(d.tx, q)
 			d.core.Tx = append(d.core.Tx, &q.Queue)
 		default:

@@ -32,6 +32,21 @@
 // and armed only by a blocking read (with the packed ring's descriptor
 // event, or the split ring's used_event, aimed at the threshold).
 //
+// Checksum offloads are negotiated where the device offers them (QEMU
+// does on a tap backend, whose frames carry the virtio-net header; not on
+// its hub or socket backends), unless nic.Config turns them off: with
+// CSUM, TxQueue.SendL4Checksum posts a TCP or UDP frame with NEEDS_CSUM
+// and the device fills in its checksum; with GUEST_CSUM, the read pass
+// checks each received header once (flags and gso_type it negotiated,
+// csum_start and csum_offset within the frame: anything else is an error
+// completion) and RxQueue.ChecksumVerified reports DATA_VALID and
+// NEEDS_CSUM frames checked. A NEEDS_CSUM frame's checksum field holds
+// only the pseudo-header sum (its sender on the virtual wire left the
+// checksum to an offload): a consumer that forwards or checks frames
+// itself calls RxQueue.FillChecksum, or opens the device with
+// NoRxChecksumOffload. Segmentation offloads (HOST_TSO4/6, GUEST_TSO4/6)
+// are not negotiated. Device.OffloadStats counts what each did.
+//
 // The package stores ring fields in the machine's byte order and refuses to
 // open a device on big-endian machines.
 package virtio

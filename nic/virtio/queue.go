@@ -63,9 +63,14 @@ func (r vqRing) Disarm() {
 	}
 }
 
-// StrError implements qcore.Ring: virtio reports only cq's own codes,
-// which the CQ describes itself.
-func (r vqRing) StrError(cq.ProvErrno, []byte) (string, bool) { return "", false }
+// StrError implements qcore.Ring: virtio reports cq's own codes, which
+// the CQ describes itself, and a refused virtio-net header.
+func (r vqRing) StrError(p cq.ProvErrno, _ []byte) (string, bool) {
+	if p == provBadNetHdr {
+		return errBadNetHdr.Error(), true
+	}
+	return "", false
+}
 
 // Table implements qcore.Ring.
 func (r vqRing) Table() *cqring.Table { return r.v.tab }
@@ -79,6 +84,11 @@ type RxQueue struct {
 	mrg     bool // MRG_RXBUF: check num_buffers
 	skip    int  // buffers of a multi-buffer frame still to drop
 	span    int  // buffers of that frame in all
+	// csum: GUEST_CSUM, each header is checked and its checksum state
+	// kept per buffer in meta (nethdr.go).
+	csum bool
+	meta []rxMeta
+	offloadCounters
 	// mbErrs are the multi-buffer errors of the batch the pass last
 	// made, by position (a completion's Meta[0]).
 	mbErrs [qcore.Batch]*nic.MultiBufferError
@@ -125,11 +135,14 @@ func (r rxRing) PostBuf(b uint32, ctx any) error {
 }
 
 // TxQueue is a virtio-net transmit queue (nic.TxQueue). Buffer id i always
-// uses transmit buffer i, whose virtio-net header stays zero (no offloads).
+// uses transmit buffer i, whose virtio-net header stays zero unless the
+// queue has checksum offload (SendL4Checksum writes it per frame).
 type TxQueue struct {
 	queue
 	pool     *dma.Pool
 	maxFrame int
+	csum     bool // CSUM negotiated: SendL4Checksum works
+	offloadCounters
 }
 
 var (
@@ -154,10 +167,18 @@ func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*Tx
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error {
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(frame, ctx, false) }
+
+// send posts frame, with NEEDS_CSUM when partial (SendL4Checksum).
+func (q *TxQueue) send(frame []byte, ctx any, partial bool) error {
 	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
 		// Allocates, as a caller's mistake may: the numbers say what is wrong.
 		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
+	}
+	if partial {
+		if _, _, ok := l4Partial(frame, false); !ok {
+			return errNoL4
+		}
 	}
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
@@ -173,6 +194,20 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	}
 	b := q.pool.Buf(uint32(id))
 	n := netHdrLen + copy(b[netHdrLen:], frame)
+	if q.csum {
+		// The buffer's header may hold a previous frame's offload.
+		var h netHdr
+		if partial {
+			// From the queue's copy: what the device reads. A frame the
+			// caller changed during the call so that it no longer parses
+			// goes out as it is, without the offload.
+			if start, off, ok := l4Partial(b[netHdrLen:n], true); ok {
+				h = netHdr{flags: netHdrNeedsCsum, csumStart: start, csumOffset: off}
+				q.txPartial.Add(1)
+			}
+		}
+		h.encode(b)
+	}
 	q.vq.add(id, q.pool.Addr(uint32(id)), uint32(n), 0)
 	return nil
 }

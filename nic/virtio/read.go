@@ -162,8 +162,10 @@ func (q *vq) pending(max int) int {
 // cover the virtio-net header and an Ethernet header (cq.ProvBadLen), and
 // num_buffers, read once from the header the device wrote, must be 1 (a
 // frame spanning buffers completes with cq.ProvMultiBuffer, cq.ETRUNC,
-// per buffer, its Len the bytes of that buffer's part). A good buffer's
-// c.Buf and c.Len are the frame's (past the header).
+// per buffer, its Len the bytes of that buffer's part). With receive
+// checksum offload the header's other fields are checked too (a bad one:
+// cq.EIO, provBadNetHdr). A good buffer's c.Buf and c.Len are the frame's
+// (past the header).
 func (r rxRing) Read(cs []cqring.Completion) int {
 	q := r.q
 	n := r.v.read(cs)
@@ -208,6 +210,9 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 				q.multiBuffer(c, i, e)
 				continue
 			}
+		}
+		if q.csum && !q.takeRxHdr(c) { // checksum offload: the header checked (nethdr.go)
+			continue
 		}
 		c.Buf += netHdrLen
 		c.Len -= netHdrLen
@@ -255,6 +260,9 @@ func completionError(c *cqring.Completion) error {
 	}
 	if c.Err == cq.ETRUNC {
 		return errMultiBuffer
+	}
+	if c.Prov == provBadNetHdr {
+		return errBadNetHdr
 	}
 	return nic.ErrDeviceStatus
 }

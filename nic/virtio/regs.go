@@ -58,6 +58,8 @@ const (
 
 // Feature bits.
 const (
+	FeatureCsum          = 0  // VIRTIO_NET_F_CSUM: the device fills in checksums the driver left (NEEDS_CSUM)
+	FeatureGuestCsum     = 1  // VIRTIO_NET_F_GUEST_CSUM: received frames say DATA_VALID or NEEDS_CSUM
 	FeatureMTU           = 3  // VIRTIO_NET_F_MTU: the device reports its MTU
 	FeatureMAC           = 5  // VIRTIO_NET_F_MAC: the device has a MAC address
 	FeatureMrgRxBuf      = 15 // VIRTIO_NET_F_MRG_RXBUF: frames may span buffers
@@ -77,7 +79,7 @@ const (
 )
 
 var featureNames = map[int]string{
-	0: "CSUM", 1: "GUEST_CSUM", 2: "CTRL_GUEST_OFFLOADS", FeatureMTU: "MTU",
+	FeatureCsum: "CSUM", FeatureGuestCsum: "GUEST_CSUM", 2: "CTRL_GUEST_OFFLOADS", FeatureMTU: "MTU",
 	FeatureMAC: "MAC", 7: "GUEST_TSO4", 8: "GUEST_TSO6", 9: "GUEST_ECN", 10: "GUEST_UFO",
 	11: "HOST_TSO4", 12: "HOST_TSO6", 13: "HOST_ECN", 14: "HOST_UFO",
 	FeatureMrgRxBuf: "MRG_RXBUF", FeatureStatus: "STATUS", FeatureCtrlVQ: "CTRL_VQ",

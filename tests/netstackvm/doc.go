@@ -12,4 +12,10 @@
 // and counters, Linux's, the rings' unread completions and the last frames
 // (netstack.Config.Capture). VFNIC_NETSTACK_REPEAT=N fetches each URL N
 // times: a soak for stalls.
+//
+// TestTapOffloads boots one guest whose two virtio-net NICs are on a tap
+// wire (qemu.Tap), where QEMU offers virtio-net's checksum offloads, and
+// fetches the 16 MiB body with the offloads on, off in nic.Config and off
+// in netstack.Config only, checking from the driver's and the stack's
+// counters that they were used exactly when on.
 package netstackvm
