@@ -30,8 +30,9 @@
 // on a tap backend, not behind its hub and socket backends): the stack
 // leaves TCP and UDP checksums to the device and skips verifying those the
 // device verified, or whose checksum a sender on a virtual wire left to an
-// offload (virtio's NEEDS_CSUM; with receive offload off the endpoint
-// fills those in before the stack checks them). gVisor's receive capability is one flag for the whole NIC,
+// offload (virtio's NEEDS_CSUM: the endpoint asks the driver to keep
+// those partial; with receive offload off the driver completes them
+// before the stack checks them). gVisor's receive capability is one flag for the whole NIC,
 // read as each packet comes in, so the endpoint withdraws it while it
 // delivers a frame the device did not verify: the stack then checks that
 // frame itself, and carries the verdict through IP reassembly, so that

@@ -88,13 +88,12 @@ type checksumOffloader interface {
 	ChecksumOffload() bool
 }
 
-// checksumFiller is a receive queue whose device may deliver frames whose
-// checksum was never computed (virtio's NEEDS_CSUM); with receive offload
-// off the stack checks every checksum, so those are filled in first.
-type checksumFiller interface {
-	// FillChecksum computes, in place, the checksum of the frame lent at
-	// buf if the device left it to the receiver.
-	FillChecksum(buf uintptr) error
+// partialKeeper is a receive queue whose device may deliver frames whose
+// checksum was never computed (virtio's NEEDS_CSUM). The driver completes
+// them unless asked to keep them: with receive offload on the stack takes
+// the device's word for them and asks.
+type partialKeeper interface {
+	KeepPartialChecksums(keep bool)
 }
 
 // dispatcher boxes the stack's NetworkDispatcher for an atomic pointer.
@@ -103,9 +102,8 @@ type dispatcher struct{ d stack.NetworkDispatcher }
 type rxQueue struct {
 	ep   *endpoint
 	q    nic.RxQueue
-	csum rxChecksummer  // nil without receive checksum offload
-	fill checksumFiller // with the offload off where the device has it: frames to complete
-	seen uint64         // frames seen, for dropEvery (the core's thread only)
+	csum rxChecksummer // nil without receive checksum offload
+	seen uint64        // frames seen, for dropEvery (the core's thread only)
 }
 
 type txQueue struct {
@@ -154,8 +152,6 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpo
 		e.tx[i].csum, _ = tq.(txChecksummer)
 		if o, ok := rq.(checksumOffloader); ok && !o.ChecksumOffload() {
 			e.rx[i].csum = nil
-		} else if ok {
-			e.rx[i].fill, _ = rq.(checksumFiller)
 		}
 		if o, ok := tq.(checksumOffloader); ok && !o.ChecksumOffload() {
 			e.tx[i].csum = nil
@@ -190,8 +186,11 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpo
 	for i := range e.rx {
 		if !e.rxOffload {
 			e.rx[i].csum = nil
-		} else {
-			e.rx[i].fill = nil // the device's partial frames count as verified
+		}
+		if k, ok := e.rx[i].q.(partialKeeper); ok {
+			// With the offload on, the device's partial frames count
+			// as verified; off, the driver completes them.
+			k.KeepPartialChecksums(e.rxOffload)
 		}
 		if !e.txOffload {
 			e.tx[i].csum = nil
@@ -291,9 +290,6 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			e.rxErrors.Add(1)
 			_ = r.q.PostRecv(nil)
 			continue
-		}
-		if r.fill != nil {
-			_ = r.fill.FillChecksum(c.Buf) // fails only for a buffer not lent: then no frame either
 		}
 		data := c.Data
 		if e.capture != nil {

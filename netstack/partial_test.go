@@ -16,9 +16,10 @@ import (
 // partialDevice plays a device whose receive checksum offload may hand
 // over frames whose TCP or UDP checksum was never computed (virtio's
 // NEEDS_CSUM): its receive queue leaves only the pseudo-header sum in
-// each such field, reports the frame checked, and completes it on
-// request (FillChecksum). offload false plays a device where the offload
-// was not negotiated (ChecksumOffload false).
+// each such field and reports the frame checked when its consumer asked
+// to keep such frames (KeepPartialChecksums), and completes each itself
+// otherwise, as nic/virtio does. offload false plays a device where the
+// offload was not negotiated (ChecksumOffload false).
 type partialDevice struct {
 	*softnic.Device
 	rx *partialRx
@@ -27,6 +28,7 @@ type partialDevice struct {
 type partialRx struct {
 	nic.RxQueue
 	offload bool
+	keep    atomic.Bool
 	mu      sync.Mutex
 	partial map[uintptr][]byte // frames lent with a partial checksum
 	made    atomic.Int64
@@ -54,8 +56,13 @@ func (q *partialRx) Poll(out []nic.Completion) int {
 			continue
 		}
 		binary.BigEndian.PutUint16(seg[off:], seed)
-		q.partial[c.Buf] = c.Data
 		q.made.Add(1)
+		if !q.keep.Load() {
+			setL4Checksum(c.Data)
+			q.filled.Add(1)
+			continue
+		}
+		q.partial[c.Buf] = c.Data
 	}
 	return n
 }
@@ -71,22 +78,14 @@ func (q *partialRx) ChecksumVerified(buf uintptr) (checked, valid bool, err erro
 	return true, true, nil
 }
 
-func (q *partialRx) FillChecksum(buf uintptr) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if f, p := q.partial[buf]; p {
-		setL4Checksum(f)
-		delete(q.partial, buf)
-		q.filled.Add(1)
-	}
-	return nil
-}
+func (q *partialRx) KeepPartialChecksums(keep bool) { q.keep.Store(keep) }
 
 func (q *partialRx) ChecksumOffload() bool { return q.offload }
 
 // TestChecksumOffloadPartial: frames whose checksum the device left to
-// the receiver are taken as verified with receive offload on, and filled
-// in before the stack checks them with it off; a device whose offload
+// the receiver are taken as verified with receive offload on (the stack
+// asks the driver to keep them), and completed by the driver before the
+// stack checks them with it off; a device whose offload
 // was not negotiated gives the stack none. TCP and UDP data arrive
 // intact each time, and the stack finds no checksum wrong.
 func TestChecksumOffloadPartial(t *testing.T) {

@@ -42,9 +42,11 @@
 // completion) and RxQueue.ChecksumVerified reports DATA_VALID and
 // NEEDS_CSUM frames checked. A NEEDS_CSUM frame's checksum field holds
 // only the pseudo-header sum (its sender on the virtual wire left the
-// checksum to an offload): a consumer that forwards or checks frames
-// itself calls RxQueue.FillChecksum, or opens the device with
-// NoRxChecksumOffload. Segmentation offloads (HOST_TSO4/6, GUEST_TSO4/6)
+// checksum to an offload): the read pass completes it before the
+// consumer sees the frame, so that no program forwards or records a
+// partial checksum, unless the consumer trusts the device's verdict and
+// says so with RxQueue.KeepPartialChecksums (package netstack does, with
+// its receive offload on); FillChecksum then completes one on demand. Segmentation offloads (HOST_TSO4/6, GUEST_TSO4/6)
 // are not negotiated. Device.OffloadStats counts what each did.
 //
 // The package stores ring fields in the machine's byte order and refuses to

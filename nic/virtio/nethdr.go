@@ -122,9 +122,30 @@ func (q *RxQueue) takeRxHdr(c *cqring.Completion) bool {
 		q.rxValid.Add(1)
 	case rxCsumPartial:
 		q.rxPartial.Add(1)
+		if !q.keepPartial {
+			// Completed here, so that a consumer that forwards or
+			// records frames never passes a partial checksum on.
+			fillPartial(q.bufs.Buf(b)[netHdrLen:netHdrLen+int(m.flen)], m)
+			m.csum = rxCsumValid
+		}
 	}
 	q.meta[b] = m
 	return true
+}
+
+// KeepPartialChecksums says whether the queue's consumer takes frames the
+// device delivers with NEEDS_CSUM as they come: their TCP or UDP checksum
+// field then holds only the pseudo-header sum (Linux's CHECKSUM_PARTIAL),
+// ChecksumVerified counts them as checked and FillChecksum completes one
+// on demand. By default (false) the read pass completes each such frame
+// before the consumer sees it, so that a program that forwards or records
+// frames (vfnic fwd, capture) never passes a partial checksum on; a
+// network stack that trusts the device's verdict (package netstack with
+// receive checksum offload) asks to keep them and saves the sum.
+func (q *RxQueue) KeepPartialChecksums(keep bool) {
+	q.Mu.Lock()
+	q.keepPartial = keep
+	q.Mu.Unlock()
 }
 
 // setOffloads switches the queue's receive checksum offload on
@@ -189,10 +210,17 @@ func (q *RxQueue) FillChecksum(buf uintptr) error {
 	if err != nil || m.csum != rxCsumPartial {
 		return err
 	}
-	// checkRxHdr bounded start+off+2 by the frame's length.
+	fillPartial(f, m)
+	q.meta[q.bufs.Of(buf)].csum = rxCsumValid // complete now: a second fill would sum the sum
+	return nil
+}
+
+// fillPartial writes the checksum of a NEEDS_CSUM frame f, from csum_start
+// to its end, into the field at csum_start+csum_offset that holds the
+// pseudo-header sum. checkRxHdr bounded start+off+2 by the frame's length.
+func fillPartial(f []byte, m rxMeta) {
 	at := int(m.start) + int(m.off)
 	binary.BigEndian.PutUint16(f[at:], ^onesSum(f[m.start:], 0))
-	return nil
 }
 
 // ipv4HeaderValid checks the header checksum of an IPv4 frame (isIPv4

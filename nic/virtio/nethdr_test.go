@@ -231,8 +231,10 @@ func TestSendL4Checksum(t *testing.T) {
 
 // TestRxChecksumHeaders: a queue with GUEST_CSUM reads each frame's header
 // once in the read pass: DATA_VALID and NEEDS_CSUM frames are reported
-// checked (the IPv4 header checksum verified here), FillChecksum completes
-// a NEEDS_CSUM frame's checksum, a frame without flags is not checked,
+// checked (the IPv4 header checksum verified here); a consumer that keeps
+// NEEDS_CSUM frames gets the partial sum and FillChecksum completes it,
+// any other gets it completed by the read pass; a frame without flags is
+// not checked,
 // and a header with what was not negotiated (GSO, RSC) or a checksum
 // field outside the frame is an error completion (provBadNetHdr) whose
 // buffer goes back to the pool. A queue without the offload ignores the
@@ -242,6 +244,7 @@ func TestRxChecksumHeaders(t *testing.T) {
 		r := newRig(t, 16, packed, true, 128<<10)
 		rx := r.rxQueue(t, 32, 2048, true)
 		rx.setOffloads(true)
+		rx.KeepPartialChecksums(true)
 		require.True(t, rx.ChecksumOffload())
 		for rx.PostRecv(nil) == nil {
 		}
@@ -290,7 +293,8 @@ func TestRxChecksumHeaders(t *testing.T) {
 		}
 		require.Equal(t, []verdict{{true, true}, {true, true}, {true, false}, {true, true}, {false, false}}, got)
 
-		// The NEEDS_CSUM frame, completed in place.
+		// The NEEDS_CSUM frame, kept partial, then completed in place.
+		require.Equal(t, partial, cs[1].Data)
 		require.NoError(t, rx.FillChecksum(cs[1].Buf))
 		require.Equal(t, want, binary.BigEndian.Uint16(cs[1].Data[at:]))
 		require.Equal(t, good, cs[1].Data)
@@ -313,13 +317,24 @@ func TestRxChecksumHeaders(t *testing.T) {
 		require.Equal(t, 16-7, posted)
 		require.Zero(t, lent)
 
+		// By default the read pass completes a NEEDS_CSUM frame.
+		rx.KeepPartialChecksums(false)
+		send(partial, netHdr{flags: netHdrNeedsCsum, csumStart: uint16(at - 16), csumOffset: 16})
+		require.Equal(t, 1, rx.Poll(cs[:1]))
+		require.NoError(t, cs[0].Err)
+		require.Equal(t, good, cs[0].Data, "completed before the consumer sees it")
+		ch, va, err := rx.ChecksumVerified(cs[0].Buf)
+		require.NoError(t, err)
+		require.True(t, ch && va)
+		require.NoError(t, rx.Release(cs[0].Buf))
+
 		// Without the offload the flags are not looked at.
 		rx.setOffloads(false)
 		require.False(t, rx.ChecksumOffload())
 		send(good, netHdr{gsoType: 1})
 		require.Equal(t, 1, rx.Poll(cs[:1]))
 		require.NoError(t, cs[0].Err)
-		ch, _, err := rx.ChecksumVerified(cs[0].Buf)
+		ch, _, err = rx.ChecksumVerified(cs[0].Buf)
 		require.NoError(t, err)
 		require.False(t, ch)
 		require.NoError(t, rx.Release(cs[0].Buf))

@@ -87,7 +87,10 @@ type RxQueue struct {
 	// csum: GUEST_CSUM, each header is checked and its checksum state
 	// kept per buffer in meta (nethdr.go).
 	csum bool
-	meta []rxMeta
+	// keepPartial: the consumer takes NEEDS_CSUM frames as they come
+	// (KeepPartialChecksums); else the read pass completes each.
+	keepPartial bool
+	meta        []rxMeta
 	offloadCounters
 	// mbErrs are the multi-buffer errors of the batch the pass last
 	// made, by position (a completion's Meta[0]).
