@@ -47,8 +47,11 @@ func Ask(op string, slot, arg int) { fmt.Printf("\n%s%s %d %d\n", Marker, op, sl
 //
 // NICs are named as qemu.Config names them: nic<i>, by position.
 type Helper struct {
-	Mon  *qemu.Monitor
-	Ctx  context.Context
+	// Mon is the guest's QEMU monitor (qemu.Config.Monitor).
+	Mon *qemu.Monitor
+	// Ctx bounds the requests: the host test's context.
+	Ctx context.Context
+	// NICs are the guest's NICs, as given to qemu.Config.
 	NICs []qemu.NIC
 	// PhysRings: the guest's Linux NICs use guest-physical DMA addresses
 	// (kernel argument iommu=pt), so their rings can be read with
