@@ -323,28 +323,7 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 // the dispatcher of one transmit queue with up to fifo.BatchSize packets
 // of that queue's hash class; they go to the device with one Flush.
 func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
-	return e.write(pkts.AsSlice())
-}
-
-// directQDisc is the stack's queueing discipline with Config.DirectWrite:
-// each packet goes to the device from the goroutine that sends it. (The
-// stack's own pass-through, used without a qdisc, builds a list per
-// packet, which allocates.)
-type directQDisc struct{ e *endpoint }
-
-// WritePacket implements stack.QueueingDiscipline.
-func (q directQDisc) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
-	one := [1]*stack.PacketBuffer{pkt}
-	_, err := q.e.write(one[:])
-	return err
-}
-
-// Close implements stack.QueueingDiscipline.
-func (directQDisc) Close() {}
-
-// write posts the packets, all of one transmit queue's hash class, to
-// that queue with one Flush, and says how many were dealt with.
-func (e *endpoint) write(list []*stack.PacketBuffer) (int, tcpip.Error) {
+	list := pkts.AsSlice()
 	if len(list) == 0 {
 		return 0, nil
 	}

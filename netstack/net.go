@@ -68,12 +68,6 @@ type Config struct {
 	// QueueLen is the qdisc queue length per transmit queue in packets;
 	// 0 means DefaultQueueLen.
 	QueueLen int
-	// DirectWrite writes each packet to the device from the goroutine
-	// that sends it (a TCP processor, or the one writing to a
-	// connection), one Flush per packet, with no qdisc: no hand-off to a
-	// dispatcher goroutine and no queue, but a doorbell decision per
-	// packet instead of per batch. QueueLen is then unused.
-	DirectWrite bool
 
 	// TCPSendBuffer and TCPReceiveBuffer set TCP's buffer ranges.
 	TCPSendBuffer, TCPReceiveBuffer BufferSizes
@@ -186,10 +180,7 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 	if cfg.Capture != nil {
 		ep.capture = newPcap(cfg.Capture, cfg.CaptureSnapLen)
 	}
-	qd := stack.QueueingDiscipline(directQDisc{ep})
-	if !cfg.DirectWrite {
-		qd = fifo.New(ep, len(ep.tx), cfg.QueueLen)
-	}
+	qd := fifo.New(ep, len(ep.tx), cfg.QueueLen)
 	if terr := s.CreateNICWithOptions(nicID, ep, stack.NICOptions{QDisc: qd}); terr != nil {
 		qd.Close()
 		return fail(fmt.Errorf("netstack: create NIC: %s", terr))

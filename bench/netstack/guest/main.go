@@ -63,9 +63,9 @@ func main() {
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
 	profile := flag.String("profile", "", "profile the netstack server in one more run (not counted), written here")
 	mode := flag.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
-	direct := flag.Bool("direct", false, "also run netstack with Config.DirectWrite (netstack-direct), A B C A B C")
+	b := flag.String("b", "", "serve flags of a second netstack server (netstack-b, e.g. \"-mode interrupt\"), run in turn with the others: A B C A B C")
 	flag.Parse()
-	if err := orchestrate(*reps, *dur, *profile, *mode, *direct); err != nil {
+	if err := orchestrate(*reps, *dur, *profile, *mode, strings.Fields(*b)); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-netstack:", err)
 		os.Exit(1)
 	}
@@ -80,7 +80,6 @@ func serve(args []string) error {
 	ip := fs.String("ip", ipNetstack, "the netstack's address")
 	profile := fs.String("profile", "", "write a CPU profile here")
 	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
-	direct := fs.Bool("direct", false, "netstack.Config.DirectWrite: no qdisc")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -98,7 +97,7 @@ func serve(args []string) error {
 			_ = d.Close()
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, DirectWrite: *direct})
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m})
 		if err != nil {
 			_ = d.Close()
 			return err
@@ -217,7 +216,7 @@ type measurement struct {
 	value               float64
 }
 
-func orchestrate(reps int, dur time.Duration, profile, mode string, direct bool) error {
+func orchestrate(reps int, dur time.Duration, profile, mode string, b []string) error {
 	nics, err := qemu.GuestNICs()
 	if err != nil {
 		return err
@@ -262,16 +261,19 @@ func orchestrate(reps int, dur time.Duration, profile, mode string, direct bool)
 	ctx := context.Background()
 	var ms []measurement
 	stacks := []string{"netstack", "linux"}
-	if direct {
-		stacks = []string{"netstack", "netstack-direct", "linux"}
+	if len(b) > 0 {
+		stacks = []string{"netstack", "netstack-b", "linux"}
 	}
 	for rep := 1; rep <= reps; rep++ {
 		for _, st := range stacks {
 			var srv *server
 			target := ipLinux
 			if st != "linux" {
-				srv, err = startServer(ctx, self, "serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack,
-					"-direct="+strconv.FormatBool(st == "netstack-direct"))
+				args := []string{"serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack}
+				if st == "netstack-b" {
+					args = append(args, b...) // later flags win
+				}
+				srv, err = startServer(ctx, self, args...)
 				target = ipNetstack
 			} else {
 				srv, err = startServer(ctx, "nsenter", "-n", "-t", pid, self, "serve", "-stack", "linux")
@@ -544,7 +546,7 @@ func median(v []float64) float64 {
 
 // table prints each cell's median per stack and the ratio netstack/linux,
 // with the targets (higher is better for rates, lower for latency and
-// CPU); with netstack-direct, also its ratios to linux and to netstack.
+// CPU); with netstack-b, also its ratios to linux and to netstack.
 func table(w io.Writer, ms []measurement, stacks []string) {
 	type key struct{ test, metric string }
 	var keys []key
@@ -558,10 +560,10 @@ func table(w io.Writer, ms []measurement, stacks []string) {
 		vals[k][m.stack] = append(vals[k][m.stack], m.value)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	direct := slices.Contains(stacks, "netstack-direct")
+	withB := slices.Contains(stacks, "netstack-b")
 	head := "test\tmetric\tnetstack\tlinux\tratio\t"
-	if direct {
-		head += "direct\tdirect/linux\tdirect/netstack\t"
+	if withB {
+		head += "netstack-b\tb/linux\tb/netstack\t"
 	}
 	fmt.Fprintln(tw, head+"target\t")
 	div := func(a, b float64) float64 {
@@ -574,8 +576,8 @@ func table(w io.Writer, ms []measurement, stacks []string) {
 		a, b := median(vals[k]["netstack"]), median(vals[k]["linux"])
 		ratio := div(a, b)
 		extra := ""
-		if direct {
-			d := median(vals[k]["netstack-direct"])
+		if withB {
+			d := median(vals[k]["netstack-b"])
 			extra = fmt.Sprintf("%.4g\t%.2fx\t%.2fx\t", d, div(d, b), div(d, a))
 		}
 		target := ""
