@@ -80,6 +80,7 @@ func serve(args []string) error {
 	ip := fs.String("ip", ipNetstack, "the netstack's address")
 	profile := fs.String("profile", "", "write a CPU profile here")
 	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
+	coreTx := fs.Bool("core", false, "netstack.Config.CoreTransmit: the polling cores write the packets")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -97,7 +98,7 @@ func serve(args []string) error {
 			_ = d.Close()
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m})
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx})
 		if err != nil {
 			_ = d.Close()
 			return err
