@@ -98,26 +98,53 @@ func testNoAllocsPerFrame(t *testing.T, offload bool) {
 	var list stack.PacketBufferList
 	list.PushBack(pkt)
 	sent := 0
-	send := func() {
-		n, terr := e.WritePackets(list)
-		if terr != nil || n != 1 {
-			t.Fatalf("WritePackets: %d, %v", n, terr)
-		}
-		k := peerRx.Poll(comps)
-		for _, c := range comps[:k] {
-			if c.Err == nil && c.Len == pkt.Size() {
-				sent++
+	// sendWith writes the packet with write and takes it at the peer.
+	sendWith := func(write func() tcpip.Error) func() {
+		return func() {
+			if terr := write(); terr != nil {
+				t.Fatalf("write: %v", terr)
 			}
-			require.NoError(t, peerRx.Repost(c.Buf, nil))
+			k := peerRx.Poll(comps)
+			for _, c := range comps[:k] {
+				if c.Err == nil && c.Len == pkt.Size() {
+					sent++
+				}
+				require.NoError(t, peerRx.Repost(c.Buf, nil))
+			}
+			require.NoError(t, peerRx.Flush())
 		}
-		require.NoError(t, peerRx.Flush())
 	}
+	send := sendWith(func() tcpip.Error {
+		n, terr := e.WritePackets(list)
+		if terr == nil && n != 1 {
+			t.Fatalf("WritePackets wrote %d", n)
+		}
+		return terr
+	})
 	send()
 	allocs = testing.AllocsPerRun(1000, send)
 	require.Zero(t, allocs, "transmit path allocations per frame")
 	require.Equal(t, 1002, sent)
+	// The same packet queued for the polling core (Config.CoreTransmit),
+	// which writes it in its round.
+	tq := &e.tx[0]
+	tq.qlen = DefaultQueueLen
+	qd := coreQDisc{e}
+	send = sendWith(func() tcpip.Error {
+		if terr := qd.WritePacket(pkt); terr != nil {
+			return terr
+		}
+		if n, err := e.drain(tq); n != 1 || err != nil {
+			t.Fatalf("drain: %d, %v", n, err)
+		}
+		return nil
+	})
+	send()
+	allocs = testing.AllocsPerRun(1000, send)
+	require.Zero(t, allocs, "core transmit allocations per frame")
+	require.Equal(t, 2004, sent)
 	if offload {
-		require.EqualValues(t, 1002, e.txCsumDevice.Load(), "frames the device checksummed")
+		require.EqualValues(t, 2004, e.txCsumDevice.Load(), "frames the device checksummed")
 		require.EqualValues(t, 1002, e.rxCsumDevice.Load(), "frames delivered with the device's verdict")
 	}
 }

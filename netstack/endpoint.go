@@ -11,6 +11,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -114,6 +115,18 @@ type txQueue struct {
 	limit   int              // sends outstanding before a write waits (half the ring; the rest is spare)
 	scratch []byte           // one frame, gathered from the packet's views
 	comps   []nic.Completion // transmit completions reaped before sending
+
+	// With Config.CoreTransmit: packets the stack's senders queued for
+	// the polling core of this queue's pair (under qmu, at most qlen),
+	// nq their count, and the core (for its Wake) once it runs. cur and
+	// off are the core's: the packets it took, and how far it got.
+	qmu    sync.Mutex
+	queued []*stack.PacketBuffer
+	qlen   int
+	nq     atomic.Int32
+	core   atomic.Pointer[lcore.Core]
+	cur    []*stack.PacketBuffer
+	off    int
 }
 
 // txWait bounds how long a write waits for the device to complete sends
@@ -346,11 +359,96 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 	return nil
 }
 
+// coreQDisc is the stack's queueing discipline with Config.CoreTransmit:
+// a sender queues the packet for the polling core of its transmit queue's
+// pair and wakes the core when the queue was empty; the core writes the
+// queued packets to the device in its rounds (drain), with the frames it
+// receives, so that no dispatcher goroutine stands between the stack and
+// the device.
+type coreQDisc struct{ e *endpoint }
+
+// WritePacket implements stack.QueueingDiscipline.
+func (q coreQDisc) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	e := q.e
+	t := &e.tx[int(pkt.Hash)%len(e.tx)]
+	t.qmu.Lock()
+	if len(t.queued) >= t.qlen {
+		t.qmu.Unlock()
+		e.txDropped.Add(1)
+		return &tcpip.ErrNoBufferSpace{}
+	}
+	t.queued = append(t.queued, pkt.IncRef())
+	first := t.nq.Add(1) == 1
+	t.qmu.Unlock()
+	if c := t.core.Load(); first && c != nil {
+		// A core that stopped has its error in the Net; the packet
+		// is released with the queue.
+		_ = c.Wake()
+	}
+	return nil
+}
+
+// Close implements stack.QueueingDiscipline: the packets still queued are
+// released (the cores have stopped: the Net closes them first).
+func (q coreQDisc) Close() {
+	for i := range q.e.tx {
+		t := &q.e.tx[i]
+		t.qmu.Lock()
+		for _, p := range t.queued {
+			p.DecRef()
+		}
+		clear(t.queued)
+		t.queued, t.qlen = t.queued[:0], 0 // a later send is refused
+		t.nq.Store(0)
+		t.qmu.Unlock()
+		for _, p := range t.cur[t.off:] {
+			p.DecRef()
+		}
+		clear(t.cur)
+		t.cur, t.off = t.cur[:0], 0
+	}
+}
+
+// drainBatch bounds the packets a core writes per round, so that its
+// receive queue is polled between batches.
+const drainBatch = 64
+
+// drain is the polling core's Func for transmit queue t (Config.
+// CoreTransmit): it writes up to drainBatch queued packets with one
+// Flush, taking the senders' queue when its own is done.
+func (e *endpoint) drain(t *txQueue) (int, error) {
+	if t.off == len(t.cur) {
+		if t.nq.Load() == 0 {
+			return 0, nil
+		}
+		// Swap: the senders append to the core's emptied slice.
+		clear(t.cur)
+		t.qmu.Lock()
+		t.cur, t.queued = t.queued, t.cur[:0]
+		t.nq.Store(0)
+		t.qmu.Unlock()
+		t.off = 0
+	}
+	n := min(len(t.cur)-t.off, drainBatch)
+	batch := t.cur[t.off : t.off+n]
+	t.off += n
+	_, _ = e.write(batch) // a closed device stops the Net (e.closed); losses count in txDropped
+	for _, p := range batch {
+		p.DecRef()
+	}
+	return n, nil
+}
+
 // WritePackets implements stack.LinkWriter. The fifo qdisc calls it from
 // the dispatcher of one transmit queue with up to fifo.BatchSize packets
 // of that queue's hash class; they go to the device with one Flush.
 func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
-	list := pkts.AsSlice()
+	return e.write(pkts.AsSlice())
+}
+
+// write posts the packets, all of one transmit queue's hash class, to
+// that queue with one Flush, and says how many were dealt with.
+func (e *endpoint) write(list []*stack.PacketBuffer) (int, tcpip.Error) {
 	if len(list) == 0 {
 		return 0, nil
 	}

@@ -127,26 +127,33 @@ func roundTrip(t *testing.T, c net.Conn, body []byte) {
 }
 
 func TestTCPEcho(t *testing.T) {
-	p := newPair(t, nil)
-	l, err := p.b.Listen("tcp", ":7")
-	require.NoError(t, err)
-	defer l.Close()
-	echo(l)
-	body := randBytes(t, 4<<20)
-	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
-		t.Run(dst, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			c, err := p.a.DialContext(ctx, "tcp", dst)
+	// The echoing side writes through the fifo qdisc, then through its
+	// polling core (Config.CoreTransmit).
+	for _, core := range []bool{false, true} {
+		t.Run(map[bool]string{false: "qdisc", true: "core"}[core], func(t *testing.T) {
+			p := newPair(t, func(c *Config) { c.CoreTransmit = core })
+			l, err := p.b.Listen("tcp", ":7")
 			require.NoError(t, err)
-			defer c.Close()
-			roundTrip(t, c, body)
+			defer l.Close()
+			echo(l)
+			body := randBytes(t, 4<<20)
+			for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
+				t.Run(dst, func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					c, err := p.a.DialContext(ctx, "tcp", dst)
+					require.NoError(t, err)
+					defer c.Close()
+					roundTrip(t, c, body)
+				})
+			}
+			st := p.a.Stats()
+			require.NotZero(t, st.RxFrames)
+			require.NotZero(t, st.TxFrames)
+			require.NotZero(t, p.b.Stats().TxFrames)
+			require.Equal(t, 1500, p.a.MTU())
 		})
 	}
-	st := p.a.Stats()
-	require.NotZero(t, st.RxFrames)
-	require.NotZero(t, st.TxFrames)
-	require.Equal(t, 1500, p.a.MTU())
 }
 
 func TestUDP(t *testing.T) {

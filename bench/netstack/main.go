@@ -37,15 +37,16 @@ func main() {
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
 	profile := flag.Bool("profile", true, "profile the netstack server in one more run (not counted) and print where its CPU time goes")
 	mode := flag.String("mode", "adaptive", "netstack's polling cores: busy, adaptive or interrupt (lcore)")
+	b := flag.String("b", "", "serve flags of a second netstack server run in turn with the others (netstack-b), e.g. \"-mode interrupt\"")
 	verbose := flag.Bool("v", false, "print the guest's console")
 	flag.Parse()
-	if err := run(*nicName, *reps, *dur, *mode, *profile, *verbose); err != nil {
+	if err := run(*nicName, *reps, *dur, *mode, *b, *profile, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-netstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nicName string, reps int, dur time.Duration, mode string, profile, verbose bool) error {
+func run(nicName string, reps int, dur time.Duration, mode, b string, profile, verbose bool) error {
 	k, ok := kinds[nicName]
 	if !ok {
 		return fmt.Errorf("unknown NIC %q (want packed, split or igb)", nicName)
@@ -69,18 +70,22 @@ func run(nicName string, reps int, dur time.Duration, mode string, profile, verb
 	server.Slot, server.Net, server.Bind = 8, hub, qemu.BindLinux
 	// 7 measurements per server run, each dur plus its warm-up.
 	perRun := 7*dur + 30*time.Second
+	servers := 2 // netstack and Linux, and netstack-b with -b
+	if b != "" {
+		servers = 3
+	}
 	cfg := qemu.Config{
 		NICs:         []qemu.NIC{vf, client, server},
 		MemoryMB:     1536,
 		OneTCGThread: true,
-		Timeout:      2*time.Minute + time.Duration(2*reps+1)*perRun,
+		Timeout:      2*time.Minute + time.Duration(servers*reps+1)*perRun,
 		Output:       prefixWriter{},
 	}
 	if verbose {
 		cfg.Console = os.Stderr
 	}
 	const guestProfile = "/tmp/netstack.pprof"
-	args := []string{"-reps", fmt.Sprint(reps), "-dur", dur.String(), "-mode", mode}
+	args := []string{"-reps", fmt.Sprint(reps), "-dur", dur.String(), "-mode", mode, "-b", b}
 	if profile {
 		args = append(args, "-profile", guestProfile)
 		cfg.Collect = []qemu.Collect{{Guest: guestProfile, Host: filepath.Join(tmp, "profile")}}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/vfnic/vfnic/internal/qmpask"
 	"github.com/vfnic/vfnic/qemu"
 )
 
@@ -70,7 +71,7 @@ func activeKillWires() []killWire {
 
 // TestVMKillRestart boots a guest with the wires of killWires and runs
 // TestGuestKillRestart there, serving its QEMU monitor requests
-// (qmpHelper). VFNIC_KILL_WIRE=<name> runs one wire only.
+// (qmpask.Helper). VFNIC_KILL_WIRE=<name> runs one wire only.
 func TestVMKillRestart(t *testing.T) {
 	if qemu.InGuest() {
 		t.Skip("host side: boots the guest that runs TestGuestKillRestart")
@@ -104,19 +105,19 @@ func TestVMKillRestart(t *testing.T) {
 	// OneTCGThread as the igb suite (qemu.Config.OneTCGThread);
 	// VFNIC_KILL_MTTCG=1 runs a thread per vCPU instead.
 	// killStall asks, through a line on its output, for QEMU's view of
-	// the stalled peer's queues and a link flap (qmpHelper).
+	// the stalled peer's queues and a link flap (qmpask.Helper).
 	mon, err := qemu.NewMonitor()
 	require.NoError(t, err)
 	defer mon.Close()
-	qh := &qmpHelper{mon: mon, ctx: t.Context(), nics: nics}
+	qh := &qmpask.Helper{Mon: mon, Ctx: t.Context(), NICs: nics}
 	cfg := qemu.Config{NICs: nics, Timeout: guestTimeout + time.Minute, OneTCGThread: os.Getenv("VFNIC_KILL_MTTCG") == "",
 		Monitor: mon, Output: qh}
 	// VFNIC_KILL_PT=1 gives the guest's Linux NICs guest-physical DMA
 	// addresses (iommu=pt; vfnic's NICs keep their VFIO domains), so that
-	// QEMU's monitor can read their rings (qmpHelper.physRings).
+	// QEMU's monitor can read their rings (qmpask.Helper.PhysRings).
 	if os.Getenv("VFNIC_KILL_PT") != "" {
 		cfg.KernelArgs = append(cfg.KernelArgs, "iommu=pt")
-		qh.physRings = true
+		qh.PhysRings = true
 	}
 	run := "^TestGuestKillRestart$"
 	if w := os.Getenv("VFNIC_KILL_WIRE"); w != "" {
@@ -124,8 +125,7 @@ func TestVMKillRestart(t *testing.T) {
 	}
 	qemu.RunGoTestT(t, cfg, qemu.GoTest{Package: "github.com/vfnic/vfnic/cmd/vfnic", Run: run,
 		Env: env, Args: []string{"-test.timeout=" + guestTimeout.String()}})
-	qh.wg.Wait()
-	qh.report(t)
+	qh.Report(t)
 }
 
 // TestGuestKillRestart: on each wire, while the Linux NIC pings one echo

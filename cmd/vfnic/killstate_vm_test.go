@@ -15,6 +15,7 @@ import (
 	"github.com/vfnic/vfnic/dma"
 	"github.com/vfnic/vfnic/doorbell"
 	"github.com/vfnic/vfnic/hugepage"
+	"github.com/vfnic/vfnic/internal/qmpask"
 	"github.com/vfnic/vfnic/pci"
 	"github.com/vfnic/vfnic/qemu"
 	"github.com/vfnic/vfnic/vfio"
@@ -297,7 +298,7 @@ func waitCarrier(ifc string, up bool) bool {
 
 // stallEvidence shows the stalled packed-ring peer as Linux and QEMU see
 // it, and what brings it back. Linux completes nothing more; QEMU's
-// monitor (qmpHelper.txQueue, on the host) finds the transmit queue idle
+// monitor (qmpask.Helper, on the host) finds the transmit queue idle
 // with every frame it took completed, as many as Linux counts, and, with
 // VFNIC_KILL_PT=1, the ring full of frames QEMU never saw and its device
 // event where Linux cannot reach it. Neither a link flap from QEMU
@@ -321,10 +322,10 @@ func stallEvidence(t *testing.T, w killWire, ifc string, ips [2]string) {
 	tx1, v1 := linuxTxView(ifc, addr)
 	t.Logf("Linux, stalled: %s; 1 s later: %s", v0, v1)
 	require.Equal(t, tx0, tx1, "frames completed on the stalled queue")
-	qmpAsk("stalled", w.slots[2], tx1)
+	qmpask.Ask("stalled", w.slots[2], tx1)
 	time.Sleep(3 * time.Second) // the host's reads, logged there
 
-	qmpAsk("flap", w.slots[2], 1000)
+	qmpask.Ask("flap", w.slots[2], 1000)
 	down, up := waitCarrier(ifc, false), waitCarrier(ifc, true)
 	require.True(t, down && up, "carrier down %v, up %v after set_link off/on", down, up)
 	flap := answered(ifc)

@@ -4,14 +4,18 @@
 // (net/http, github.com/miekg/dns, quic-go) and the guest's Linux side is
 // the client (busybox wget and nslookup, Go programs on Linux sockets).
 //
-// TestVM, on the host, boots one guest per NIC kind (igb; virtio split
-// with VFNIC_NETSTACK_SPLIT=1, kept out of make test for its time budget;
-// virtio packed with VFNIC_NETSTACK_PACKED=1 until its receive stall under
-// load is found); in each, TestGuestNetstack runs every check on one
-// stack. A fetch still running after 15 s logs the stack's TCP endpoints
-// and counters, Linux's, the rings' unread completions and the last frames
-// (netstack.Config.Capture). VFNIC_NETSTACK_REPEAT=N fetches each URL N
-// times: a soak for stalls.
+// TestVM, on the host, boots one guest per NIC kind (igb and virtio
+// packed; virtio split with VFNIC_NETSTACK_SPLIT=1, kept out of make test
+// for its time budget); in each, TestGuestNetstack runs every check on one
+// stack. Beside vfnic's packed rings the Linux NIC has split rings:
+// TestVMPeerStall (VFNIC_NETSTACK_PEERSTALL=1) shows why, a packed-ring
+// Linux NIC that QEMU stalls for good once vfnic's NIC has taken no frame
+// for a moment (VFNIC_NETSTACK_PACKED_PEER=1 puts it back in TestVM). A
+// fetch still running after 15 s logs the stack's TCP endpoints and
+// counters, Linux's, the rings' unread completions and the last frames
+// (netstack.Config.Capture), and asks the host for QEMU's view of the
+// virtio queues (internal/qmpask). VFNIC_NETSTACK_REPEAT=N fetches each
+// URL N times: a soak for stalls.
 //
 // TestTapOffloads boots one guest whose two virtio-net NICs are on a tap
 // wire (qemu.Tap), where QEMU offers virtio-net's checksum offloads, and

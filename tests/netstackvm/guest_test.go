@@ -30,6 +30,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vfnic/vfnic/internal/qmpask"
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/netstack"
 	"github.com/vfnic/vfnic/nic"
@@ -584,6 +585,12 @@ func (d *diag) dump() string {
 	s := fmt.Sprintf("  endpoint %+v\n  device rx %+v tx %+v; rx outstanding %d (%s), tx outstanding %d (%s)\n",
 		st, ds.Rx, ds.Tx, rq.Outstanding(), ready(rq), tq.Outstanding(), ready(tq))
 	s += stackDiag(d.n) + linuxDiag(d.ifc)
+	if d.dev.Info().Driver == "virtio" {
+		// QEMU's view of the Linux NIC's first transmit queue and of
+		// vfnic's receive queue, in the host's log.
+		qmpask.Ask("status", slotLinux, 1)
+		qmpask.Ask("status", slotVfnic, 0)
+	}
 	if d.cap != nil {
 		s += d.cap.tail(80, d.dev.MAC())
 	}

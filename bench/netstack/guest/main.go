@@ -63,8 +63,9 @@ func main() {
 	dur := flag.Duration("dur", 5*time.Second, "time of each measurement")
 	profile := flag.String("profile", "", "profile the netstack server in one more run (not counted), written here")
 	mode := flag.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
+	b := flag.String("b", "", "serve flags of a second netstack server (netstack-b, e.g. \"-mode interrupt\"), run in turn with the others: A B C A B C")
 	flag.Parse()
-	if err := orchestrate(*reps, *dur, *profile, *mode); err != nil {
+	if err := orchestrate(*reps, *dur, *profile, *mode, strings.Fields(*b)); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-netstack:", err)
 		os.Exit(1)
 	}
@@ -79,6 +80,7 @@ func serve(args []string) error {
 	ip := fs.String("ip", ipNetstack, "the netstack's address")
 	profile := fs.String("profile", "", "write a CPU profile here")
 	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
+	coreTx := fs.Bool("core", false, "netstack.Config.CoreTransmit: the polling cores write the packets")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -96,7 +98,7 @@ func serve(args []string) error {
 			_ = d.Close()
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m})
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx})
 		if err != nil {
 			_ = d.Close()
 			return err
@@ -215,7 +217,7 @@ type measurement struct {
 	value               float64
 }
 
-func orchestrate(reps int, dur time.Duration, profile, mode string) error {
+func orchestrate(reps int, dur time.Duration, profile, mode string, b []string) error {
 	nics, err := qemu.GuestNICs()
 	if err != nil {
 		return err
@@ -259,12 +261,20 @@ func orchestrate(reps int, dur time.Duration, profile, mode string) error {
 	}
 	ctx := context.Background()
 	var ms []measurement
+	stacks := []string{"netstack", "linux"}
+	if len(b) > 0 {
+		stacks = []string{"netstack", "netstack-b", "linux"}
+	}
 	for rep := 1; rep <= reps; rep++ {
-		for _, st := range []string{"netstack", "linux"} {
+		for _, st := range stacks {
 			var srv *server
 			target := ipLinux
-			if st == "netstack" {
-				srv, err = startServer(ctx, self, "serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack)
+			if st != "linux" {
+				args := []string{"serve", "-stack", "netstack", "-mode", mode, "-dev", vf.GuestAddr(), "-ip", ipNetstack}
+				if st == "netstack-b" {
+					args = append(args, b...) // later flags win
+				}
+				srv, err = startServer(ctx, self, args...)
 				target = ipNetstack
 			} else {
 				srv, err = startServer(ctx, "nsenter", "-n", "-t", pid, self, "serve", "-stack", "linux")
@@ -286,7 +296,7 @@ func orchestrate(reps int, dur time.Duration, profile, mode string) error {
 			}
 		}
 	}
-	table(os.Stdout, ms)
+	table(os.Stdout, ms, stacks)
 	if profile != "" {
 		// A run of its own, not counted: the profiler's cost stays out
 		// of the table.
@@ -537,8 +547,8 @@ func median(v []float64) float64 {
 
 // table prints each cell's median per stack and the ratio netstack/linux,
 // with the targets (higher is better for rates, lower for latency and
-// CPU).
-func table(w io.Writer, ms []measurement) {
+// CPU); with netstack-b, also its ratios to linux and to netstack.
+func table(w io.Writer, ms []measurement, stacks []string) {
 	type key struct{ test, metric string }
 	var keys []key
 	vals := map[key]map[string][]float64{}
@@ -551,12 +561,25 @@ func table(w io.Writer, ms []measurement) {
 		vals[k][m.stack] = append(vals[k][m.stack], m.value)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tmetric\tnetstack\tlinux\tratio\ttarget\t")
+	withB := slices.Contains(stacks, "netstack-b")
+	head := "test\tmetric\tnetstack\tlinux\tratio\t"
+	if withB {
+		head += "netstack-b\tb/linux\tb/netstack\t"
+	}
+	fmt.Fprintln(tw, head+"target\t")
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
 	for _, k := range keys {
 		a, b := median(vals[k]["netstack"]), median(vals[k]["linux"])
-		ratio := 0.0
-		if b != 0 {
-			ratio = a / b
+		ratio := div(a, b)
+		extra := ""
+		if withB {
+			d := median(vals[k]["netstack-b"])
+			extra = fmt.Sprintf("%.4g\t%.2fx\t%.2fx\t", d, div(d, b), div(d, a))
 		}
 		target := ""
 		switch {
@@ -567,7 +590,7 @@ func table(w io.Writer, ms []measurement) {
 		case k.metric == "p99-us":
 			target = verdict(ratio <= 1, "<= 1x")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%.4g\t%.2fx\t%s\t\n", k.test, k.metric, a, b, ratio, target)
+		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%.4g\t%.2fx\t%s%s\t\n", k.test, k.metric, a, b, ratio, extra, target)
 	}
 	_ = tw.Flush()
 }

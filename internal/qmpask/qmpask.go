@@ -1,4 +1,10 @@
-package main
+// Package qmpask lets a test running in a guest ask its host for what
+// only QEMU's monitor (QMP) can see or do: QEMU's state of a virtio NIC's
+// queues and the rings behind them, or a link flap. The guest writes a
+// request line on its output (Ask); the host test passes the guest's
+// output through a Helper, which serves each request with the Monitor
+// and keeps what it found for Report.
+package qmpask
 
 import (
 	"bytes"
@@ -17,31 +23,45 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
-// qmpMarker starts a guest output line that asks the host for something
+// Marker starts a guest output line that asks the host for something
 // only QEMU's monitor can do: "VFNIC-QMP <op> <slot> <arg>".
-const qmpMarker = "VFNIC-QMP "
+const Marker = "VFNIC-QMP "
 
-// qmpAsk asks the host test's qmpHelper for op on the NIC at slot, with
-// an argument; the answer is in the host's log, not the guest's.
-func qmpAsk(op string, slot, arg int) { fmt.Printf("\n%s%s %d %d\n", qmpMarker, op, slot, arg) }
+// Ask asks the host test's Helper, from the guest, for op on the NIC at
+// PCI slot, with an argument; the answer is in the host's log, not the
+// guest's. The host serves requests in order while the guest goes on: a
+// guest that needs QEMU's view of a state waits a few seconds in it.
+func Ask(op string, slot, arg int) { fmt.Printf("\n%s%s %d %d\n", Marker, op, slot, arg) }
 
-// qmpHelper watches the guest's output for qmpMarker lines and serves
-// them with QEMU's monitor:
-//   - "status <slot> 0": QEMU's state of the virtio NIC's first transmit
-//     queue, logged (txQueue).
-//   - "stalled <slot> <tx_packets>": the same, for a packed-ring queue
-//     whose driver stalled after tx_packets completed frames, checked.
+// Helper watches the guest's output (it is qemu.Config.Output) for Marker
+// lines and serves them with QEMU's monitor:
+//   - "status <slot> <queue>": QEMU's state of virtqueue queue of the
+//     virtio NIC (x-query-virtio-queue-status), logged; for queue 1, the
+//     first transmit queue, also its ring as in "stalled".
+//   - "stalled <slot> <tx_packets>": the same for the first transmit
+//     queue of a packed-ring NIC whose driver stalled after tx_packets
+//     completed frames, checked: QEMU idle with every frame it took
+//     completed, and (PhysRings) its device event where the driver cannot
+//     reach it.
 //   - "flap <slot> <ms>": set_link off, ms later on.
-type qmpHelper struct {
-	mon   *qemu.Monitor
-	ctx   context.Context
-	nics  []qemu.NIC
+//
+// NICs are named as qemu.Config names them: nic<i>, by position.
+type Helper struct {
+	// Mon is the guest's QEMU monitor (qemu.Config.Monitor).
+	Mon *qemu.Monitor
+	// Ctx bounds the requests: the host test's context.
+	Ctx context.Context
+	// NICs are the guest's NICs, as given to qemu.Config.
+	NICs []qemu.NIC
+	// PhysRings: the guest's Linux NICs use guest-physical DMA addresses
+	// (kernel argument iommu=pt), so their rings can be read with
+	// pmemsave.
+	PhysRings bool
+	// Logf, when set, gets every line of the guest's output as it comes.
+	Logf func(format string, args ...any)
+
 	wg    sync.WaitGroup
 	order sync.Mutex
-
-	// physRings: the guest's Linux NICs use guest-physical DMA addresses
-	// (iommu=pt), so their rings can be read with pmemsave.
-	physRings bool
 
 	mu   sync.Mutex
 	logs []string
@@ -49,7 +69,8 @@ type qmpHelper struct {
 	buf  []byte
 }
 
-func (h *qmpHelper) Write(p []byte) (int, error) {
+// Write implements io.Writer for the guest's output.
+func (h *Helper) Write(p []byte) (int, error) {
 	h.mu.Lock()
 	h.buf = append(h.buf, p...)
 	var lines []string
@@ -63,11 +84,14 @@ func (h *qmpHelper) Write(p []byte) (int, error) {
 	}
 	h.mu.Unlock()
 	for _, l := range lines {
-		i := strings.Index(l, qmpMarker)
+		if h.Logf != nil {
+			h.Logf("guest: %s", l)
+		}
+		i := strings.Index(l, Marker)
 		if i < 0 {
 			continue
 		}
-		f := strings.Fields(l[i+len(qmpMarker):])
+		f := strings.Fields(l[i+len(Marker):])
 		if len(f) != 3 {
 			h.errorf("bad request %q", l)
 			continue
@@ -88,20 +112,26 @@ func (h *qmpHelper) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (h *qmpHelper) logf(format string, args ...any) {
+func (h *Helper) logf(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.logs = append(h.logs, fmt.Sprintf(format, args...))
 }
 
-func (h *qmpHelper) errorf(format string, args ...any) {
+func (h *Helper) errorf(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.errs = append(h.errs, fmt.Sprintf(format, args...))
 }
 
-// report logs what was served and fails t with the errors.
-func (h *qmpHelper) report(t *testing.T) {
+// Wait waits for the requests under way.
+func (h *Helper) Wait() { h.wg.Wait() }
+
+// Report waits for the requests under way, logs what was served and
+// fails t with the errors.
+func (h *Helper) Report(t testing.TB) {
+	t.Helper()
+	h.Wait()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, l := range h.logs {
@@ -112,9 +142,9 @@ func (h *qmpHelper) report(t *testing.T) {
 	}
 }
 
-func (h *qmpHelper) serve(op string, slot, arg int) {
+func (h *Helper) serve(op string, slot, arg int) {
 	id := ""
-	for i, n := range h.nics {
+	for i, n := range h.NICs {
 		if n.Slot == slot {
 			id = fmt.Sprintf("nic%d", i)
 		}
@@ -125,18 +155,24 @@ func (h *qmpHelper) serve(op string, slot, arg int) {
 	}
 	h.order.Lock() // one request at a time: the guest waits for each
 	defer h.order.Unlock()
-	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(h.Ctx, 30*time.Second)
 	defer cancel()
 	switch op {
-	case "status", "stalled":
-		h.txQueue(ctx, id, op == "stalled", arg)
+	case "status":
+		if arg == txQueueNo {
+			h.txQueue(ctx, id, false, 0)
+		} else if _, ret, err := h.queue(ctx, id, arg); err == nil {
+			h.logf("%s queue %d, x-query-virtio-queue-status: %s", id, arg, ret)
+		}
+	case "stalled":
+		h.txQueue(ctx, id, true, arg)
 	case "flap":
-		if err := h.mon.SetLink(ctx, id, false); err != nil {
+		if err := h.Mon.SetLink(ctx, id, false); err != nil {
 			h.errorf("set_link %s off: %v", id, err)
 			return
 		}
 		time.Sleep(time.Duration(arg) * time.Millisecond)
-		if err := h.mon.SetLink(ctx, id, true); err != nil {
+		if err := h.Mon.SetLink(ctx, id, true); err != nil {
 			h.errorf("set_link %s on: %v", id, err)
 			return
 		}
@@ -147,14 +183,14 @@ func (h *qmpHelper) serve(op string, slot, arg int) {
 }
 
 // pmem reads n bytes of the guest's physical memory at addr.
-func (h *qmpHelper) pmem(ctx context.Context, addr uint64, n int) ([]byte, error) {
+func (h *Helper) pmem(ctx context.Context, addr uint64, n int) ([]byte, error) {
 	f, err := os.CreateTemp("", "vfnic-pmem-")
 	if err != nil {
 		return nil, err
 	}
 	f.Close()
 	defer os.Remove(f.Name())
-	if _, err := h.mon.Execute(ctx, "pmemsave", map[string]any{"val": addr, "size": n, "filename": f.Name()}); err != nil {
+	if _, err := h.Mon.Execute(ctx, "pmemsave", map[string]any{"val": addr, "size": n, "filename": f.Name()}); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(f.Name())
@@ -162,6 +198,24 @@ func (h *qmpHelper) pmem(ctx context.Context, addr uint64, n int) ([]byte, error
 		err = fmt.Errorf("pmemsave %#x: %d bytes of %d", addr, len(b), n)
 	}
 	return b, err
+}
+
+// queue asks QEMU for its state of virtqueue q of NIC id; a failure is
+// an error of the Helper's.
+func (h *Helper) queue(ctx context.Context, id string, q int) (virtqStatus, json.RawMessage, error) {
+	path := "/machine/peripheral/" + id + "/virtio-backend"
+	ret, err := h.Mon.Execute(ctx, "x-query-virtio-queue-status", map[string]any{"path": path, "queue": q})
+	if err != nil {
+		h.errorf("%s: %v", id, err)
+		return virtqStatus{}, nil, err
+	}
+	var st virtqStatus
+	if err := json.Unmarshal(ret, &st); err != nil || st.Num == 0 {
+		err = fmt.Errorf("%s queue %d: %v: %s", id, q, err, ret)
+		h.errorf("%v", err)
+		return virtqStatus{}, nil, err
+	}
+	return st, ret, nil
 }
 
 // virtqStatus is what x-query-virtio-queue-status reports of a queue. For
@@ -195,17 +249,11 @@ const (
 // avail: it has seen nothing new), which is every frame Linux counts as
 // completed. With physRings it also reads the ring: the descriptors the
 // driver made available after QEMU's position, and the device event QEMU
-// left, which must be one Linux cannot reach (see killStall).
-func (h *qmpHelper) txQueue(ctx context.Context, id string, stalled bool, txPackets int) {
-	path := "/machine/peripheral/" + id + "/virtio-backend"
-	ret, err := h.mon.Execute(ctx, "x-query-virtio-queue-status", map[string]any{"path": path, "queue": txQueueNo})
+// left, which must be one Linux cannot reach: Linux 6.1 kicks only for
+// an event inside the batch it has just published.
+func (h *Helper) txQueue(ctx context.Context, id string, stalled bool, txPackets int) {
+	st, ret, err := h.queue(ctx, id, txQueueNo)
 	if err != nil {
-		h.errorf("%s: %v", id, err)
-		return
-	}
-	var st virtqStatus
-	if err := json.Unmarshal(ret, &st); err != nil || st.Num == 0 {
-		h.errorf("%s: %v: %s", id, err, ret)
 		return
 	}
 	h.logf("%s transmit queue, x-query-virtio-queue-status: %s", id, ret)
@@ -218,7 +266,7 @@ func (h *qmpHelper) txQueue(ctx context.Context, id string, stalled bool, txPack
 			h.errorf("%s: Linux completed %d frames (%d mod %d), QEMU took up to %d", id, txPackets, txPackets%st.Num, st.Num, st.LastAvail)
 		}
 	}
-	if !h.physRings {
+	if !h.PhysRings {
 		return
 	}
 	ring, err1 := h.pmem(ctx, st.Desc, st.Num*16)
