@@ -125,6 +125,28 @@ func TestSpaceMapsAtAllocatedIOVA(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 }
 
+// TestSpaceDetach: Detach takes every region out of the device's reach
+// (each IOMMU mapping removed once) and leaves the memory readable until
+// Close, which frees it without unmapping a second time; no region is
+// made after Detach.
+func TestSpaceDetach(t *testing.T) {
+	m := &fakeMapper{maps: map[uint64]int{}}
+	s, err := NewSpace(m, q35, 1<<32)
+	require.NoError(t, err)
+	r, err := s.Alloc(8192, small)
+	require.NoError(t, err)
+	r.Bytes()[100] = 7
+	require.NoError(t, s.Detach())
+	require.Empty(t, m.maps, "the device reaches nothing")
+	require.NoError(t, s.Detach(), "idempotent")
+	require.Equal(t, byte(7), r.Bytes()[100], "the memory stays readable")
+	_, err = s.Alloc(4096, small)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, s.Close(), "no second unmap")
+	require.Nil(t, r.Bytes())
+	require.Equal(t, []string{"map 0x100000000", "unmap 0x100000000"}, m.events)
+}
+
 func TestSpaceMapFailureRollsBack(t *testing.T) {
 	m := &fakeMapper{maps: map[uint64]int{}, fail: true}
 	s, err := NewSpace(m, []Range{{0x1000, 0x1fff}}, 0)

@@ -36,6 +36,7 @@ type Space struct {
 	iova     *IOVAAllocator // nil for the identity space
 	mu       sync.Mutex
 	closed   bool
+	detached bool // Detach ran: no new region
 	regions  map[*Region]struct{}
 	identity bool
 }
@@ -83,7 +84,7 @@ func NewIdentitySpace() *Space {
 func (s *Space) Alloc(size int, opts hugepage.Options) (*Region, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || s.detached {
 		return nil, ErrClosed
 	}
 	mem, err := hugepage.Alloc(size, opts)
@@ -111,6 +112,27 @@ func (s *Space) Alloc(size int, opts hugepage.Options) (*Region, error) {
 	return r, nil
 }
 
+// Detach takes every region out of the device's reach (its IOMMU
+// mappings go, so that the container can be closed and the device given
+// back) but leaves the memory mapped in this process until Close: a
+// device the kernel takes back asynchronously must not pull buffers from
+// under a goroutine still reading frames it was lent. Alloc fails after
+// it.
+func (s *Space) Detach() error {
+	s.mu.Lock()
+	s.detached = true
+	regions := make([]*Region, 0, len(s.regions))
+	for r := range s.regions {
+		regions = append(regions, r)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, r := range regions {
+		errs = append(errs, r.detach())
+	}
+	return errors.Join(errs...)
+}
+
 // Close releases every region still open in the space.
 func (s *Space) Close() error {
 	s.mu.Lock()
@@ -132,7 +154,9 @@ type Region struct {
 	b     []byte
 	iova  uint64
 	next  int // carve cursor
-	mu    sync.Mutex
+	// detached: the IOMMU mapping is gone (Space.Detach), the memory not.
+	detached bool
+	mu       sync.Mutex
 }
 
 // Bytes returns the region's memory (nil after Close).
@@ -208,18 +232,33 @@ func (r *Region) release() error {
 	if r.b == nil {
 		return nil
 	}
-	n := uint64(len(r.b))
-	var errs []error
-	if !r.space.identity {
-		// Unmap before the memory goes back to the kernel: the device must
-		// never be able to write into pages that are reused.
-		if err := r.space.mapper.UnmapDMA(r.iova, n); err != nil {
-			errs = append(errs, fmt.Errorf("dma: unmap IOVA %#x: %w", r.iova, err))
-		} else {
-			errs = append(errs, r.space.iova.Free(r.iova, n))
-		}
-	}
+	// Unmap before the memory goes back to the kernel: the device must
+	// never be able to write into pages that are reused.
+	errs := []error{r.unmapLocked()}
 	errs = append(errs, r.mem.Close())
 	r.b = nil
 	return errors.Join(errs...)
+}
+
+// detach removes the region's IOMMU mapping and keeps its memory.
+func (r *Region) detach() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.b == nil {
+		return nil
+	}
+	return r.unmapLocked()
+}
+
+// unmapLocked removes the IOMMU mapping once (none in the identity space).
+func (r *Region) unmapLocked() error {
+	if r.space.identity || r.detached {
+		return nil
+	}
+	r.detached = true
+	n := uint64(len(r.b))
+	if err := r.space.mapper.UnmapDMA(r.iova, n); err != nil {
+		return fmt.Errorf("dma: unmap IOVA %#x: %w", r.iova, err)
+	}
+	return r.space.iova.Free(r.iova, n)
 }

@@ -131,7 +131,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := d.open(ctx, a, cfg); err != nil {
 		// Whatever was set up is released, the device reset first, and
 		// the device goes back where it was.
-		err = errors.Join(err, d.teardown(nic.ErrClosed), d.own.GiveBack(nic.ErrClosed))
+		err = errors.Join(err, d.teardown(nic.ErrClosed), d.freeMemory(), d.own.GiveBack(nic.ErrClosed))
 		return nil, err
 	}
 	d.own.Record(&d.info)
@@ -756,7 +756,18 @@ func (d *Device) Stats() nic.Stats {
 func (d *Device) Close() error {
 	err := d.close(nic.ErrClosed)
 	d.own.Wait()
-	return err
+	return errors.Join(err, d.freeMemory())
+}
+
+// freeMemory unmaps the DMA memory hw detached from the device. It runs
+// only in the caller's Close (or a failed Open), never when the kernel
+// takes the device back, so that a frame lent before that stays readable
+// until the program closes the device.
+func (d *Device) freeMemory() error {
+	if d.space == nil {
+		return nil
+	}
+	return d.space.Close()
 }
 
 // close tears the device down once, queues then failing with why, and
@@ -783,7 +794,9 @@ func (d *Device) hw() error {
 		errs = append(errs, d.vdev.SetBusMaster(false))
 	}
 	if d.space != nil {
-		errs = append(errs, d.space.Close())
+		// The memory itself stays until Close (freeMemory): the kernel
+		// may take the device back while a goroutine reads a lent frame.
+		errs = append(errs, d.space.Detach())
 	}
 	if d.container != nil {
 		errs = append(errs, d.container.Close())
