@@ -3,8 +3,6 @@ package ring
 import (
 	"sync/atomic"
 	"unsafe"
-
-	"github.com/vfnic/vfnic/cq"
 )
 
 // The drivers' batch read (NextBatch): the loop a NIC driver runs over
@@ -34,9 +32,13 @@ type batchPlan struct {
 	idOwn      bool
 	// okStatus is true for the status values the codes call a success.
 	okStatus [256]bool
-	id, ln   cfield
-	st       cfield
-	m0, m1   cfield
+	// shape names a layout the loop has a copy of its own for, with the
+	// geometry as constants (shapeNone: the copies that read it from
+	// the plan).
+	shape  int
+	id, ln cfield
+	st     cfield
+	m0, m1 cfield
 }
 
 // newBatchPlan returns the batch loop's plan for q's layout, or nil.
@@ -63,8 +65,27 @@ func newBatchPlan(q *RingSource, r *Ring) *batchPlan {
 	p.ln32, ok2 = planWord32(f.Len, int(r.esz))
 	p.idOwn = !r.used && p.id32.off == int(r.own)
 	p.idLen = !p.idx && !p.status && !p.meta && !r.clear && ok1 && ok2 && (r.used || r.flip)
+	switch {
+	case !p.idLen || !p.hasLen || p.ln32.mask != 0xffffffff:
+	case !r.used && r.esz == 16 && p.idOwn && p.id32.off == 12 && p.id32.mask == 0xffff && p.ln32.off == 8 && r.mask == packedOwn:
+		p.shape = shapePacked16
+	case r.used && r.esz == 8 && p.id32.off == 0 && p.id32.mask == 0xffffffff && p.ln32.off == 4:
+		p.shape = shapeUsed8
+	}
 	return p
 }
+
+// Shapes of entry with a loop of their own (batchPlan.shape).
+const (
+	shapeNone = iota
+	// shapePacked16: 16-byte entries with a 32-bit length at byte 8 and
+	// the ownership word at byte 12, whose low 16 bits are the id
+	// (virtio's packed ring).
+	shapePacked16
+	// shapeUsed8: a used-index ring of 8-byte elements, a 32-bit id then
+	// a 32-bit length (virtio's split used ring).
+	shapeUsed8
+)
 
 // Batched reports whether NextBatch has its own loop for the source's
 // layout; without it NextBatch takes every entry with Next's generic
@@ -86,7 +107,7 @@ func (q *RingSource) NextBatch(cs []Completion) int {
 			}
 		}
 		// The entry the loop stopped at, read again by the generic path.
-		if !q.take(tabs, &cs[n], true) {
+		if !q.take(tabs, &cs[n], nil, true) {
 			break
 		}
 		n++
@@ -163,7 +184,12 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 // ring's position held in locals and stored back once.
 func (q *RingSource) runIDLen(p *batchPlan, t *Table, cs []Completion) int {
 	r := q.ring
-	if r.used {
+	switch {
+	case p.shape == shapePacked16:
+		return q.runPacked16(t, cs)
+	case p.shape == shapeUsed8:
+		return q.runUsed8(t, cs)
+	case r.used:
 		return q.runUsed(p, t, cs)
 	}
 	comp, ftl := t.completer(), t.ftailLocal
@@ -191,7 +217,7 @@ func (q *RingSource) runIDLen(p *batchPlan, t *Table, cs []Completion) int {
 				break
 			}
 		}
-		cs[n].set(s, id, head, ln, t.words[id&comp.mask])
+		cs[n].set(s, id, head, ln, comp.word(t.wordsPtr(), id))
 		ftl = comp.release(s, id, ftl)
 		if head++; head == r.n {
 			head = 0
@@ -244,15 +270,87 @@ run:
 	return n
 }
 
+// runPacked16 is runIDLen for shapePacked16, the geometry in constants:
+// one 32-bit load of the ownership word, which holds the id, and one of
+// the length; the ring's position in locals, stored back once.
+func (q *RingSource) runPacked16(t *Table, cs []Completion) int {
+	r := q.ring
+	comp, ftl, words := t.completer(), t.ftailLocal, t.wordsPtr()
+	base, head, want := r.base, r.head, r.want
+	n := 0
+	for ; n < len(cs); n++ {
+		e := unsafe.Add(base, uintptr(head)*16)
+		w := atomic.LoadUint32((*uint32)(unsafe.Add(e, 12)))
+		if w&packedOwn != want {
+			break
+		}
+		id := le32(w) & 0xffff
+		s := comp.at(id)
+		if !s.outstanding(id) || s.multi {
+			break // not posted, spanning several positions, multi-receive: take's
+		}
+		ln := le32(*(*uint32)(unsafe.Add(e, 8)))
+		if ln > s.len {
+			break
+		}
+		cs[n].set(s, id, head, ln, comp.word(words, id))
+		ftl = comp.release(s, id, ftl)
+		if head++; head == r.n {
+			head = 0
+			want ^= packedOwn
+		}
+	}
+	r.head, r.want = head, want
+	r.count += uint32(n)
+	t.stored(q, ftl)
+	return n
+}
+
+// packedOwn is shapePacked16's ownership mask: virtio's AVAIL and USED
+// flags (bits 7 and 15 of the flags half of the word at byte 12).
+const packedOwn = (1<<7 | 1<<15) << 16
+
+// runUsed8 is runUsed for shapeUsed8, the geometry in constants.
+func (q *RingSource) runUsed8(t *Table, cs []Completion) int {
+	r := q.ring
+	comp, ftl, words := t.completer(), t.ftailLocal, t.wordsPtr()
+	n := 0
+	for n < len(cs) && r.usedReady() {
+		k := n + min(int((r.prod-r.count)&r.imask), len(cs)-n)
+		base, head, start := r.base, r.head, n
+		for ; n < k; n++ {
+			e := unsafe.Add(base, uintptr(head)*8)
+			id := le32(*(*uint32)(e))
+			s := comp.at(id)
+			if !s.outstanding(id) || s.multi {
+				break
+			}
+			ln := le32(*(*uint32)(unsafe.Add(e, 4)))
+			if ln > s.len {
+				break
+			}
+			cs[n].set(s, id, head, ln, comp.word(words, id))
+			ftl = comp.release(s, id, ftl)
+			if head++; head == r.n {
+				head = 0
+			}
+		}
+		r.head, r.count = head, r.count+uint32(n-start)
+		if n < k {
+			break // an entry for take
+		}
+	}
+	t.stored(q, ftl)
+	return n
+}
+
 // set fills c for the good entry at pos naming id, outstanding in slot s
 // with driver word w, of ln bytes: field by field, where a composite
 // literal would clear the whole Completion first.
 func (c *Completion) set(s *slot, id, pos, ln uint32, w uint64) {
 	c.Context, c.Flags, c.Len, c.Buf = s.ctx, s.flags, int(ln), s.rbuf
-	c.Data, c.Tag, c.Queue = 0, 0, 0
-	c.Err, c.Prov, c.OLen = 0, 0, 0
-	c.ID, c.Pos, c.Done, c.Src, c.Word = id, pos, true, cq.AddrNotAvail, w
-	c.Meta = [2]uint64{}
+	c.Err, c.Prov = 0, 0
+	c.ID, c.Pos, c.Done, c.Word = id, pos, true, w
 }
 
 // stored takes back the free-queue tail a batch loop advanced to ftl,

@@ -51,7 +51,11 @@ func TestNextBatchIsNext(t *testing.T) {
 	}
 	for _, c := range layouts {
 		t.Run(c.l.Name, func(t *testing.T) {
-			require.NotNil(t, newBatchSide(t, c.l, c.codes).src.plan, "the layout takes the batch loop")
+			p := newBatchSide(t, c.l, c.codes).src.plan
+			require.NotNil(t, p, "the layout takes the batch loop")
+			if c.l.Convention == PackedWrap {
+				require.Equal(t, shapePacked16, p.shape, "virtio's packed ring has its own loop")
+			}
 			rng := rand.New(rand.NewPCG(1, uint64(len(c.l.Name))))
 			a, b := newBatchSide(t, c.l, c.codes), newBatchSide(t, c.l, c.codes)
 			n := uint32(c.l.Entries)
@@ -109,7 +113,12 @@ func TestNextBatchIsNext(t *testing.T) {
 				cs := make([]Completion, 1+rng.IntN(8))
 				for {
 					m := a.src.NextBatch(cs[:1+rng.IntN(len(cs))])
-					got = append(got, cs[:m]...)
+					for _, c := range cs[:m] {
+						if c.Err == 0 {
+							c.OLen = 0 // a refused entry's alone: left as it was by the batch loop
+						}
+						got = append(got, c)
+					}
 					a.src.Publish()
 					if m == 0 {
 						break

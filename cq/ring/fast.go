@@ -349,8 +349,8 @@ func (q *RingSource) takeRefused(fp *fastPath, e *cq.Entry) int {
 	// take releases into the tables itself: the cursor's table takes
 	// the cursor's releases first, and the cursor take's after.
 	fp.cur.leave(q)
-	var c Completion
-	ok := q.take(fp.tabs, &c, true)
+	var c entry
+	ok := q.take(fp.tabs, &c.Completion, &c.x, true)
 	if t := fp.cur.t; t != nil {
 		fp.cur.ftl = t.ftailLocal
 	}

@@ -128,7 +128,7 @@ func NewTable(n, idBits int) (*Table, error) {
 		// Capacity for every index an id's slot bits can name: one past
 		// n is never posted, so a lookup needs no bound test.
 		slots:    make([]slot, n, 1<<sb),
-		words:    make([]uint64, n),
+		words:    make([]uint64, n, 1<<sb),
 		slotMask: 1<<sb - 1,
 		slotBits: sb,
 		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
@@ -311,6 +311,15 @@ var noSlots = completer{slots: unsafe.Pointer(new(slot))}
 func (t *Table) completer() completer {
 	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), mask: t.slotMask,
 		freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
+}
+
+// wordsPtr is &words[0], of mask+1 words (the capacity), for word.
+func (t *Table) wordsPtr() unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(t.words)) }
+
+// word returns the driver word of the slot that id's slot bits name, in
+// words of mask+1 (Table.wordsPtr): no bound test.
+func (c completer) word(words unsafe.Pointer, id uint32) uint64 {
+	return *(*uint64)(unsafe.Add(words, uintptr(id&c.mask)*8))
 }
 
 // lookup returns the outstanding slot for id, or nil.
