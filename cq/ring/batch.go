@@ -72,6 +72,11 @@ func newBatchPlan(q *RingSource, r *Ring) *batchPlan {
 	case r.used && r.esz == 8 && p.id32.off == 0 && p.id32.mask == 0xffffffff && p.ln32.off == 4:
 		p.shape = shapeUsed8
 	}
+	if r.clear && r.esz == 16 && p.idx && p.status && p.hasLen && p.meta && r.own == 8 &&
+		f.Status == (Field{Off: 8, Bits: 2}) && f.Len == (Field{Off: 12, Bits: 16}) &&
+		f.Meta == [2]Field{{Off: 0, Bits: 64}, {Off: 8, Bits: 64}} {
+		p.shape = shapeDD16
+	}
 	return p
 }
 
@@ -85,6 +90,11 @@ const (
 	// shapeUsed8: a used-index ring of 8-byte elements, a 32-bit id then
 	// a 32-bit length (virtio's split used ring).
 	shapeUsed8
+	// shapeDD16: 16-byte descriptor-done entries whose id is the
+	// position, the DD word at byte 8 with a 2-bit status in its low bits,
+	// a 16-bit length at byte 12 and both quadwords as the Meta words
+	// (igb's receive write-back).
+	shapeDD16
 )
 
 // Batched reports whether NextBatch has its own loop for the source's
@@ -126,6 +136,9 @@ func (q *RingSource) runBatch(p *batchPlan, tabs []*Table, cs []Completion) int 
 	t := tableFor(tabs, 0)
 	if t == nil || decodeHook != nil {
 		return 0 // every entry is refused; a test's hook runs in take
+	}
+	if p.shape == shapeDD16 {
+		return q.runDD16(p, t, cs)
 	}
 	if p.idLen {
 		return q.runIDLen(p, t, cs)
@@ -340,6 +353,48 @@ func (q *RingSource) runUsed8(t *Table, cs []Completion) int {
 			break // an entry for take
 		}
 	}
+	t.stored(q, ftl)
+	return n
+}
+
+// runDD16 is runBatch for shapeDD16: the DD word loaded (acquire), then
+// the entry copied once as its two quadwords, status and length decoded
+// from the copy, and DD cleared as the entry is consumed (Ring.advance)
+// with a plain store where the generic path's is a locked exchange:
+// nothing orders it against the device, which writes this position
+// again only after the driver posts it anew.
+func (q *RingSource) runDD16(p *batchPlan, t *Table, cs []Completion) int {
+	r := q.ring
+	comp, ftl, words := t.completer(), t.ftailLocal, t.wordsPtr()
+	base, head, mask, held := r.base, r.head, r.mask, r.held
+	n := 0
+	for ; n < len(cs); n++ {
+		e := unsafe.Add(base, uintptr(head)*16)
+		w := (*uint32)(unsafe.Add(e, 8))
+		if atomic.LoadUint32(w)&mask != mask {
+			break
+		}
+		// The one read of the device's entry.
+		q0, q1 := *(*uint64)(e), *(*uint64)(unsafe.Add(e, 8))
+		s := comp.at(head)
+		if !s.outstanding(head) || s.multi || !p.okStatus[le64(q1)&3] {
+			break
+		}
+		ln := uint32(le64(q1)>>32) & 0xffff
+		if ln > s.len {
+			break
+		}
+		c := &cs[n]
+		c.set(s, head, head, ln, comp.word(words, head))
+		c.Meta = [2]uint64{le64(q0), le64(q1)}
+		ftl = comp.release(s, head, ftl)
+		storeRelease32(w, uint32(q1)&^mask|held)
+		if head++; head == r.n {
+			head = 0
+		}
+	}
+	r.head = head
+	r.count += uint32(n)
 	t.stored(q, ftl)
 	return n
 }
