@@ -30,25 +30,31 @@ type Pool struct {
 	*dma.Pool
 	base   uintptr // address of buffer 0
 	stride uintptr
-	// shift is log2(stride) when stride is a power of two, else 0: Of,
-	// on every completion's path (lending, Data, a driver's look at its
-	// header), then shifts where it would divide (a 64-bit division
-	// takes tens of cycles).
-	shift    uint8
+	// recip is ceil(2^64/stride): Of, on every completion's path
+	// (lending, Data, a driver's look at its header), multiplies by it
+	// and keeps the high word where it would divide (a 64-bit division
+	// takes tens of cycles). Exact for offsets below 2^64/stride, which
+	// New checks for the whole pool (0: Of divides).
+	recip    uint64
 	headroom uintptr
 	lent     []bool
+	mem      []byte // every buffer, for Bytes
 }
 
 // New returns the receive buffers of p, with frames headroom bytes into
 // each buffer.
 func New(p *dma.Pool, headroom int) Pool {
-	stride := uintptr(p.BufSize())
-	var shift uint8
-	if stride > 1 && stride&(stride-1) == 0 {
-		shift = uint8(bits.TrailingZeros64(uint64(stride)))
+	stride := uint64(p.BufSize())
+	var recip uint64
+	if hi, _ := bits.Mul64(stride*uint64(p.Cap()), stride); stride > 1 && hi == 0 {
+		// The pool's size times the stride below 2^64: every offset x
+		// in it has x*(recip*stride-2^64) < 2^64, so floor(x*recip/2^64)
+		// is floor(x/stride).
+		recip = (1<<64-1)/stride + 1
 	}
-	return Pool{Pool: p, base: uintptr(unsafe.Pointer(&p.Buf(0)[0])), stride: stride, shift: shift,
-		headroom: uintptr(headroom), lent: make([]bool, p.Cap())}
+	first := &p.Buf(0)[0]
+	return Pool{Pool: p, base: uintptr(unsafe.Pointer(first)), stride: uintptr(stride), recip: recip,
+		headroom: uintptr(headroom), lent: make([]bool, p.Cap()), mem: unsafe.Slice(first, p.Cap()*p.BufSize())}
 }
 
 // Start is the address of buffer b, as a posted operation records it.
@@ -57,8 +63,9 @@ func (p *Pool) Start(b uint32) uintptr { return p.base + uintptr(b)*p.stride }
 // Of is the buffer at addr, an address inside it that the ring reader
 // reported from a posted operation (not from the device).
 func (p *Pool) Of(addr uintptr) uint32 {
-	if p.shift != 0 {
-		return uint32((addr - p.base) >> p.shift)
+	if p.recip != 0 {
+		hi, _ := bits.Mul64(uint64(addr-p.base), p.recip)
+		return uint32(hi)
 	}
 	return uint32((addr - p.base) / p.stride)
 }
@@ -119,7 +126,11 @@ func (p *Pool) Frame(frame uintptr, length, max int) ([]byte, error) {
 // Bytes returns the first length bytes of the frame at frame, an address
 // the ring reader reported from a posted operation, for a completion's
 // Data. The reader has checked length against the posted buffer.
-func (p *Pool) Bytes(frame uintptr, length int) []byte { return p.frame(p.Of(frame), length) }
+func (p *Pool) Bytes(frame uintptr, length int) []byte {
+	start := uintptr(p.Of(frame)) * p.stride
+	off := start + p.headroom
+	return p.mem[off : off+uintptr(length) : start+p.stride]
+}
 
 func (p *Pool) frame(b uint32, length int) []byte {
 	h := int(p.headroom)
