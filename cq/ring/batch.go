@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"math/bits"
 	"sync/atomic"
 	"unsafe"
 )
@@ -361,8 +362,9 @@ func (q *RingSource) runUsed8(t *Table, cs []Completion) int {
 // the entry copied once as its two quadwords, status and length decoded
 // from the copy, and DD cleared as the entry is consumed (Ring.advance)
 // with a plain store where the generic path's is a locked exchange:
-// nothing orders it against the device, which writes this position
-// again only after the driver posts it anew.
+// nothing needs ordering against it, since the device writes this
+// position again only after the driver has posted it anew (and the
+// driver's post writes the whole descriptor).
 func (q *RingSource) runDD16(p *batchPlan, t *Table, cs []Completion) int {
 	r := q.ring
 	comp, ftl, words := t.completer(), t.ftailLocal, t.wordsPtr()
@@ -388,7 +390,7 @@ func (q *RingSource) runDD16(p *batchPlan, t *Table, cs []Completion) int {
 		c.set(s, head, head, ln, comp.word(words, head))
 		c.Meta = [2]uint64{le64(q0), le64(q1)}
 		ftl = comp.release(s, head, ftl)
-		storeRelease32(w, uint32(q1)&^mask|held)
+		*w = uint32(q1)&^mask | held
 		if head++; head == r.n {
 			head = 0
 		}
@@ -417,4 +419,79 @@ func (t *Table) stored(q *RingSource, ftl uint32) {
 			q.markDirty(t)
 		}
 	}
+}
+
+// The completing side of the table and the field helpers the batch loops
+// use: here, beside the loops, so that the path of an entry from its
+// ownership load to the driver's record is this one file.
+
+// completer is the completing side of a Table as a value: what looking up
+// and releasing a slot read, so that a read loop can hold it (the fast
+// path's tableCursor) and keep the free queue's tail in a register. It has
+// three fields so that the compiler keeps a copy in registers. Table.lookup
+// and Table.release go through it: there is one implementation of each.
+type completer struct {
+	// &slots[0] of mask+1 slots (the table's, with their capacity):
+	// any id's slot bits name one, and those from len(slots) up are
+	// never posted, so an id naming them is refused as not outstanding.
+	slots unsafe.Pointer
+	mask  uint32         // an id's slot bits, and the free queue's index mask (it holds mask+1 ids)
+	freeq unsafe.Pointer // &freeq[0]
+}
+
+// completer returns t's completing side.
+func (t *Table) completer() completer {
+	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), mask: t.slotMask,
+		freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
+}
+
+// wordsPtr is &words[0], of mask+1 words (the capacity), for word.
+func (t *Table) wordsPtr() unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(t.words)) }
+
+// word returns the driver word of the slot that id's slot bits name, in
+// words of mask+1 (Table.wordsPtr): no bound test.
+func (c completer) word(words unsafe.Pointer, id uint32) uint64 {
+	return *(*uint64)(unsafe.Add(words, uintptr(id&c.mask)*8))
+}
+
+// at returns the slot that id's slot bits name. A read loop calls at and
+// outstanding itself, where lookup's nil would cost it a merge of two
+// paths per entry.
+func (c completer) at(id uint32) *slot {
+	return (*slot)(unsafe.Add(c.slots, uintptr(id&c.mask)*unsafe.Sizeof(slot{})))
+}
+
+// outstanding reports whether s is posted under id, as an operation of one
+// ring position: the fast path's test, which refuses a slotSpan.
+func (s *slot) outstanding(id uint32) bool {
+	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
+}
+
+// release frees slot s, which outstanding found posted under id, into the
+// free queue at local tail ftl and returns the next tail; the id becomes
+// visible to posters when the table's tail is published (flush).
+func (c completer) release(s *slot, id, ftl uint32) uint32 {
+	// s.ctx stays until Post overwrites it (see Table).
+	// A plain store: posters see the slot again only after taking its id
+	// from the free queue, whose tail flush publishes with a release store.
+	s.state = slotFree
+	// The free queue holds mask+1 ids: the index is in range.
+	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = id & c.mask
+	return ftl + 1
+}
+
+// le32 turns a little-endian value as loaded into the host's order.
+func le32(v uint32) uint32 {
+	if bigEndian {
+		return bits.ReverseBytes32(v)
+	}
+	return v
+}
+
+// le64 turns a little-endian value as loaded into the host's order.
+func le64(v uint64) uint64 {
+	if bigEndian {
+		return bits.ReverseBytes64(v)
+	}
+	return v
 }

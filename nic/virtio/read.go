@@ -185,7 +185,7 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 			continue
 		}
 		if q.mrg {
-			hdr := q.bufs.Buf(q.bufs.Of(c.Buf))
+			hdr := q.bufs.Head(c.Buf)
 			if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
 				e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 				if nb > 1 {

@@ -137,6 +137,14 @@ func (p *Pool) frame(b uint32, length int) []byte {
 	return p.Buf(b)[h : h+length]
 }
 
+// Head returns the headroom bytes of the buffer at addr (the bytes before
+// its frame: virtio-net's header), an address the ring reader reported
+// from a posted operation.
+func (p *Pool) Head(addr uintptr) []byte {
+	start := uintptr(p.Of(addr)) * p.stride
+	return p.mem[start : start+p.headroom : start+p.headroom]
+}
+
 // Counts returns how many buffers are posted to the device (neither free
 // nor lent) and lent to the caller, for a queue's accounting checks.
 func (p *Pool) Counts() (posted, lent int) {
