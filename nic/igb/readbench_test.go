@@ -35,61 +35,17 @@ func BenchmarkDriverRead(b *testing.B) {
 }
 
 func benchDriverRead(b *testing.B, n, batch int, filled bool) {
-	undo, err := benchcpu.Pin(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer undo()
 	d, f := newFakeDevice(b, Config{Config: nic.Config{QueueSize: n}})
 	dev := newFakeNIC(b, d, f)
 	rx := d.rx[0]
 	fill(b, rx)
 	frame := frameOf(1, 64)
-	var k int
-	lap := func() {
-		for k = 0; dev.rxPosted() > 0; k++ {
+	deliver := func() int {
+		k := 0
+		for ; dev.rxPosted() > 0; k++ {
 			dev.receive(frame)
 		}
+		return k
 	}
-	deliver := lap
-	if filled {
-		o := benchcpu.Start(1)
-		defer o.Close()
-		deliver = func() { o.Do(lap) }
-	}
-	out := make([]nic.Completion, batch)
-	bufs := make([]uintptr, 0, n)
-	done := 0
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.StopTimer()
-	for done < b.N {
-		deliver()
-		if k == 0 {
-			b.Fatal("the device took no descriptor")
-		}
-		b.StartTimer()
-		for got := 0; got < k; {
-			m := rx.Poll(out)
-			for i := range out[:m] {
-				if c := &out[i]; c.Err != nil || c.Len != len(frame) {
-					b.Fatalf("completion %d of the lap: len %d, %v", got+i, c.Len, c.Err)
-				}
-				bufs = append(bufs, out[i].Buf)
-			}
-			got += m
-		}
-		b.StopTimer()
-		for _, p := range bufs {
-			if err := rx.Repost(p, nil); err != nil {
-				b.Fatal(err)
-			}
-		}
-		bufs = bufs[:0]
-		if err := rx.Flush(); err != nil {
-			b.Fatal(err)
-		}
-		done += k
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(done), "ns/completion")
+	benchcpu.ReadLaps(b, rx, deliver, filled, batch, len(frame))
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/vfnic/vfnic/nic"
 	"github.com/vfnic/vfnic/nic/internal/benchcpu"
 )
 
@@ -41,11 +40,6 @@ func BenchmarkDriverRead(b *testing.B) {
 }
 
 func benchDriverRead(b *testing.B, n, batch int, packed, filled bool) {
-	undo, err := benchcpu.Pin(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer undo()
 	r := newRig(b, n, packed, true, n*2048+(64<<10))
 	rx := r.rxQueue(b, n, 2048, true)
 	for rx.PostRecv(nil) == nil {
@@ -54,57 +48,13 @@ func benchDriverRead(b *testing.B, n, batch int, packed, filled bool) {
 		b.Fatal(err)
 	}
 	frame := frameFor(1, 64)
-	var k int
-	lap := func() {
-		k = 0
-		for {
-			tk, ok := r.dev.take()
-			if !ok {
-				return
-			}
+	fill := func() int {
+		k := 0
+		for tk, ok := r.dev.take(); ok; tk, ok = r.dev.take() {
 			r.dev.complete(tk.id, writeFrame(tk, frame, 1), tk.ndesc)
 			k++
 		}
+		return k
 	}
-	dev := lap
-	if filled {
-		o := benchcpu.Start(1)
-		defer o.Close()
-		dev = func() { o.Do(lap) }
-	}
-	out := make([]nic.Completion, batch)
-	bufs := make([]uintptr, 0, n)
-	done := 0
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.StopTimer()
-	for done < b.N {
-		dev()
-		if k == 0 {
-			b.Fatal("the device took no buffer")
-		}
-		b.StartTimer()
-		for got := 0; got < k; {
-			m := rx.Poll(out)
-			for i := range out[:m] {
-				if c := &out[i]; c.Err != nil || c.Len != len(frame) {
-					b.Fatalf("completion %d of the lap: len %d, %v", got+i, c.Len, c.Err)
-				}
-				bufs = append(bufs, out[i].Buf)
-			}
-			got += m
-		}
-		b.StopTimer()
-		for _, p := range bufs {
-			if err := rx.Repost(p, nil); err != nil {
-				b.Fatal(err)
-			}
-		}
-		bufs = bufs[:0]
-		if err := rx.Flush(); err != nil {
-			b.Fatal(err)
-		}
-		done += k
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(done), "ns/completion")
+	benchcpu.ReadLaps(b, rx, fill, filled, batch, len(frame))
 }
