@@ -18,11 +18,22 @@
 # the C reader with an idle second thread, so that its mutexes really lock
 # (locking "mutex").
 #
+# Driver rows: for each of DRIVERS (virtio packed, virtio split, igb) and
+# DRIVER_MODES (local, filled), batch 32, the drivers' own read code: a
+# real nic/virtio or nic/igb receive queue over an in-memory ring of
+# DRIVER_ENTRIES descriptors, read with Poll (BenchmarkDriverRead in the
+# driver's package; its device is the tests' fake one, a Go producer that
+# writes what the device writes, since the C producer does not follow the
+# available ring), beside the C reader on the same layout and ring size.
+# No stream mode for them: the fake device cannot run while the queue
+# reads.
+#
 # Settings (environment): OUT (build folder, default bench/out), ENTRIES
 # (ring size, 4096), COUNT (completions per run, 2000000), REPEAT (7),
 # BATCHES ("1 8 32 256"), LAYOUTS ("sim packed split"), MODES ("filled
-# stream local stream-mutex"), SHM (folder for the ring file, /dev/shm),
-# GO (go command).
+# stream local stream-mutex"), DRIVERS ("packed split igb"; "" for none),
+# DRIVER_MODES ("local filled"), DRIVER_ENTRIES (1024), SHM (folder for
+# the ring file, /dev/shm), GO (go command).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +44,10 @@ COUNT=${COUNT:-2000000}
 REPEAT=${REPEAT:-7}
 BATCHES=${BATCHES:-"1 8 32 256"}
 MODES=${MODES:-"filled stream local stream-mutex"}
-LAYOUTS=${LAYOUTS:-"sim packed split"}
+LAYOUTS=${LAYOUTS-"sim packed split"}
+DRIVERS=${DRIVERS-"packed split igb"}
+DRIVER_MODES=${DRIVER_MODES:-"local filled"}
+DRIVER_ENTRIES=${DRIVER_ENTRIES:-1024}
 SHM=${SHM:-/dev/shm}
 # Targets at batch 32 (issue 8): filled and local 1.10x, stream 1.25x.
 target() { case $1 in filled* | local*) echo 1.10 ;; *) echo 1.25 ;; esac; }
@@ -51,6 +65,10 @@ cflags=(-O2 -std=c11 -Wall -Wextra -Werror)
 gcc "${cflags[@]}" -o "$OUT/producer" "$here/c/producer.c"
 gcc "${cflags[@]}" -o "$OUT/reader" "$here/c/reader.c" -lpthread
 (cd "$root" && CGO_ENABLED=0 "$GO" build -o "$OUT/goreader" ./bench/goreader)
+if [ -n "$DRIVERS" ]; then
+	(cd "$root" && CGO_ENABLED=0 "$GO" test -c -o "$OUT/virtio.test" ./nic/virtio &&
+		CGO_ENABLED=0 "$GO" test -c -o "$OUT/igb.test" ./nic/igb)
+fi
 
 # Producer and reader on different CPUs when there are two to pin to.
 prod_pin=() read_pin=() pinning="not pinned"
@@ -70,13 +88,13 @@ trap cleanup EXIT
 # run_one BIN LAYOUT MODE BATCH: one producer + reader pair; prints the
 # reader's line. MODE may carry the suffix -mutex (see the top).
 run_one() {
-	local bin=$1 layout=$2 mode=${3%-mutex} batch=$4 f line lock=()
+	local bin=$1 layout=$2 mode=${3%-mutex} batch=$4 f line lock=() entries=${ENT:-$ENTRIES}
 	case "$3" in
 	*-mutex) [ "$bin" = reader ] && lock=(-T) ;;
 	*) [ "$bin" = goreader ] && lock=(-s) ;;
 	esac
 	if [ "$mode" = local ]; then
-		line=$("${read_pin[@]}" "$OUT/$bin" -l -L "$layout" -n "$ENTRIES" -c "$COUNT" -b "$batch" "${lock[@]}" 2>"$tmp/reader.err") ||
+		line=$("${read_pin[@]}" "$OUT/$bin" -l -L "$layout" -n "$entries" -c "$COUNT" -b "$batch" "${lock[@]}" 2>"$tmp/reader.err") ||
 			{ cat "$tmp/reader.err" >&2; die "$bin failed (layout $layout, mode $3, batch $batch)"; }
 		case "$line" in
 		*" order=ok "*) echo "$line" && return ;;
@@ -84,7 +102,7 @@ run_one() {
 		esac
 	fi
 	f="$SHM/vfnic-bench-$$-$RANDOM"
-	"${prod_pin[@]}" "$OUT/producer" -f "$f" -L "$layout" -n "$ENTRIES" -m "$mode" -c "$COUNT" -t "$TIMEOUT" \
+	"${prod_pin[@]}" "$OUT/producer" -f "$f" -L "$layout" -n "$entries" -m "$mode" -c "$COUNT" -t "$TIMEOUT" \
 		>"$tmp/producer.out" 2>"$tmp/producer.err" &
 	prod_pid=$!
 	if ! line=$("${read_pin[@]}" "$OUT/$bin" -f "$f" -b "$batch" -t "$TIMEOUT" "${lock[@]}" 2>"$tmp/reader.err"); then
@@ -107,6 +125,20 @@ run_one() {
 	echo "$line"
 }
 
+# run_driver LAYOUT MODE: BenchmarkDriverRead of the driver's package
+# for LAYOUT (packed, split: nic/virtio; igb: nic/igb) in MODE (local,
+# filled) at batch 32; prints "ns allocs". The benchmark pins its reader
+# to CPU 0 and its device to CPU 1 itself.
+run_driver() {
+	local layout=$1 mode=$2 bin=virtio.test out
+	[ "$layout" = igb ] && bin=igb.test
+	out=$(VFNIC_BENCH_ENTRIES=$DRIVER_ENTRIES VFNIC_BENCH_BATCH=32 "$OUT/$bin" -test.run '^$' \
+		-test.bench "^BenchmarkDriverRead\$/^layout=$layout\$/^mode=$mode\$" -test.benchtime "${COUNT}x" -test.benchmem 2>&1) ||
+		{ echo "$out" >&2; die "$bin BenchmarkDriverRead failed (layout $layout, mode $mode)"; }
+	awk '/^BenchmarkDriverRead/ {for (i = 1; i < NF; i++) {if ($(i+1) == "ns/completion") ns = $i; if ($(i+1) == "allocs/op") al = $i}}
+		END {if (ns == "") exit 1; print ns, al}' <<<"$out" || { echo "$out" >&2; die "$bin: no ns/completion in its output"; }
+}
+
 # field NAME LINE: the value of NAME=value in a reader's line.
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 
@@ -127,6 +159,16 @@ echo
 # Each pass runs every cell once, so that a burst of load from elsewhere on
 # the machine spoils one sample of many cells rather than all of one.
 for ((i = 0; i < REPEAT; i++)); do
+	for layout in $DRIVERS; do
+		for mode in $DRIVER_MODES; do
+			cell=driver.$layout.$mode
+			line=$(ENT=$DRIVER_ENTRIES run_one reader "$layout" "$mode" 32)
+			field ns_per_completion "$line" >>"$tmp/c.$cell"
+			read -r ns al < <(run_driver "$layout" "$mode")
+			echo "$ns" >>"$tmp/go.$cell"
+			echo "$al" >>"$tmp/alloc.$cell"
+		done
+	done
 	for layout in $LAYOUTS; do
 		for mode in $MODES; do
 			for batch in $BATCHES; do
@@ -160,6 +202,26 @@ for layout in $LAYOUTS; do
 		done
 	done
 done
+if [ -n "$DRIVERS" ]; then
+	echo
+	echo "Driver rows: a real receive queue's Poll (nic/virtio, nic/igb: ring reader, driver pass, buffer lending,"
+	echo "nic.Completion) over a ring of $DRIVER_ENTRIES descriptors that a Go fake device filled, against the C reader"
+	echo "on the same layout and ring size (the C reader writes a fi_cq_data_entry and does not read the frame's"
+	echo "virtio-net header or lend buffers), batch 32:"
+	printf '%-14s %-7s %12s %12s %7s %12s %16s\n' driver mode "C ns/compl" "Go ns/compl" "Go/C" "Go/C (best)" "Go allocs/compl"
+	for layout in $DRIVERS; do
+		for mode in $DRIVER_MODES; do
+			cell=driver.$layout.$mode
+			c=$(median <"$tmp/c.$cell") g=$(median <"$tmp/go.$cell")
+			cmin=$(sort -g "$tmp/c.$cell" | head -1) gmin=$(sort -g "$tmp/go.$cell" | head -1)
+			cns[$cell]=$c gons[$cell]=$g
+			name=virtio-$layout
+			[ "$layout" = igb ] && name=igb
+			printf '%-14s %-7s %12.2f %12.2f %6sx %11sx %16s\n' "$name" "$mode" "$c" "$g" "$(ratio "$g" "$c")" \
+				"$(ratio "$gmin" "$cmin")" "$(sort -g "$tmp/alloc.$cell" | tail -1)"
+		done
+	done
+fi
 echo "(medians of $REPEAT runs; \"best\" is the ratio of the fastest runs, the least disturbed by other load)"
 echo
 echo "The C reader does the Go path's checks and conversion; it differs in: a refused entry"
@@ -171,6 +233,16 @@ for layout in $LAYOUTS; do
 	[ -s "$tmp/loop.$layout" ] && echo "Go loop, $layout: $(cat "$tmp/loop.$layout")"
 done
 echo
+for layout in $DRIVERS; do
+	for mode in $DRIVER_MODES; do
+		c=${cns[driver.$layout.$mode]:-} g=${gons[driver.$layout.$mode]:-}
+		[ -n "$c" ] || continue
+		awk -v l="$layout" -v m="$mode" -v g="$g" -v c="$c" -v t="$(target "$mode")" 'BEGIN {
+			r = g / c
+			printf "batch 32, driver %s %s: Go %.2f ns, C %.2f ns per completion: Go/C = %.2fx, %s the %.2fx target\n",
+				l, m, g, c, r, (r <= t ? "within" : "above"), t }'
+	done
+done
 for layout in $LAYOUTS; do
 	for mode in $MODES; do
 		c=${cns[$layout.$mode.32]:-} g=${gons[$layout.$mode.32]:-}

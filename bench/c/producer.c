@@ -26,7 +26,8 @@
  * producer's stores to it.
  *
  * -L picks the ring layout (ring.h): sim (default, nic/sim's CQE), packed
- * (virtio packed ring) or split (virtio split used ring).
+ * (virtio packed ring), split (virtio split used ring) or igb (82576
+ * receive write-back descriptors).
  *
  * Usage: producer -f PATH -n ENTRIES -m filled|stream [-L LAYOUT] [-c COUNT] [-b BURST] [-t SECONDS]
  * The file is created as PATH.tmp and renamed to PATH once initialised, so
@@ -91,7 +92,7 @@ static void waiter_spin(struct waiter *w, const char *what)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: producer -f PATH -n ENTRIES -m filled|stream [-L sim|packed|split] [-c COUNT] [-b BURST] "
+	fprintf(stderr, "usage: producer -f PATH -n ENTRIES -m filled|stream [-L sim|packed|split|igb] [-c COUNT] [-b BURST] "
 			"[-t SECONDS]\n");
 	exit(2);
 }
@@ -242,7 +243,7 @@ int main(int argc, char **argv)
 	atomic_store_explicit(&ctrl->producer, (uint32_t)count, memory_order_relaxed);
 	atomic_store_explicit(&ctrl->produced, count, memory_order_release);
 	printf("producer layout=%s mode=%s entries=%u completions=%" PRIu64 " full_waits=%" PRIu64 " ns_per_completion=%.3f\n",
-	       (const char *[]){"sim", "packed", "split"}[layout], mode == VB_MODE_STREAM ? "stream" : "filled", n, count, waits, el * 1e9 / (double)count);
+	       vb_layout_names[layout], mode == VB_MODE_STREAM ? "stream" : "filled", n, count, waits, el * 1e9 / (double)count);
 	/* The reader attached (reader_ready) before we wrote anything, so it
 	 * holds its own mapping: the name can go now. */
 	unlink(path);

@@ -23,7 +23,12 @@
  *                     8-byte elements {id u32, len u32} (struct vb_used);
  *                     the device writes elements, then the free-running
  *                     16-bit idx with a release store.
- * Neither carries data: sequence s is told by its id (s % N) and length.
+ *   VB_LAYOUT_IGB     N 16-byte Intel 82576 advanced receive descriptors
+ *                     in write-back form (struct vb_igb_wb): the device
+ *                     writes the RSS/packet-info quadword and the length,
+ *                     then the status word with DD|EOP last, with a
+ *                     release store; the position is the id.
+ * None carries data: sequence s is told by its id (s % N) and length.
  */
 #ifndef VFNIC_BENCH_RING_H
 #define VFNIC_BENCH_RING_H
@@ -43,6 +48,8 @@
 #define VB_LAYOUT_SIM 0u    /* nic/sim's 64-byte CQE, phase bit */
 #define VB_LAYOUT_PACKED 1u /* virtio packed ring, 16-byte descriptors */
 #define VB_LAYOUT_SPLIT 2u  /* virtio split used ring, 8-byte elements after a 4-byte header */
+#define VB_LAYOUT_IGB 3u    /* igb receive write-back descriptors, DD bit */
+#define VB_LAYOUTS 4u
 #define VB_PACKED_AVAIL 0x80u
 #define VB_PACKED_USED 0x8000u
 
@@ -102,6 +109,19 @@ struct vb_desc {
 	_Atomic uint16_t flags; /* 14: AVAIL and USED = wrap counter, last */
 };
 
+/* struct vb_igb_wb is an 82576 advanced receive descriptor as the device
+ * writes it back (datasheet 7.1.5.2): status DD bit 0, EOP bit 1, RXE bit
+ * 31 (the top bit of the error byte). */
+struct vb_igb_wb {
+	uint64_t info;            /* 0: RSS hash, packet type */
+	_Atomic uint32_t status;  /* 8: status and errors, DD written last */
+	uint16_t len;             /* 12 */
+	uint16_t vlan;            /* 14 */
+};
+#define VB_IGB_DD 1u
+#define VB_IGB_EOP 2u
+#define VB_IGB_RXE 0x80000000u
+
 /* struct vb_used is a virtio split used ring's header; its N elements
  * follow it. */
 struct vb_used_elem {
@@ -151,6 +171,7 @@ struct vb_ctrl {
 
 _Static_assert(sizeof(struct vb_cqe) == VB_ENTRY_SIZE, "entry size");
 _Static_assert(sizeof(struct vb_desc) == 16 && offsetof(struct vb_desc, flags) == 14, "packed descriptor");
+_Static_assert(sizeof(struct vb_igb_wb) == 16 && offsetof(struct vb_igb_wb, len) == 12, "igb write-back");
 _Static_assert(sizeof(struct vb_used) == 4 && offsetof(struct vb_used, ring) == 4, "split used ring");
 _Static_assert(offsetof(struct vb_ctrl, layout) == 96, "layout offset");
 _Static_assert(offsetof(struct vb_cqe, data) == 16, "data offset");
@@ -185,6 +206,8 @@ static inline uint32_t vb_entry_size(uint32_t layout)
 		return sizeof(struct vb_desc);
 	case VB_LAYOUT_SPLIT:
 		return sizeof(struct vb_used_elem);
+	case VB_LAYOUT_IGB:
+		return sizeof(struct vb_igb_wb);
 	}
 	return 0;
 }
@@ -195,12 +218,14 @@ static inline size_t vb_ring_size(uint32_t layout, uint32_t n)
 	return (layout == VB_LAYOUT_SPLIT ? sizeof(struct vb_used) : 0) + (size_t)n * vb_entry_size(layout);
 }
 
+/* vb_layout_names are the layouts' names, by VB_LAYOUT_* value. */
+static const char *const vb_layout_names[VB_LAYOUTS] = {"sim", "packed", "split", "igb"};
+
 /* vb_parse_layout returns the layout named s, or -1. */
 static inline int vb_parse_layout(const char *s)
 {
-	static const char *const names[] = {"sim", "packed", "split"};
-	for (unsigned i = 0; i < 3; i++) {
-		const char *a = names[i], *b = s;
+	for (unsigned i = 0; i < VB_LAYOUTS; i++) {
+		const char *a = vb_layout_names[i], *b = s;
 		while (*a && *a == *b)
 			a++, b++;
 		if (!*a && !*b)
@@ -290,6 +315,21 @@ static inline void vb_put_split(struct vb_used *u, uint64_t s, uint32_t k, uint3
 	atomic_store_explicit(&u->idx, (uint16_t)(s + k), memory_order_release);
 }
 
+/* vb_put_igb is vb_put for igb's write-back descriptors: the burst's
+ * packet-info quadwords and lengths, then their status words (DD|EOP) in
+ * order, release. */
+static inline void vb_put_igb(struct vb_igb_wb *ring, uint64_t s, uint32_t k, uint32_t n)
+{
+	for (uint32_t j = 0; j < k; j++) {
+		struct vb_igb_wb *d = &ring[(s + j) & (n - 1)];
+		d->info = s + j;
+		d->len = (uint16_t)VB_LEN(s + j);
+		d->vlan = 0;
+	}
+	for (uint32_t j = 0; j < k; j++)
+		atomic_store_explicit(&ring[(s + j) & (n - 1)].status, VB_IGB_DD | VB_IGB_EOP, memory_order_release);
+}
+
 /* vb_put_any is vb_put for any layout; ring is the memory after the
  * control page. */
 static inline void vb_put_any(void *ring, uint32_t layout, uint64_t s, uint32_t k, uint32_t n, unsigned shift)
@@ -300,6 +340,9 @@ static inline void vb_put_any(void *ring, uint32_t layout, uint64_t s, uint32_t 
 		break;
 	case VB_LAYOUT_SPLIT:
 		vb_put_split(ring, s, k, n);
+		break;
+	case VB_LAYOUT_IGB:
+		vb_put_igb(ring, s, k, n);
 		break;
 	default:
 		vb_put(ring, s, k, n, shift);

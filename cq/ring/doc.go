@@ -19,12 +19,15 @@
 //     no call per entry. A layout whose fields are byte-aligned is read by
 //     a loop compiled for the CQ's format and the fields' widths, chosen
 //     once (fast.go); any other by a generic loop.
-//   - NextBatch: a NIC driver's read of its own ring, a batch at a time:
+//   - NextBatch: a NIC driver's read of its own ring, a batch at a time,
+//     into Completion, a lean record (no cq.Entry: what a NIC reports):
 //     a loop for the layouts of one queue per ring (an id, a length, a
-//     status, the driver's Meta words: virtio's packed and split rings,
-//     igb's write-back descriptors), every other entry read by the
-//     generic path; the driver then makes one pass of its own over the
-//     batch (Example_driverRead).
+//     status, the driver's Meta words), with copies whose geometry is
+//     constant for virtio's packed ring and split used ring and igb's
+//     write-back descriptors, every other entry read by the generic path;
+//     the driver then makes one pass of its own over the batch
+//     (Example_driverRead). batch.go holds the loops and everything they
+//     call per entry.
 //   - QueueSource: the cq.Source of a NIC driver's queue that reads its
 //     own ring.
 //

@@ -4,7 +4,6 @@ package ring
 
 import (
 	"github.com/vfnic/vfnic/cq"
-	"math/bits"
 	"unsafe"
 )
 
@@ -349,8 +348,8 @@ func (q *RingSource) takeRefused(fp *fastPath, e *cq.Entry) int {
 	// take releases into the tables itself: the cursor's table takes
 	// the cursor's releases first, and the cursor take's after.
 	fp.cur.leave(q)
-	var c Completion
-	ok := q.take(fp.tabs, &c, true)
+	var c entry
+	ok := q.take(fp.tabs, &c.Completion, &c.x, true)
 	if t := fp.cur.t; t != nil {
 		fp.cur.ftl = t.ftailLocal
 	}
@@ -440,19 +439,3 @@ func (c *tableCursor) leave(q *RingSource) {
 
 // code reads the byte at ow+off.
 func code(ow unsafe.Pointer, off int) uint8 { return *(*uint8)(unsafe.Add(ow, off)) }
-
-// le32 turns a little-endian value as loaded into the host's order.
-func le32(v uint32) uint32 {
-	if bigEndian {
-		return bits.ReverseBytes32(v)
-	}
-	return v
-}
-
-// le64 turns a little-endian value as loaded into the host's order.
-func le64(v uint64) uint64 {
-	if bigEndian {
-		return bits.ReverseBytes64(v)
-	}
-	return v
-}

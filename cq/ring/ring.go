@@ -200,40 +200,6 @@ func (r *Ring) ready() bool {
 	return atomic.LoadUint32(r.ownerWord(r.head))&r.mask == r.want
 }
 
-// usedReady is ready for the UsedIndex convention: the entry at the head
-// is before the producer index, loaded again (acquire) only when the
-// reader has caught up with the value it had.
-func (r *Ring) usedReady() bool {
-	if (r.prod-r.count)&r.imask != 0 {
-		return true
-	}
-	return r.loadProd()
-}
-
-// loadProd loads the producer index (acquire) and reports whether entries
-// are ready. Once the device has published an index beyond the entries it
-// may have produced (the producer limit, else a ring ahead of the
-// reader), the index is nonsense and nothing before it can be trusted
-// either: the ring stops. Without the limit, an index less than a ring
-// ahead would hand over last lap's entries as new, and a split ring's ids
-// carry no generation to refuse them by.
-func (r *Ring) loadProd() bool {
-	if r.badIndex {
-		return false
-	}
-	p := r.regs.Producer.Read() >> r.ishift & r.imask
-	room := r.n
-	if r.limited {
-		room = (r.limit - r.count) & r.imask
-	}
-	if (p-r.count)&r.imask > room {
-		r.badIndex = true
-		return false
-	}
-	r.prod = p
-	return (p-r.count)&r.imask != 0
-}
-
 // SetProducerLimit tells a UsedIndex ring how far the device may produce:
 // the number of entries it was given to complete since Reset (virtio's
 // available index, for its used index), modulo 2^IndexBits as the

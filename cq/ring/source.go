@@ -273,26 +273,35 @@ func (q *RingSource) pollOther(ents []cq.Entry, addrs []cq.Addr) (int, cq.Source
 	return q.poll(ents, addrs, false)
 }
 
-// Completion is one entry taken from a ring by Next, for drivers that
-// write their own records (a NIC queue's completions) as well as a CQ's:
-// every field the device wrote was loaded once, checked against the posted
-// operation, and everything in it was decided from that one read.
+// Completion is one entry taken from a ring (NextBatch, Next), the
+// drivers' record: what a NIC queue needs to write its own record (a
+// nic.Completion, or a CQ's cq.Entry) and nothing a NIC never reports
+// (remote data, tags, source addresses), so that the batch loop writes
+// few fields per entry. Every field the device wrote was loaded once,
+// checked against the posted operation, and everything in it was
+// decided from that one read. The CQ's generic path keeps the fields
+// of the full fi_cq record beside it (entry).
 type Completion struct {
-	// Entry is the completion as a CQ of FormatTagged reports it (for a
-	// receive, Buf is the posted buffer plus the buffer offset); a layout
-	// without a Len field reports the posted length.
-	cq.Entry
+	// Context is the posted operation's (op_context), for a good
+	// completion and a refused one that named an outstanding operation.
+	Context any
+	// Buf is a receive's posted buffer (plus a multi-receive offset);
+	// 0 for other operations.
+	Buf uintptr
+	// Len is the bytes the device reported; a layout without a Len field
+	// reports the posted length.
+	Len int
+	// Flags are the operation's completion flags (cq.Entry.Flags).
+	Flags cq.Flags
+	// Word is the driver word the operation was posted with (Op.Word),
+	// when the entry named an outstanding one.
+	Word uint64
 	// Err is 0 for a good completion. For an entry the reader refused it
 	// is the error (cq.EIO for an entry that breaks the device contract,
 	// the status's errno for the device's own error status), and Prov the
 	// provider error number: the device status value or a cq.Prov* code.
-	// Context, Flags and Buf are set when the entry named an outstanding
-	// operation, which is then complete.
 	Err  cq.Errno
 	Prov cq.ProvErrno
-	// OLen is the number of bytes the device reported beyond the posted
-	// buffer, for a status that says so.
-	OLen int
 	// ID is the id the entry named; Pos the ring position it was read at.
 	ID, Pos uint32
 	// Done says the operation the entry named is complete and its id
@@ -300,14 +309,28 @@ type Completion struct {
 	// a multi-receive buffer, and for a refused entry that named an
 	// outstanding operation.
 	Done bool
-	// Src is the source address (CQ.ReadFrom): cq.AddrNotAvail when the
-	// layout or the entry has none.
-	Src cq.Addr
-	// Meta are the layout's Meta fields.
+	// OLen is the number of bytes the device reported beyond the posted
+	// buffer, for a refused entry whose status says so; the batch loop
+	// does not write it for a good one.
+	OLen int
+	// Meta are the layout's Meta fields; the batch loop writes them only
+	// for a layout that has some.
 	Meta [2]uint64
-	// Word is the driver word the operation was posted with (Op.Word),
-	// when the entry named an outstanding one.
-	Word uint64
+}
+
+// entry is a Completion with the fields of the full fi_cq record that
+// only the CQ's generic path reports (take fills them when given x), a
+// CQ's entry being written from it.
+type entry struct {
+	Completion
+	x extra
+}
+
+// extra are the fields of a CQ's entry that a NIC never reports.
+type extra struct {
+	Data, Tag uint64
+	Queue     uint32
+	Src       cq.Addr
 }
 
 // Next takes the next entry of the ring into c and consumes it; false when
@@ -318,7 +341,7 @@ type Completion struct {
 // queue that writes its own records); calls must be serialised, and a
 // batch of them ended with Publish.
 func (q *RingSource) Next(c *Completion) bool {
-	return q.take(*q.tables.Load(), c, true)
+	return q.take(*q.tables.Load(), c, nil, true)
 }
 
 // Publish ends a batch of Next calls: it rings the consumer doorbell once
@@ -344,7 +367,7 @@ func (q *RingSource) flushDirty() {
 // at the head leaves it); a refused one is always consumed, with c.Err
 // set, its raw bytes in errData and the slot it named, if any, released.
 // It returns false when the head is not handed over.
-func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
+func (q *RingSource) take(tabs []*Table, c *Completion, x *extra, consume bool) bool {
 	r := q.ring
 	pos := r.head
 	if !r.ready() {
@@ -352,10 +375,12 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		case r.used && r.badIndex && !q.badIndexSeen:
 			q.badIndexSeen = true
 			q.errLen = 0
-			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadIndex, Pos: pos, Src: cq.AddrNotAvail}
+			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadIndex, Pos: pos}
+			x.clear()
 			return true
 		case r.hole():
-			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadPhase, Pos: pos, Src: cq.AddrNotAvail}
+			*c = Completion{Err: cq.EIO, Prov: cq.ProvBadPhase, Pos: pos}
+			x.clear()
 			q.errLen = copy(q.errData, r.entryBytes(pos)) // not interpreted
 			r.consumeHole()
 			return true
@@ -376,8 +401,11 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 		id = pos
 	}
 	qn := uint32(r.f[fQueue].get(e))
-	*c = Completion{ID: id, Pos: pos, Src: cq.AddrNotAvail}
-	c.Queue = qn
+	*c = Completion{ID: id, Pos: pos}
+	if x != nil {
+		x.clear()
+		x.Queue = qn
+	}
 	if r.meta {
 		c.Meta = [2]uint64{r.f[fMeta0].get(e), r.f[fMeta1].get(e)}
 	}
@@ -414,14 +442,16 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	if fl&cq.FlagRecv != 0 && bufOff <= s.len {
 		c.Buf = s.buf + uintptr(bufOff)
 	}
-	if fl&cq.FlagRemoteCQData != 0 {
-		c.Data = r.f[fData].get(e)
-	}
-	if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
-		c.Tag = r.f[fTag].get(e)
-	}
-	if fl&cq.FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
-		c.Src = cq.Addr(r.f[fSrc].get(e))
+	if x != nil {
+		if fl&cq.FlagRemoteCQData != 0 {
+			x.Data = r.f[fData].get(e)
+		}
+		if fl&(cq.FlagTagged|cq.FlagRecv) == cq.FlagTagged|cq.FlagRecv {
+			x.Tag = r.f[fTag].get(e)
+		}
+		if fl&cq.FlagRecv != 0 && r.f[fSrc].mask != 0 && (r.srcOK || r.f[fSrcValid].get(e) != 0) {
+			x.Src = cq.Addr(r.f[fSrc].get(e))
+		}
 	}
 	switch {
 	case !sc.known:
@@ -466,6 +496,13 @@ func (q *RingSource) take(tabs []*Table, c *Completion, consume bool) bool {
 	return true
 }
 
+// clear resets the extra fields of a CQ's entry, if any.
+func (x *extra) clear() {
+	if x != nil {
+		*x = extra{Src: cq.AddrNotAvail}
+	}
+}
+
 // copyEntry copies an entry of n bytes (a multiple of 4) in 8-byte words:
 // entries are small, and a call to memmove costs more than the copy.
 func copyEntry(dst, src unsafe.Pointer, n uintptr) {
@@ -502,9 +539,9 @@ func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, 
 	}
 	tabs := *q.tables.Load()
 	n, stopped := 0, false
-	var c Completion
+	var c entry
 	for errOnly || n < len(ents) {
-		if !q.take(tabs, &c, !errOnly) {
+		if !q.take(tabs, &c.Completion, &c.x, !errOnly) {
 			stopped = true
 			break
 		}
@@ -517,7 +554,7 @@ func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, 
 		}
 		q.store(&ents[n], &c)
 		if addrs != nil {
-			addrs[n] = c.Src
+			addrs[n] = c.x.Src
 		}
 		n++
 	}
@@ -530,14 +567,14 @@ func (q *RingSource) poll(ents []cq.Entry, addrs []cq.Addr, errOnly bool) (int, 
 
 // store writes a good completion into a CQ entry, with the fields outside
 // the CQ's format left zero.
-func (q *RingSource) store(e *cq.Entry, c *Completion) {
+func (q *RingSource) store(e *cq.Entry, c *entry) {
 	e.Context = c.Context
 	e.Flags = c.Flags & q.mFlags
 	e.Len = c.Len & q.mLen
 	e.Buf = c.Buf & q.mBuf
-	e.Data = c.Data & q.mData
-	e.Tag = c.Tag & q.mTag
-	e.Queue = c.Queue
+	e.Data = c.x.Data & q.mData
+	e.Tag = c.x.Tag & q.mTag
+	e.Queue = c.x.Queue
 }
 
 // endBatch finishes a batch of n entries read by the fast loop: when it
@@ -547,8 +584,8 @@ func (q *RingSource) store(e *cq.Entry, c *Completion) {
 // and the release of freed ids.
 func (q *RingSource) endBatch(n int, stopped bool, tabs []*Table) (int, cq.SourceState) {
 	if stopped {
-		var c Completion
-		if q.take(tabs, &c, false) && c.Err != 0 {
+		var c entry
+		if q.take(tabs, &c.Completion, &c.x, false) && c.Err != 0 {
 			q.stage(&c)
 		}
 	}
@@ -621,8 +658,9 @@ func fits(ln, off, size uint32) bool { return ln <= size && off <= size-ln }
 
 // stage makes the refused completion c, already consumed by take, the
 // pending error completion (ReadErr). Cold path.
-func (q *RingSource) stage(c *Completion) {
-	q.errEnt = cq.ErrEntry{Entry: c.Entry, OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
+func (q *RingSource) stage(c *entry) {
+	q.errEnt = cq.ErrEntry{Entry: cq.Entry{Context: c.Context, Flags: c.Flags, Len: c.Len, Buf: c.Buf, Data: c.x.Data, Tag: c.x.Tag, Queue: c.x.Queue},
+		OLen: c.OLen, Err: c.Err, ProvErrno: c.Prov}
 	q.staged = true
 }
 

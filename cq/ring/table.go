@@ -128,7 +128,7 @@ func NewTable(n, idBits int) (*Table, error) {
 		// Capacity for every index an id's slot bits can name: one past
 		// n is never posted, so a lookup needs no bound test.
 		slots:    make([]slot, n, 1<<sb),
-		words:    make([]uint64, n),
+		words:    make([]uint64, n, 1<<sb),
 		slotMask: 1<<sb - 1,
 		slotBits: sb,
 		idMask:   uint32(uint64(1)<<uint(idBits) - 1),
@@ -289,29 +289,9 @@ func opRefuse(fl cq.Flags) cq.Flags {
 	return opKinds &^ own
 }
 
-// completer is the completing side of a Table as a value: what looking up
-// and releasing a slot read, so that a read loop can hold it (the fast
-// path's tableCursor) and keep the free queue's tail in a register. It has
-// three fields so that the compiler keeps a copy in registers. Table.lookup
-// and Table.release go through it: there is one implementation of each.
-type completer struct {
-	// &slots[0] of mask+1 slots (the table's, with their capacity):
-	// any id's slot bits name one, and those from len(slots) up are
-	// never posted, so an id naming them is refused as not outstanding.
-	slots unsafe.Pointer
-	mask  uint32         // an id's slot bits, and the free queue's index mask (it holds mask+1 ids)
-	freeq unsafe.Pointer // &freeq[0]
-}
-
 // noSlots is the completer of no table: its one slot is never posted, so
 // every id is refused.
 var noSlots = completer{slots: unsafe.Pointer(new(slot))}
-
-// completer returns t's completing side.
-func (t *Table) completer() completer {
-	return completer{slots: unsafe.Pointer(unsafe.SliceData(t.slots)), mask: t.slotMask,
-		freeq: unsafe.Pointer(unsafe.SliceData(t.freeq))}
-}
 
 // lookup returns the outstanding slot for id, or nil.
 func (c completer) lookup(id uint32) *slot {
@@ -321,36 +301,10 @@ func (c completer) lookup(id uint32) *slot {
 	return nil
 }
 
-// at returns the slot that id's slot bits name. A read loop calls at and
-// outstanding itself, where lookup's nil would cost it a merge of two
-// paths per entry.
-func (c completer) at(id uint32) *slot {
-	return (*slot)(unsafe.Add(c.slots, uintptr(id&c.mask)*unsafe.Sizeof(slot{})))
-}
-
-// outstanding reports whether s is posted under id, as an operation of one
-// ring position: the fast path's test, which refuses a slotSpan.
-func (s *slot) outstanding(id uint32) bool {
-	return atomic.LoadUint32(&s.state) == slotPosted && s.id == id
-}
-
 // posted reports whether s is posted under id, spanning one ring position
 // or more.
 func (s *slot) posted(id uint32) bool {
 	return atomic.LoadUint32(&s.state) != slotFree && s.id == id
-}
-
-// release frees slot s, which outstanding found posted under id, into the
-// free queue at local tail ftl and returns the next tail; the id becomes
-// visible to posters when the table's tail is published (flush).
-func (c completer) release(s *slot, id, ftl uint32) uint32 {
-	// s.ctx stays until Post overwrites it (see Table).
-	// A plain store: posters see the slot again only after taking its id
-	// from the free queue, whose tail flush publishes with a release store.
-	s.state = slotFree
-	// The free queue holds mask+1 ids: the index is in range.
-	*(*uint32)(unsafe.Add(c.freeq, uintptr(ftl&c.mask)*4)) = id & c.mask
-	return ftl + 1
 }
 
 // lookup returns the outstanding slot for id, or nil. Completer side.

@@ -62,7 +62,7 @@ func TestUsedIndexRing(t *testing.T) {
 	require.False(t, u.src.Next(&c))
 	u.publish(2)
 	require.True(t, u.src.Next(&c))
-	require.Equal(t, Completion{Entry: cq.Entry{Context: 3, Flags: cq.FlagRecv | cq.FlagMsg, Len: 60}, ID: ids[3], Pos: 0, Done: true, Src: cq.AddrNotAvail}, c)
+	require.Equal(t, Completion{Context: 3, Flags: cq.FlagRecv | cq.FlagMsg, Len: 60, ID: ids[3], Pos: 0, Done: true}, c)
 	require.True(t, u.src.Next(&c))
 	require.Equal(t, 1, c.Context)
 	require.False(t, u.src.Next(&c))

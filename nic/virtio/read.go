@@ -169,20 +169,8 @@ func (q *vq) pending(max int) int {
 func (r rxRing) Read(cs []cqring.Completion) int {
 	q := r.q
 	n := r.v.read(cs)
-	// Buffers outstanding when each entry was taken, as a bound on a
-	// frame's claimed num_buffers: those still posted and those of the
-	// batch after it.
-	later := 0
-	for i := range cs[:n] {
-		if cs[i].Done {
-			later++
-		}
-	}
 	for i := range cs[:n] {
 		c := &cs[i]
-		if c.Done {
-			later--
-		}
 		if c.Err != 0 {
 			if c.Done && c.Buf != 0 && q.skip > 0 {
 				q.skip-- // a refused part of a frame is still one of its parts
@@ -199,10 +187,20 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 			continue
 		}
 		if q.mrg {
-			hdr := q.bufs.Buf(q.bufs.Of(c.Buf))
+			hdr := q.bufs.Head(c.Buf)
 			if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
 				e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 				if nb > 1 {
+					// Bound the frame's claimed num_buffers by the
+					// buffers outstanding when the entry was taken:
+					// those still posted and those of the batch after
+					// it. Counted here, on the rare path.
+					later := 0
+					for j := i + 1; j < n; j++ {
+						if cs[j].Done {
+							later++
+						}
+					}
 					q.skip = min(nb-1, r.v.nbufs+later)
 					q.span = q.skip + 1
 					e.Buffers = q.span

@@ -29,7 +29,7 @@ type queue struct{ n int }
 func (q *queue) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, _ *ring.Completion) (int, bool) {
 	k := min(q.n, len(ents))
 	for i := range k {
-		qs.Store(&ents[i], &ring.Completion{Entry: cq.Entry{Context: uint64(i), Len: 64}})
+		qs.Store(&ents[i], &ring.Completion{Context: uint64(i), Len: 64})
 	}
 	q.n -= k
 	return k, false
@@ -114,7 +114,7 @@ func (q *closing) ReadBatch(qs *ring.QueueSource, ents []cq.Entry, bad *ring.Com
 	if !q.closed.Load() || len(q.flushed) == 0 {
 		return 0, false
 	}
-	*bad = ring.Completion{Entry: cq.Entry{Context: q.flushed[0], Flags: cq.FlagRecv | cq.FlagMsg}, Err: cq.ECANCELED}
+	*bad = ring.Completion{Context: q.flushed[0], Flags: cq.FlagRecv | cq.FlagMsg, Err: cq.ECANCELED}
 	q.flushed = q.flushed[1:]
 	return 0, true
 }

@@ -57,7 +57,7 @@ func (l *List) Next(c *cqring.Completion, flags cq.Flags) bool {
 	if l.Take(one[:]) == 0 {
 		return false
 	}
-	*c = cqring.Completion{Entry: cq.Entry{Context: one[0].Context, Flags: flags}, Err: cq.ECANCELED}
+	*c = cqring.Completion{Context: one[0].Context, Flags: flags, Err: cq.ECANCELED}
 	return true
 }
 

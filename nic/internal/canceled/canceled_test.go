@@ -25,7 +25,7 @@ func TestList(t *testing.T) {
 	require.Equal(t, nic.Completion{Context: "a", Queue: 2, Err: errC}, out[0])
 	var c cqring.Completion
 	require.True(t, l.Next(&c, cq.FlagRecv|cq.FlagMsg))
-	require.Equal(t, cqring.Completion{Entry: cq.Entry{Context: "b", Flags: cq.FlagRecv | cq.FlagMsg}, Err: cq.ECANCELED}, c)
+	require.Equal(t, cqring.Completion{Context: "b", Flags: cq.FlagRecv | cq.FlagMsg, Err: cq.ECANCELED}, c)
 	require.Equal(t, 2, l.Len())
 	l.Drop()
 	require.Zero(t, l.Len())

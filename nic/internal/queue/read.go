@@ -287,10 +287,11 @@ func (q *Queue) Poll(out []nic.Completion) int {
 				errs++
 				break
 			}
-			*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
+			// Each field written once, the record's one write.
 			if q.recv {
-				o.Buf = c.Buf
-				o.Data = q.Bufs.Bytes(c.Buf, c.Len)
+				*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: q.Bufs.Bytes(c.Buf, c.Len), Len: c.Len, Queue: q.Pair}
+			} else {
+				*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
 			}
 			bytes += uint64(c.Len)
 		}

@@ -52,7 +52,7 @@ func TestHeldAfterAnError(t *testing.T) {
 	r := &fakeRing{tab: tab}
 	q.Init(r, 8, nil)
 	done := func(ctx any, seq uint64) cqring.Completion {
-		return cqring.Completion{Entry: cq.Entry{Context: ctx, Len: 64}, Done: true, Word: seq << 16}
+		return cqring.Completion{Context: ctx, Len: 64, Done: true, Word: seq << 16}
 	}
 	bad := func(ctx any, seq uint64) cqring.Completion {
 		c := done(ctx, seq)

@@ -8,6 +8,7 @@ package rxbuf
 
 import (
 	"fmt"
+	"math/bits"
 	"unsafe"
 
 	"github.com/vfnic/vfnic/dma"
@@ -27,17 +28,33 @@ var (
 // lock guards it.
 type Pool struct {
 	*dma.Pool
-	base     uintptr // address of buffer 0
-	stride   uintptr
+	base   uintptr // address of buffer 0
+	stride uintptr
+	// recip is ceil(2^64/stride): Of, on every completion's path
+	// (lending, Data, a driver's look at its header), multiplies by it
+	// and keeps the high word where it would divide (a 64-bit division
+	// takes tens of cycles). Exact for offsets below 2^64/stride, which
+	// New checks for the whole pool (0: Of divides).
+	recip    uint64
 	headroom uintptr
 	lent     []bool
+	mem      []byte // every buffer, for Bytes
 }
 
 // New returns the receive buffers of p, with frames headroom bytes into
 // each buffer.
 func New(p *dma.Pool, headroom int) Pool {
-	return Pool{Pool: p, base: uintptr(unsafe.Pointer(&p.Buf(0)[0])), stride: uintptr(p.BufSize()),
-		headroom: uintptr(headroom), lent: make([]bool, p.Cap())}
+	stride := uint64(p.BufSize())
+	var recip uint64
+	if hi, _ := bits.Mul64(stride*uint64(p.Cap()), stride); stride > 1 && hi == 0 {
+		// The pool's size times the stride below 2^64: every offset x
+		// in it has x*(recip*stride-2^64) < 2^64, so floor(x*recip/2^64)
+		// is floor(x/stride).
+		recip = (1<<64-1)/stride + 1
+	}
+	first := &p.Buf(0)[0]
+	return Pool{Pool: p, base: uintptr(unsafe.Pointer(first)), stride: uintptr(stride), recip: recip,
+		headroom: uintptr(headroom), lent: make([]bool, p.Cap()), mem: unsafe.Slice(first, p.Cap()*p.BufSize())}
 }
 
 // Start is the address of buffer b, as a posted operation records it.
@@ -45,7 +62,13 @@ func (p *Pool) Start(b uint32) uintptr { return p.base + uintptr(b)*p.stride }
 
 // Of is the buffer at addr, an address inside it that the ring reader
 // reported from a posted operation (not from the device).
-func (p *Pool) Of(addr uintptr) uint32 { return uint32((addr - p.base) / p.stride) }
+func (p *Pool) Of(addr uintptr) uint32 {
+	if p.recip != 0 {
+		hi, _ := bits.Mul64(uint64(addr-p.base), p.recip)
+		return uint32(hi)
+	}
+	return uint32((addr - p.base) / p.stride)
+}
 
 // Lend records that buffer b, which the device held, is lent to the
 // caller in a completion.
@@ -103,11 +126,23 @@ func (p *Pool) Frame(frame uintptr, length, max int) ([]byte, error) {
 // Bytes returns the first length bytes of the frame at frame, an address
 // the ring reader reported from a posted operation, for a completion's
 // Data. The reader has checked length against the posted buffer.
-func (p *Pool) Bytes(frame uintptr, length int) []byte { return p.frame(p.Of(frame), length) }
+func (p *Pool) Bytes(frame uintptr, length int) []byte {
+	start := uintptr(p.Of(frame)) * p.stride
+	off := start + p.headroom
+	return p.mem[off : off+uintptr(length) : start+p.stride]
+}
 
 func (p *Pool) frame(b uint32, length int) []byte {
 	h := int(p.headroom)
 	return p.Buf(b)[h : h+length]
+}
+
+// Head returns the headroom bytes of the buffer at addr (the bytes before
+// its frame: virtio-net's header), an address the ring reader reported
+// from a posted operation.
+func (p *Pool) Head(addr uintptr) []byte {
+	start := uintptr(p.Of(addr)) * p.stride
+	return p.mem[start : start+p.headroom : start+p.headroom]
 }
 
 // Counts returns how many buffers are posted to the device (neither free

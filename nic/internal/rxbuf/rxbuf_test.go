@@ -83,3 +83,30 @@ func TestRecycle(t *testing.T) {
 	require.NoError(t, p.Release(p.Start(bs[1])))
 	require.Equal(t, 4, p.Free())
 }
+
+// TestOfAndBytes: Of finds the buffer of every address inside it by a
+// multiplication, for power-of-two strides and others (1536, 9024 bytes),
+// and Bytes is the frame's view up to the buffer's end, as the buffer's
+// own slice gives it.
+func TestOfAndBytes(t *testing.T) {
+	for _, stride := range []int{128, 1536, 2048, 9024} {
+		const n = 37
+		space := dma.NewIdentitySpace()
+		t.Cleanup(func() { _ = space.Close() })
+		region, err := space.Alloc(n*stride, hugepage.Options{PageSize: hugepage.Size4K})
+		require.NoError(t, err)
+		dp, err := dma.NewPool(region, n, stride)
+		require.NoError(t, err)
+		p := New(dp, 12)
+		require.Equal(t, stride, dp.BufSize())
+		require.NotZero(t, p.recip, "stride %d: multiplied, not divided", stride)
+		for b := uint32(0); b < n; b++ {
+			for _, k := range []int{0, 1, 12, stride / 2, stride - 1} {
+				require.Equal(t, b, p.Of(p.Start(b)+uintptr(k)), "stride %d, buffer %d, byte %d", stride, b, k)
+			}
+			got, want := p.Bytes(p.Start(b)+12, 60), p.Buf(b)[12:72]
+			require.Equal(t, &want[0], &got[0], "stride %d, buffer %d", stride, b)
+			require.Equal(t, [2]int{len(want), cap(want)}, [2]int{len(got), cap(got)})
+		}
+	}
+}
