@@ -32,11 +32,17 @@
 # default ring sizes; it is installed with apt when missing (dpdk-dev holds
 # dpdk-testpmd in Debian 12).
 #
+# Ring sizes: QSIZE=dpdk (the default) gives vfnic the ring sizes testpmd's
+# drivers use by default: 2048 descriptors per AF_XDP ring for afxdp: (net_af_xdp's
+# ETH_AF_XDP_DFLT_NUM_DESCS; vfnic's own default is 256) and 512 receive
+# slots for afpacket: (net_af_packet's framecnt; vfnic's default 256).
+# QSIZE=default runs vfnic with its own defaults, QSIZE=N with -queue-size N.
+#
 # Settings (environment): DUR (15), WARM (2), REPEAT (3), SIZES ("64 1514"),
 # DIRS ("tx rx"), TOOLS (all, in this order: vfnic-afxdp-busy
 # vfnic-afxdp-adaptive dpdk-afxdp vfnic-afpacket-busy
 # vfnic-afpacket-adaptive dpdk-afpacket go-mmsg), TOOL_CPU (1), GEN_CPU (0),
-# OUT (build and log folder, default bench/out), GO (go command).
+# QSIZE (dpdk), OUT (build and log folder, default bench/out), GO (go command).
 # Needs root (namespaces, AF_XDP). Prints each run as it ends, then the table.
 set -euo pipefail
 
@@ -51,6 +57,7 @@ DIRS=${DIRS:-"tx rx"}
 TOOLS=${TOOLS:-"vfnic-afxdp-busy vfnic-afxdp-adaptive dpdk-afxdp vfnic-afpacket-busy vfnic-afpacket-adaptive dpdk-afpacket go-mmsg"}
 TOOL_CPU=${TOOL_CPU:-1}
 GEN_CPU=${GEN_CPU:-0}
+QSIZE=${QSIZE:-dpdk}
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 DST=02:00:00:00:00:00
 
@@ -59,6 +66,10 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 command -v ip >/dev/null || die "needs the ip command (iproute2)"
 command -v taskset >/dev/null || die "needs taskset (util-linux)"
 [ "$(nproc)" -ge 2 ] || die "needs 2 CPUs (the tool and the generator on different ones)"
+case $QSIZE in
+dpdk | default) ;;
+*) [[ $QSIZE =~ ^[1-9][0-9]*$ ]] || die "QSIZE=$QSIZE: want dpdk, default or a ring size" ;;
+esac
 
 # DPDK 22.11 from Debian 12's archive when missing.
 pmds=/usr/lib/x86_64-linux-gnu/dpdk/pmds-23.0
@@ -171,10 +182,16 @@ vfnic_cmd() {
 	kind=${2#vfnic-}
 	mode=${kind#*-}
 	kind=${kind%%-*}
+	case $QSIZE:$kind in
+	default:*) q= ;;
+	dpdk:afxdp) q="-queue-size 2048" ;;
+	dpdk:afpacket) q="-queue-size 512" ;;
+	*) q="-queue-size $QSIZE" ;;
+	esac
 	if [ "$1" = tx ]; then
-		echo "$VFNIC pktgen -mode $mode -cpu $TOOL_CPU -size $3 -dst-mac $DST -duration ${4}s $kind:vfx0"
+		echo "$VFNIC pktgen -mode $mode -cpu $TOOL_CPU $q -size $3 -dst-mac $DST -duration ${4}s $kind:vfx0"
 	else
-		echo "$VFNIC sink -mode $mode -cpu $TOOL_CPU -duration ${4}s $kind:vfx0"
+		echo "$VFNIC sink -mode $mode -cpu $TOOL_CPU $q -duration ${4}s $kind:vfx0"
 	fi
 }
 
@@ -250,7 +267,7 @@ one() {
 
 echo "host devices on a veth pair: vfnic against DPDK testpmd $(dpdk-testpmd -v 2>&1 </dev/null | sed -n 's/.*\(DPDK [0-9.]*\).*/\1/p' | head -1) and plain AF_PACKET sockets"
 echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs; kernel $(uname -r); vfnic $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'); load at start: $(load)"
-echo "$REPEAT rounds, ${DUR} s windows after ${WARM} s; tool on CPU $TOOL_CPU, RX generator (hostdev tx, sendmmsg) on CPU $GEN_CPU; logs in $OUT/hostdev-logs"
+echo "$REPEAT rounds, ${DUR} s windows after ${WARM} s; vfnic ring sizes: QSIZE=$QSIZE; tool on CPU $TOOL_CPU, RX generator (hostdev tx, sendmmsg) on CPU $GEN_CPU; logs in $OUT/hostdev-logs"
 rm -rf "$OUT/hostdev-logs"
 mkdir -p "$OUT/hostdev-logs"
 failed=0
