@@ -43,7 +43,8 @@
 # vfnic-afxdp-adaptive dpdk-afxdp vfnic-afpacket-busy
 # vfnic-afpacket-adaptive dpdk-afpacket go-mmsg), TOOL_CPU (1), GEN_CPU (0),
 # QSIZE (dpdk), OUT (build and log folder, default bench/out), GO (go command).
-# Needs root (namespaces, AF_XDP). Prints each run as it ends, then the table.
+# Needs root (namespaces, AF_XDP). Prints each run as it ends, then the table;
+# README.md has the measured tables and where the time goes.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
