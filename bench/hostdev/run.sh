@@ -89,10 +89,16 @@ MMSG=$OUT/hostdev
 tmp=$(mktemp -d)
 A=vfnic-hostdev-$$-a
 B=vfnic-hostdev-$$-b
-pids=()
+# The tools' pids, in a file: each cell runs in a subshell ($(one ...)).
+# One is killed only while it is still one of this script's tools (a pid
+# may have been reused since it ended).
 cleanup() {
 	local p
-	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	for p in $(cat "$tmp/pids" 2>/dev/null); do
+		case $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") in
+		*"$VFNIC "* | *"$MMSG "* | *dpdk-testpmd*"hostdev$$"*) kill -KILL "$p" 2>/dev/null || true ;;
+		esac
+	done
 	ip netns del "$A" 2>/dev/null || true
 	ip netns del "$B" 2>/dev/null || true
 	rm -rf "$tmp"
@@ -158,7 +164,7 @@ tp_start() { # VDEV FWDMODE SIZE LOG
 		--log-level=pmd.net.af_xdp:notice --vdev "$1" -- -i --forward-mode="$2" --txpkts="$3" --total-num-mbufs=16384 \
 		<"$tmp/tpin" >"$4" 2>&1 &
 	tp_pid=$!
-	pids+=("$tp_pid")
+	echo "$tp_pid" >>"$tmp/pids"
 	exec 3>"$tmp/tpin"
 	local i
 	for ((i = 0; i < 300; i++)); do
@@ -205,9 +211,9 @@ one() {
 	dpdk-afpacket) vdev=net_af_packet0,iface=vfx0 ;;
 	esac
 	if [ "$dir" = rx ]; then
-		ip netns exec "$B" taskset -c "$GEN_CPU" "$MMSG" tx -i vfx1 -size "$size" -dst-mac "$DST" -progress 0 >"$log.gen" 2>&1 &
+		ip netns exec "$B" taskset -c "$GEN_CPU" "$MMSG" tx -i vfx1 -size "$size" -dst-mac "$DST" -progress 0 -duration "$((WARM + DUR + 120))s" >"$log.gen" 2>&1 &
 		gen_pid=$!
-		pids+=("$gen_pid")
+		echo "$gen_pid" >>"$tmp/pids"
 		sleep 0.3
 	fi
 	case $dir:$tool in
@@ -231,13 +237,13 @@ one() {
 		;;
 	tx:*)
 		if [ "$tool" = go-mmsg ]; then
-			"${inA[@]}" "$MMSG" tx -i vfx0 -size "$size" -dst-mac "$DST" -progress 0 >"$log" 2>&1 &
+			"${inA[@]}" "$MMSG" tx -i vfx0 -size "$size" -dst-mac "$DST" -progress 0 -duration "$((WARM + DUR + 60))s" >"$log" 2>&1 &
 		else
 			# shellcheck disable=SC2046
 			"${inA[@]}" $(vfnic_cmd tx "$tool" "$size" $((WARM + DUR + 60))) >"$log" 2>&1 &
 		fi
 		p=$!
-		pids+=("$p")
+		echo "$p" >>"$tmp/pids"
 		r=$(tx_window) || true
 		kill -INT "$p" 2>/dev/null || true
 		wait "$p" || { echo "$tool exited with an error: $(tail -3 "$log" | tr '\n' ' ')" >&2; r=; }
@@ -250,7 +256,7 @@ one() {
 			"${inA[@]}" $(vfnic_cmd rx "$tool" "$size" $((WARM + DUR + 1))) >"$log" 2>&1 &
 		fi
 		p=$!
-		pids+=("$p")
+		echo "$p" >>"$tmp/pids"
 		if wait "$p"; then
 			r=$(lines_rate "$log") || { echo "$tool printed too few progress lines" >&2; r=; }
 		else
