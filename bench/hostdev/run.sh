@@ -153,7 +153,7 @@ tx_window() {
 lines_rate() {
 	awk -v lo="$WARM" -v hi="$((WARM + DUR))" '
 		$1 ~ /^[0-9.]+s$/ && $2 == "rx" { t = $1 + 0; if (t > lo && t <= hi + 0.5) { s += $3; n++ } }
-		END { if (n < 3) exit 1; printf "%.0f\n", s/n }' "$1"
+		END { if (n < 1 || n < (hi - lo) / 2) exit 1; printf "%.0f\n", s/n }' "$1"
 }
 
 # testpmd: start it on vfx0 in interactive mode, commands through a fifo.
