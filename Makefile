@@ -9,7 +9,7 @@ GO ?= go
 # Keep the whole suite inside CI's budget on 2 cores.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm bench-netstack fuzz soak clean
+.PHONY: all setup deps build vet test test-host test-vm demo bench bench-vm bench-netstack bench-hostdev fuzz soak clean
 
 all: build
 
@@ -71,6 +71,15 @@ bench-vm: deps
 BENCHNS_FLAGS ?=
 bench-netstack: deps
 	$(GO) run ./bench/netstack $(BENCHNS_FLAGS)
+
+# vfnic's host devices (afxdp:, afpacket:) against DPDK testpmd's
+# net_af_xdp and net_af_packet and plain AF_PACKET sockets, on a veth pair
+# in namespaces the script makes and removes (bench/hostdev), TX and RX, 64
+# and 1514 bytes, A B A B; root; installs testpmd with apt when missing.
+# About 30 minutes with the defaults; not part of make test. Settings through
+# the environment, e.g. make bench-hostdev DUR=5 REPEAT=1 SIZES=64.
+bench-hostdev: deps
+	bash bench/hostdev/run.sh
 
 # Every fuzz target for FUZZTIME each (their seed corpora run in make test).
 FUZZTIME ?= 60s

@@ -327,7 +327,10 @@ func (q *TxQueue) send() error {
 			q.msgs[first+j].Hdr.Iov = &q.iovs[first+j]
 			q.msgs[first+j].Hdr.SetIovlen(1)
 		}
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(q.s.fd), uintptr(unsafe.Pointer(&q.msgs[first])), uintptr(k), unix.MSG_DONTWAIT, 0, 0)
+		// A raw system call: it never blocks (MSG_DONTWAIT), and one
+		// that takes tens of microseconds as an ordinary system call lets
+		// the runtime's sysmon take the polling core's P each time.
+		r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(q.s.fd), uintptr(unsafe.Pointer(&q.msgs[first])), uintptr(k), unix.MSG_DONTWAIT, 0, 0)
 		q.Notifies.Add(1)
 		if e != 0 {
 			if errors.Is(e, unix.EAGAIN) || errors.Is(e, unix.ENOBUFS) || errors.Is(e, unix.EINTR) {

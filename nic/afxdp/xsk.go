@@ -214,8 +214,17 @@ func (x *xsk) bind(ifname string) error {
 // kick asks the kernel to go on with the rings: send what the transmit
 // ring holds, take fill ring entries. Transient refusals (the kernel busy
 // or out of buffers, the link down) are not errors: the next kick retries.
+//
+// A raw system call: it never blocks (MSG_DONTWAIT), and in copy mode it
+// sends up to a budget of frames, which takes tens of microseconds; as an
+// ordinary system call that is long enough for the runtime's sysmon to
+// take the caller's P each time (handoff, a thread woken, the P won back
+// on return), which cost a polling core a large share of its CPU.
 func (x *xsk) kick() error {
-	err := unix.Sendto(x.fd, nil, unix.MSG_DONTWAIT, nil)
+	var err error
+	if _, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0); e != 0 {
+		err = e
+	}
 	switch {
 	case err == nil, errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EBUSY), errors.Is(err, unix.ENOBUFS), errors.Is(err, unix.ENETDOWN):
 		return nil
