@@ -2,7 +2,7 @@
 # run.sh: vfnic's completion path against a C reference (see README.md).
 #
 # Builds bench/c/producer.c and bench/c/reader.c with gcc -O2 and
-# bench/goreader with go, then for each ring layout (sim: nic/sim's CQE;
+# bench/goreader with go, then for each ring layout (sim: cq/qpsim's CQE;
 # packed: the virtio packed ring; split: the virtio split used ring), mode
 # (filled, stream, local) and batch size runs the producer with the C reader
 # and with the Go reader (local: the readers alone), REPEAT times each,
@@ -147,7 +147,7 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else prin
 echo "vfnic completion path: Go (cq.CQ.Read over cq/ring) vs C reference, same C producer"
 echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs, $pinning"
 echo "ring: $ENTRIES entries in $SHM; $COUNT completions per run; $REPEAT runs of each"
-echo "layouts: sim = nic/sim's 64-byte CQE (phase bit); packed = virtio packed ring (16-byte descriptors,"
+echo "layouts: sim = cq/qpsim's 64-byte CQE (phase bit); packed = virtio packed ring (16-byte descriptors,"
 echo "         AVAIL/USED wrap bits); split = virtio split used ring (8-byte elements, 16-bit used index)"
 echo "filled: reader alone on a ring the producer wrote for a whole lap (reads only; re-posts untimed)"
 echo "stream: end to end, producer writing while the reader reads and re-posts each completion"

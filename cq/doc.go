@@ -1,7 +1,7 @@
 // Package cq is a completion queue with the semantics of libfabric's
 // fi_cq(3), over the completion rings a device writes into DMA memory.
 //
-// A CQ comes from a device (nic/sim's OpenCQ) or from New and a device's
+// A CQ comes from a device (cq/qpsim's OpenCQ) or from New and a device's
 // BindCQ. Read, ReadFrom and ReadErr take completions without blocking and
 // without allocating; SRead and SReadFrom block, arming the device's
 // interrupt, polling again and parking the goroutine on an eventfd through

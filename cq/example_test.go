@@ -12,7 +12,7 @@ import (
 // The waiting rules of SRead, on a CQ that nothing feeds: a timeout is
 // ErrAgain, like fi_cq_sread's -FI_EAGAIN; a Signal wakes the reader (or,
 // sent first, the next one) with ErrAgain too; a read on a closed CQ is
-// cq.ErrClosed. For a CQ fed by a device, see the nic and nic/sim examples.
+// cq.ErrClosed. For a CQ fed by a device, see the nic and cq/qpsim examples.
 func ExampleCQ_SRead() {
 	c, err := cq.New(cq.Attr{Size: 16, WaitObj: cq.WaitFD}, cq.Limits{})
 	if err != nil {

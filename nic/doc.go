@@ -5,7 +5,7 @@
 // MAC address and statistics.
 //
 // Drivers live in subpackages (nic/virtio, nic/igb, and the software
-// device nic/sim) and register themselves; a program imports the drivers
+// device cq/qpsim) and register themselves; a program imports the drivers
 // it wants and calls Open:
 //
 //	import _ "github.com/vfnic/vfnic/nic/virtio"

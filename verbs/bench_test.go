@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
@@ -36,10 +36,10 @@ var sink uint64
 // fillLap entries, the fi_cq one or a verbs CQ's, with the operations to
 // fill it a lap at a time.
 type filledRing struct {
-	d       *sim.Device
+	d       *qpsim.Device
 	fi      *cq.CQ
 	vc      *verbs.CQ // nil for the fi_cq path
-	qp      *sim.QP
+	qp      *qpsim.QP
 	ctxs    []any
 	payload []byte
 }
@@ -57,7 +57,7 @@ const (
 )
 
 func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
 		_ = d.Close()
 		tb.Fatal(err)
 	}
-	f.qp, err = d.NewQP(sim.QPConfig{SendCQ: f.fi, RecvCQ: f.fi, SendSize: fillLap, RecvSize: 1})
+	f.qp, err = d.NewQP(qpsim.QPConfig{SendCQ: f.fi, RecvCQ: f.fi, SendSize: fillLap, RecvSize: 1})
 	if err != nil {
 		f.close()
 		tb.Fatal(err)
@@ -91,7 +91,7 @@ func newFilledRing(tb testing.TB, iter, single bool) *filledRing {
 
 // fill has the device complete one lap and waits until it has.
 func (f *filledRing) fill(tb testing.TB) {
-	if n, err := f.qp.SendBatch(f.qp.Addr(), f.ctxs, f.payload, sim.SendOpts{}); err != nil || n != fillLap {
+	if n, err := f.qp.SendBatch(f.qp.Addr(), f.ctxs, f.payload, qpsim.SendOpts{}); err != nil || n != fillLap {
 		tb.Fatalf("fill: %d %v", n, err)
 	}
 	if err := f.qp.Flush(context.Background()); err != nil {
@@ -213,7 +213,7 @@ func BenchmarkFilledRing(b *testing.B) {
 // other core.
 func benchStream(b *testing.B, iter bool) {
 	const depth, batchN = 4096, 32
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func benchStream(b *testing.B, iter bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	qp, err := d.NewQP(sim.QPConfig{SendCQ: fi, RecvCQ: fi, SendSize: depth, RecvSize: 1})
+	qp, err := d.NewQP(qpsim.QPConfig{SendCQ: fi, RecvCQ: fi, SendSize: depth, RecvSize: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func benchStream(b *testing.B, iter bool) {
 		ctxs[i] = uint64(i)
 	}
 	payload := make([]byte, 64)
-	if n, err := qp.SendBatch(qp.Addr(), ctxs, payload, sim.SendOpts{}); err != nil || n != depth {
+	if n, err := qp.SendBatch(qp.Addr(), ctxs, payload, qpsim.SendOpts{}); err != nil || n != depth {
 		b.Fatalf("prime: %d %v", n, err)
 	}
 	ents := make([]cq.Entry, batchN)
@@ -272,7 +272,7 @@ func benchStream(b *testing.B, iter bool) {
 			got += n
 		}
 		if len(repost) > 0 {
-			k, err := qp.SendBatch(qp.Addr(), repost, payload, sim.SendOpts{})
+			k, err := qp.SendBatch(qp.Addr(), repost, payload, qpsim.SendOpts{})
 			if err != nil && !errors.Is(err, cq.ErrAgain) {
 				b.Fatal(err)
 			}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/tests/leakcheck"
 	"github.com/vfnic/vfnic/verbs"
 )
@@ -117,7 +117,7 @@ func TestFormatFollowsFields(t *testing.T) {
 	a, b := e.qp(c, false), e.qp(c, false)
 	defer func() { _ = a.Close(); _ = b.Close(); _ = c.Close() }()
 	e.recv(b, 1000)
-	e.send(a, b, 7, 100, sim.SendOpts{Data: 0xabcd, HasData: true})
+	e.send(a, b, 7, 100, qpsim.SendOpts{Data: 0xabcd, HasData: true})
 	require.NoError(t, c.StartPoll())
 	require.Equal(t, []any{uint64(1000), verbs.WCRecv, verbs.WCSuccess, uint32(100), uint32(b.Addr()), verbs.WCFlagWithImm},
 		[]any{c.WRID(), c.Opcode(), c.Status(), c.ByteLen(), c.QPNum(), c.WCFlags()})
@@ -141,8 +141,8 @@ func TestIterator(t *testing.T) {
 	require.ErrorIs(t, err, verbs.ErrEmpty)
 
 	e.recv(b, 1000)
-	e.send(a, b, 7, 100, sim.SendOpts{Data: 0xabcd, HasData: true})
-	e.send(a, nowhere(a), uint64(1)<<40, 60, sim.SendOpts{})
+	e.send(a, b, 7, 100, qpsim.SendOpts{Data: 0xabcd, HasData: true})
+	e.send(a, nowhere(a), uint64(1)<<40, 60, qpsim.SendOpts{})
 
 	require.NoError(t, c.StartPoll())
 	type got struct {
@@ -173,7 +173,7 @@ func TestIterator(t *testing.T) {
 	// The classic poll on the same path, and a batch ended early keeps
 	// the rest for the next one.
 	for i := range 5 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	require.NoError(t, c.StartPoll())
 	require.Equal(t, uint64(0), c.WRID())
@@ -204,7 +204,7 @@ func TestEndPollOutsideBatch(t *testing.T) {
 		// for a locked CQ (whose lock must be free).
 		works := func(wrid uint64) {
 			t.Helper()
-			e.send(a, nowhere(a), wrid, 10, sim.SendOpts{})
+			e.send(a, nowhere(a), wrid, 10, qpsim.SendOpts{})
 			got := make(chan []verbs.WC, 1)
 			poll := func() {
 				wcs := make([]verbs.WC, 4)
@@ -232,8 +232,8 @@ func TestEndPollOutsideBatch(t *testing.T) {
 		c.EndPoll() // after a failed StartPoll
 		works(2)
 
-		e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
-		e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
+		e.send(a, nowhere(a), 4, 10, qpsim.SendOpts{})
 		require.NoError(t, c.StartPoll())
 		require.Equal(t, uint64(3), c.WRID())
 		c.EndPoll()
@@ -255,14 +255,14 @@ func TestErrorCompletions(t *testing.T) {
 	c := e.cq(verbs.CQInitAttr{CQE: 64})
 	a := e.qp(c, false)
 	defer func() { _ = a.Close(); _ = c.Close() }()
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusLocalProtErr, Syndrome: 0x1234}))
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusRemoteAccessErr, Syndrome: 7}))
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultBadLen}))
-	e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
-	e.send(a, nowhere(a), 5, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusLocalProtErr, Syndrome: 0x1234}))
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusRemoteAccessErr, Syndrome: 7}))
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultBadLen}))
+	e.send(a, nowhere(a), 4, 10, qpsim.SendOpts{})
+	e.send(a, nowhere(a), 5, 10, qpsim.SendOpts{})
 	badLen := int32(cq.ProvBadLen)
 	wcs := drain(t, c)
 	require.Len(t, wcs, 5)
@@ -290,14 +290,14 @@ func TestWrongOpcode(t *testing.T) {
 	a := e.qp(c, false)
 	b := e.qp(c, false)
 	defer func() { _ = a.Close(); _ = b.Close(); _ = c.Close() }()
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultWrongOpcode}))
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{}) // reported as a RECV
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultWrongOpcode}))
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{}) // reported as a RECV
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
 	e.recv(b, 3)
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultWrongOpcode}))
-	e.send(a, b, 4, 10, sim.SendOpts{}) // b's receive reported as a SEND
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultWrongOpcode}))
+	e.send(a, b, 4, 10, qpsim.SendOpts{}) // b's receive reported as a SEND
 	e.recv(b, 5)
-	e.send(a, b, 6, 10, sim.SendOpts{})
+	e.send(a, b, 6, 10, qpsim.SendOpts{})
 	wcs := drain(t, c)
 	byID := map[uint64]verbs.WC{}
 	for _, w := range wcs {
@@ -359,7 +359,7 @@ func TestOverrun(t *testing.T) {
 	a := e.qp(c, false)
 	defer func() { _ = a.Close(); _ = c.Close() }()
 	for i := range c.CQE() + 1 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	wcs := make([]verbs.WC, 64)
 	n, err := c.Poll(wcs)
@@ -391,14 +391,14 @@ func TestIteratorAllocs(t *testing.T) {
 			fl = verbs.SingleThreaded
 		}
 		c := e.cq(verbs.CQInitAttr{CQE: 4096, Flags: fl})
-		a, err := e.d.NewQP(sim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI(), SendSize: 4096})
+		a, err := e.d.NewQP(qpsim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI(), SendSize: 4096})
 		require.NoError(t, err)
 		ctxs := make([]any, 3300)
 		for i := range ctxs {
 			ctxs[i] = uint64(i)
 		}
 		for off := 0; off < len(ctxs); off += 256 {
-			n, err := a.SendBatch(a.Addr(), ctxs[off:min(off+256, len(ctxs))], make([]byte, 64), sim.SendOpts{})
+			n, err := a.SendBatch(a.Addr(), ctxs[off:min(off+256, len(ctxs))], make([]byte, 64), qpsim.SendOpts{})
 			require.NoError(t, err)
 			require.NoError(t, a.Flush(context.Background()))
 			_ = n
@@ -437,7 +437,7 @@ func TestNoLeakedFDs(t *testing.T) {
 		a := e.qp(c, false)
 		_, err := c.ReqNotify(false)
 		require.NoError(t, err)
-		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 		got, _ := getEvent(t, ch)
 		got.AckEvents(1)
 		require.NoError(t, a.Close())
@@ -468,7 +468,7 @@ func TestIgnoreOverrun(t *testing.T) {
 	a := e.qp(c, false)
 	defer func() { _ = a.Close(); _ = c.Close() }()
 	for i := range c.CQE() + 1 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	wcs := make([]verbs.WC, 64)
 	n, err := c.Poll(wcs)
@@ -499,7 +499,7 @@ func TestIgnoreOverrunReqNotify(t *testing.T) {
 		require.NoError(t, err)
 		a := e.qp(c, false)
 		for i := range c.CQE() + 1 {
-			e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+			e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 		}
 		present, err := c.ReqNotify(false)
 		require.NoError(t, err)

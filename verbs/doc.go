@@ -54,5 +54,5 @@
 // interrupt handler would read its ring beside the caller.
 //
 // Providers: a device plugs in through Provider; verbs/simverbs adapts the
-// software device (nic/sim), verbs/nicverbs a NIC (virtio, igb).
+// software device (cq/qpsim), verbs/nicverbs a NIC (virtio, igb).
 package verbs

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 	"github.com/vfnic/vfnic/verbs/simverbs"
 )
@@ -13,7 +13,7 @@ import (
 // completion channel, acknowledge, arm again, then drain the CQ with the
 // iterator.
 func Example() {
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -33,7 +33,7 @@ func Example() {
 	}
 	defer c.Close()
 	fmt.Println("CQE:", c.CQE())
-	qp, err := d.NewQP(sim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI()})
+	qp, err := d.NewQP(qpsim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI()})
 	if err != nil {
 		panic(err)
 	}
@@ -44,7 +44,7 @@ func Example() {
 	}
 	for id := uint64(1); id <= 3; id++ {
 		// To its own address with no receive posted: the send completes.
-		if err := qp.Send(qp.Addr(), id, make([]byte, 60), sim.SendOpts{}); err != nil {
+		if err := qp.Send(qp.Addr(), id, make([]byte, 60), qpsim.SendOpts{}); err != nil {
 			panic(err)
 		}
 	}

@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
-	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/verbs"
 	"github.com/vfnic/vfnic/verbs/simverbs"
 )
@@ -40,20 +40,20 @@ type fuzzProvider struct {
 // fuzzRing entries, with posts operations on each of fuzzQueues.
 func (p *fuzzProvider) OpenCQ(entries, vector int, format cq.Format, single bool) (*cq.CQ, error) {
 	t := p.t
-	page, err := unix.Mmap(-1, 0, 4096+fuzzRing*sim.CQESize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	page, err := unix.Mmap(-1, 0, 4096+fuzzRing*qpsim.CQESize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(page) })
 	w := doorbell.NewWindow(page[:4096])
-	cons, err := w.Reg32(sim.OffCQConsumer)
+	cons, err := w.Reg32(qpsim.OffCQConsumer)
 	require.NoError(t, err)
-	p.over, err = w.Reg32(sim.OffCQOverrun)
+	p.over, err = w.Reg32(qpsim.OffCQOverrun)
 	require.NoError(t, err)
 	p.mem = page[4096:]
-	src, err := ring.NewRingSource(ring.RingConfig{Mem: p.mem, Layout: sim.Layout(fuzzRing), Codes: sim.Codes(),
+	src, err := ring.NewRingSource(ring.RingConfig{Mem: p.mem, Layout: qpsim.Layout(fuzzRing), Codes: qpsim.Codes(),
 		Regs: ring.RingRegs{Doorbell: doorbell.NewDoorbell(cons), Overrun: p.over, OverrunMask: 1}})
 	require.NoError(t, err)
 	c, err := cq.New(cq.Attr{Size: max(entries, fuzzRing), Format: format, WaitObj: cq.WaitFD, SingleThreaded: single},
-		sim.Limits())
+		qpsim.Limits())
 	if err != nil {
 		return nil, err
 	}
@@ -82,15 +82,15 @@ func fuzzWRID(qn uint32, i int) uint64 { return uint64(qn)<<8 | uint64(i) }
 // fuzzEntry is the entry the software device writes for operation i of
 // queue qn (the first posting of slot i has id 1<<4|i in a 16-slot table).
 func fuzzEntry(qn uint32, i int, ln uint32) []byte {
-	e := make([]byte, sim.CQESize)
-	binary.LittleEndian.PutUint32(e[sim.OffID:], 1<<4|uint32(i))
-	binary.LittleEndian.PutUint16(e[sim.OffQueue:], uint16(qn))
-	e[sim.OffOpcode] = byte(sim.OpSend)
+	e := make([]byte, qpsim.CQESize)
+	binary.LittleEndian.PutUint32(e[qpsim.OffID:], 1<<4|uint32(i))
+	binary.LittleEndian.PutUint16(e[qpsim.OffQueue:], uint16(qn))
+	e[qpsim.OffOpcode] = byte(qpsim.OpSend)
 	if qn%2 == 1 {
-		e[sim.OffOpcode] = byte(sim.OpRecv)
+		e[qpsim.OffOpcode] = byte(qpsim.OpRecv)
 	}
-	binary.LittleEndian.PutUint32(e[sim.OffByteLen:], ln)
-	binary.LittleEndian.PutUint32(e[sim.OffOwner:], sim.OwnerBit) // the first lap's phase
+	binary.LittleEndian.PutUint32(e[qpsim.OffByteLen:], ln)
+	binary.LittleEndian.PutUint32(e[qpsim.OffOwner:], qpsim.OwnerBit) // the first lap's phase
 	return e
 }
 
@@ -131,8 +131,8 @@ func pollSeeds() [][]byte {
 	}
 	seeds = append(seeds, append([]byte{6, 1}, bad...))
 	wrong := append([]byte(nil), good...)
-	wrong[sim.OffOpcode] = byte(sim.OpRecv) // a receive reported for a send
-	wrong[sim.CQESize+sim.OffOpcode] = byte(sim.OpSend)
+	wrong[qpsim.OffOpcode] = byte(qpsim.OpRecv) // a receive reported for a send
+	wrong[qpsim.CQESize+qpsim.OffOpcode] = byte(qpsim.OpSend)
 	seeds = append(seeds, append([]byte{4, 0}, wrong...))
 	return seeds
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 	"github.com/vfnic/vfnic/verbs/simverbs"
 )
@@ -14,15 +14,15 @@ import (
 // env is a software device with its verbs provider.
 type env struct {
 	t   testing.TB
-	d   *sim.Device
+	d   *qpsim.Device
 	p   *simverbs.Provider
-	mem *sim.Memory
+	mem *qpsim.Memory
 	off int
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	require.NoError(t, err)
 	mem, err := d.Alloc(1 << 20)
 	require.NoError(t, err)
@@ -39,24 +39,24 @@ func (e *env) cq(attr verbs.CQInitAttr) *verbs.CQ {
 }
 
 // qp makes a queue pair reporting to c (send and receive).
-func (e *env) qp(c *verbs.CQ, flush bool) *sim.QP {
+func (e *env) qp(c *verbs.CQ, flush bool) *qpsim.QP {
 	e.t.Helper()
-	q, err := e.d.NewQP(sim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI(), Source: true, FlushOnClose: flush})
+	q, err := e.d.NewQP(qpsim.QPConfig{SendCQ: c.FI(), RecvCQ: c.FI(), Source: true, FlushOnClose: flush})
 	require.NoError(e.t, err)
 	return q
 }
 
 // recv posts a 2 KiB receive buffer with id wrid.
-func (e *env) recv(q *sim.QP, wrid uint64) {
+func (e *env) recv(q *qpsim.QP, wrid uint64) {
 	e.t.Helper()
 	b := e.mem.Bytes()[e.off : e.off+2048 : e.off+2048]
 	e.off = (e.off + 2048) % len(e.mem.Bytes())
-	require.NoError(e.t, q.PostRecv(wrid, b, sim.RecvOpts{}))
+	require.NoError(e.t, q.PostRecv(wrid, b, qpsim.RecvOpts{}))
 }
 
 // send posts one send of n bytes with id wrid to dest and waits until the
 // device has written its completions.
-func (e *env) send(q *sim.QP, dest *sim.QP, wrid uint64, n int, o sim.SendOpts) {
+func (e *env) send(q *qpsim.QP, dest *qpsim.QP, wrid uint64, n int, o qpsim.SendOpts) {
 	e.t.Helper()
 	require.NoError(e.t, q.Send(dest.Addr(), wrid, make([]byte, n), o))
 	require.NoError(e.t, q.Flush(context.Background()))
@@ -65,7 +65,7 @@ func (e *env) send(q *sim.QP, dest *sim.QP, wrid uint64, n int, o sim.SendOpts) 
 
 // nowhere is an address no QP has: the send completes, the frame is
 // dropped.
-func nowhere(q *sim.QP) *sim.QP { return q }
+func nowhere(q *qpsim.QP) *qpsim.QP { return q }
 
 // noEvent checks that no event arrives on ch within d.
 func noEvent(t *testing.T, ch *verbs.CompChannel, d time.Duration) {
@@ -100,4 +100,4 @@ func drain(t testing.TB, c *verbs.CQ) []verbs.WC {
 	}
 }
 
-func newProvider(d *sim.Device) *simverbs.Provider { return simverbs.New(d) }
+func newProvider(d *qpsim.Device) *simverbs.Provider { return simverbs.New(d) }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
@@ -57,13 +57,13 @@ func TestLostWakeup(t *testing.T) {
 			case <-trigger:
 			}
 			firstAt.Store(int64(time.Since(base)))
-			if a.Send(a.Addr(), uint64(produced.Load()), payload, sim.SendOpts{}) == nil {
+			if a.Send(a.Addr(), uint64(produced.Load()), payload, qpsim.SendOpts{}) == nil {
 				produced.Add(1)
 			}
 			d := time.Duration(rng.Int64N(max(20_000, 2*armLag.Load())))
 			for t0 := time.Now(); time.Since(t0) < d; {
 			}
-			if a.Send(a.Addr(), uint64(produced.Load()), payload, sim.SendOpts{}) == nil {
+			if a.Send(a.Addr(), uint64(produced.Load()), payload, qpsim.SendOpts{}) == nil {
 				produced.Add(1)
 			}
 		}

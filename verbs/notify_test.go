@@ -9,13 +9,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 	"golang.org/x/sys/unix"
 )
 
 // chEnv is a CQ on a channel with a QP that reports to it.
-func chEnv(t *testing.T) (*env, *verbs.CompChannel, *verbs.CQ, *sim.QP) {
+func chEnv(t *testing.T) (*env, *verbs.CompChannel, *verbs.CQ, *qpsim.QP) {
 	e := newEnv(t)
 	ch, err := verbs.NewCompChannel()
 	require.NoError(t, err)
@@ -39,14 +39,14 @@ func TestReqNotifyNext(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, present)
 	noEvent(t, ch, 10*time.Millisecond)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	got, ctx := getEvent(t, ch)
 	require.Same(t, c, got)
 	require.Equal(t, "cq-ctx", ctx)
 	c.AckEvents(1)
 	require.Len(t, drain(t, c), 1)
 	// One-shot: no arm, no event.
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
 	noEvent(t, ch, 20*time.Millisecond)
 }
 
@@ -54,13 +54,13 @@ func TestReqNotifyNext(t *testing.T) {
 // reports them; a later one does.
 func TestReqNotifyPresentEntries(t *testing.T) {
 	e, ch, c, a := chEnv(t)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	present, err := c.ReqNotify(false)
 	require.NoError(t, err)
 	require.True(t, present)
 	noEvent(t, ch, 30*time.Millisecond)
 	// The arm is pending: a completion after it fires.
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	// Entries taken into the iterator's buffer and not consumed count.
@@ -71,7 +71,7 @@ func TestReqNotifyPresentEntries(t *testing.T) {
 	require.True(t, present)
 	noEvent(t, ch, 20*time.Millisecond)
 	require.Len(t, drain(t, c), 1)
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 }
@@ -86,7 +86,7 @@ func TestReqNotifyRepeated(t *testing.T) {
 	_, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	for i := range 3 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	getEvent(t, ch)
 	noEvent(t, ch, 30*time.Millisecond)
@@ -97,27 +97,27 @@ func TestReqNotifyRepeated(t *testing.T) {
 // each ReqNotify arms the device again, even while an arm is pending.
 func TestReqNotifyAfterLostInterrupt(t *testing.T) {
 	e, ch, c, a := chEnv(t)
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultLostIRQ}))
 	_, err := c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	noEvent(t, ch, 30*time.Millisecond) // lost, as injected
 	require.Len(t, drain(t, c), 1)
 	for i := range 3 {
 		present, err := c.ReqNotify(i%2 == 1) // solicited on a pending next stays next
 		require.NoError(t, err)
 		require.False(t, present)
-		e.send(a, nowhere(a), uint64(2+i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(2+i), 10, qpsim.SendOpts{})
 		getEvent(t, ch)
 		c.AckEvents(1)
 		noEvent(t, ch, 10*time.Millisecond)
 		require.Len(t, drain(t, c), 1)
 		if i == 0 {
 			// Lose the next one while an arm is pending, then arm again.
-			require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultLostIRQ}))
+			require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultLostIRQ}))
 			_, err := c.ReqNotify(false)
 			require.NoError(t, err)
-			e.send(a, nowhere(a), 100, 10, sim.SendOpts{})
+			e.send(a, nowhere(a), 100, 10, qpsim.SendOpts{})
 			noEvent(t, ch, 30*time.Millisecond)
 			require.Len(t, drain(t, c), 1)
 			_, err = c.ReqNotify(false)
@@ -133,10 +133,10 @@ func TestReqNotifySolicited(t *testing.T) {
 	_, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	e.recv(a, 100)
-	e.send(a, a, 1, 10, sim.SendOpts{}) // a receive and a send, unsolicited
+	e.send(a, a, 1, 10, qpsim.SendOpts{}) // a receive and a send, unsolicited
 	noEvent(t, ch, 30*time.Millisecond)
 	e.recv(a, 101)
-	e.send(a, a, 2, 10, sim.SendOpts{Solicited: true})
+	e.send(a, a, 2, 10, qpsim.SendOpts{Solicited: true})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	require.Len(t, drain(t, c), 4)
@@ -144,8 +144,8 @@ func TestReqNotifySolicited(t *testing.T) {
 	// An error completion is solicited.
 	_, err = c.ReqNotify(true)
 	require.NoError(t, err)
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusGeneralErr}))
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusGeneralErr}))
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	wcs := drain(t, c)
@@ -157,7 +157,7 @@ func TestReqNotifySolicited(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 4, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	// Next, then solicited: still next.
@@ -166,7 +166,7 @@ func TestReqNotifySolicited(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.ReqNotify(true)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 5, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 5, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 }
@@ -183,11 +183,11 @@ func TestChannelSeveralCQs(t *testing.T) {
 		_, err := c.ReqNotify(false)
 		require.NoError(t, err)
 	}
-	e.send(q2, nowhere(q2), 1, 10, sim.SendOpts{})
+	e.send(q2, nowhere(q2), 1, 10, qpsim.SendOpts{})
 	got, ctx := getEvent(t, ch)
 	require.Same(t, c2, got)
 	require.Equal(t, 2, ctx)
-	e.send(q1, nowhere(q1), 1, 10, sim.SendOpts{})
+	e.send(q1, nowhere(q1), 1, 10, qpsim.SendOpts{})
 	got, ctx = getEvent(t, ch)
 	require.Same(t, c1, got)
 	require.Equal(t, 1, ctx)
@@ -254,7 +254,7 @@ func TestChannelEpoll(t *testing.T) {
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
 	require.Zero(t, wait(10))
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	require.Equal(t, 1, wait(5000))
 	got, _, err := ch.TryGetEvent()
 	require.NoError(t, err)
@@ -297,7 +297,7 @@ func TestDestroyUnackedEvents(t *testing.T) {
 	a := e.qp(c, false)
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	require.ErrorIs(t, c.Close(), cq.ErrBusy)
 	require.NoError(t, a.Close())
@@ -331,7 +331,7 @@ func TestDestroyContextWhileAnotherWaits(t *testing.T) {
 	a := e.qp(c, false)
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	require.NoError(t, a.Close())
 	first := make(chan error, 1)
@@ -384,8 +384,8 @@ func TestDestroyContextWhileBatchOpen(t *testing.T) {
 	e := newEnv(t)
 	c := e.cq(verbs.CQInitAttr{CQE: 16})
 	a := e.qp(c, false)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
 	require.NoError(t, a.Close())
 	require.NoError(t, c.StartPoll())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -410,7 +410,7 @@ func TestDestroyContextWhileBatchOpen(t *testing.T) {
 	require.NoError(t, c.Close()) // nothing open: fine
 	c = e.cq(verbs.CQInitAttr{CQE: 16})
 	a = e.qp(c, false)
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
 	require.NoError(t, a.Close())
 	require.NoError(t, c.StartPoll())
 	cctx, ccancel := context.WithCancel(context.Background())
@@ -437,7 +437,7 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 	// failing starts a Destroy that will fail: it passes the bound check
 	// and its acknowledgments, then waits for the batch the caller holds;
 	// bind makes it busy. It returns Destroy's result and the new QP.
-	failing := func(t *testing.T, e *env, c *verbs.CQ) (<-chan error, *sim.QP) {
+	failing := func(t *testing.T, e *env, c *verbs.CQ) (<-chan error, *qpsim.QP) {
 		done := make(chan error, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -447,7 +447,7 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // past the bound check
 		return done, e.qp(c, false)
 	}
-	end := func(t *testing.T, ch *verbs.CompChannel, c *verbs.CQ, done <-chan error, b *sim.QP) {
+	end := func(t *testing.T, ch *verbs.CompChannel, c *verbs.CQ, done <-chan error, b *qpsim.QP) {
 		c.EndPoll()
 		err := <-done
 		require.ErrorIs(t, err, cq.ErrBusy)
@@ -462,7 +462,7 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 		e, ch, c, a := chEnv(t)
 		_, err := c.ReqNotify(false)
 		require.NoError(t, err)
-		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 		getEvent(t, ch) // acknowledged once Destroy waits
 		present, err := c.ReqNotify(false)
 		require.NoError(t, err)
@@ -472,7 +472,7 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 		done, b := failing(t, e, c)
 		c.AckEvents(1) // Destroy goes on, to the batch
 		time.Sleep(20 * time.Millisecond)
-		e.send(b, nowhere(b), 2, 10, sim.SendOpts{}) // fires the arm
+		e.send(b, nowhere(b), 2, 10, qpsim.SendOpts{}) // fires the arm
 		time.Sleep(20 * time.Millisecond)
 		_, _, err = ch.TryGetEvent()
 		require.ErrorIs(t, err, verbs.ErrNoEvent, "a CQ being destroyed has no events to get")
@@ -483,7 +483,7 @@ func TestDestroyFailureKeepsEvents(t *testing.T) {
 		e, ch, c, a := chEnv(t)
 		_, err := c.ReqNotify(false)
 		require.NoError(t, err)
-		e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+		e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 		time.Sleep(20 * time.Millisecond) // the event is queued
 		require.NoError(t, a.Close())
 		require.NoError(t, c.StartPoll())
@@ -511,9 +511,9 @@ func TestDestroyDropsQueuedEvents(t *testing.T) {
 		_, err := c.ReqNotify(false)
 		require.NoError(t, err)
 	}
-	e.send(q1, nowhere(q1), 1, 10, sim.SendOpts{})
+	e.send(q1, nowhere(q1), 1, 10, qpsim.SendOpts{})
 	time.Sleep(20 * time.Millisecond) // c1's event is queued
-	e.send(q2, nowhere(q2), 1, 10, sim.SendOpts{})
+	e.send(q2, nowhere(q2), 1, 10, qpsim.SendOpts{})
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, q1.Close())
 	require.NoError(t, c1.Close())

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
@@ -27,7 +27,7 @@ func TestResize(t *testing.T) {
 	require.ErrorIs(t, c.Resize(verbs.QueryDevice(e.p).MaxCQE+1), os.ErrInvalid)
 
 	for i := range 5 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	size := c.CQE()
 	err := c.Resize(4)
@@ -47,7 +47,7 @@ func TestResize(t *testing.T) {
 	}
 	// The new ring keeps going, over several laps.
 	for i := range 10 {
-		e.send(a, nowhere(a), uint64(100+i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(100+i), 10, qpsim.SendOpts{})
 		wcs := drain(t, c)
 		require.Len(t, wcs, 1)
 		require.Equal(t, uint64(100+i), wcs[0].WRID)
@@ -66,11 +66,11 @@ func TestResizeWhileWriting(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		for i := uint64(0); i < total; {
-			err := a.Send(a.Addr(), i, payload, sim.SendOpts{})
+			err := a.Send(a.Addr(), i, payload, qpsim.SendOpts{})
 			switch {
 			case err == nil:
 				i++
-			case errors.Is(err, sim.ErrQueueFull):
+			case errors.Is(err, qpsim.ErrQueueFull):
 			default:
 				errc <- err
 				return

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
@@ -23,7 +23,7 @@ func (p nicLike) ResizeCQ(c *cq.CQ, entries, held int) (int, error) {
 }
 
 // swEnv is chEnv on a provider that leaves solicited filtering to verbs.
-func swEnv(t *testing.T, flags verbs.CreateFlags) (*env, *verbs.CompChannel, *verbs.CQ, *sim.QP) {
+func swEnv(t *testing.T, flags verbs.CreateFlags) (*env, *verbs.CompChannel, *verbs.CQ, *qpsim.QP) {
 	e := newEnv(t)
 	ch, err := verbs.NewCompChannel()
 	require.NoError(t, err)
@@ -50,16 +50,16 @@ func TestReqNotifySolicitedFilteredInSoftware(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, present)
 	e.recv(a, 100)
-	e.send(a, a, 1, 10, sim.SendOpts{})                         // a receive and a send
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{Solicited: true}) // solicited success: not an error
+	e.send(a, a, 1, 10, qpsim.SendOpts{})                         // a receive and a send
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{Solicited: true}) // solicited success: not an error
 	noEvent(t, ch, 50*time.Millisecond)
 
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusGeneralErr}))
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusGeneralErr}))
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
 	got, _ := getEvent(t, ch)
 	require.Same(t, c, got)
 	c.AckEvents(1)
-	e.send(a, nowhere(a), 4, 10, sim.SendOpts{}) // after the event: stays in the ring
+	e.send(a, nowhere(a), 4, 10, qpsim.SendOpts{}) // after the event: stays in the ring
 	wcs := drain(t, c)
 	require.Len(t, wcs, 5)
 	ids := []uint64{}
@@ -80,12 +80,12 @@ func TestReqNotifySolicitedFilteredInSoftware(t *testing.T) {
 // next error does.
 func TestReqNotifySolicitedPresentError(t *testing.T) {
 	e, ch, c, a := swEnv(t, 0)
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusGeneralErr}))
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusGeneralErr}))
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	present, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	require.True(t, present)
-	e.send(a, nowhere(a), 2, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 2, 10, qpsim.SendOpts{})
 	noEvent(t, ch, 50*time.Millisecond)
 	// Arming again while the arm is pending changes nothing.
 	present, err = c.ReqNotify(true)
@@ -93,8 +93,8 @@ func TestReqNotifySolicitedPresentError(t *testing.T) {
 	require.True(t, present)
 	noEvent(t, ch, 20*time.Millisecond)
 
-	require.NoError(t, e.d.Inject(c.FI(), sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusLocalLenErr}))
-	e.send(a, nowhere(a), 3, 10, sim.SendOpts{})
+	require.NoError(t, e.d.Inject(c.FI(), qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusLocalLenErr}))
+	e.send(a, nowhere(a), 3, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	wcs := drain(t, c)
@@ -111,7 +111,7 @@ func TestReqNotifySolicitedPresentError(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 4, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 4, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 	require.Len(t, drain(t, c), 1)
@@ -125,7 +125,7 @@ func TestResizeCountsFilteredCompletions(t *testing.T) {
 	_, err := c.ReqNotify(true)
 	require.NoError(t, err)
 	for i := range 6 {
-		e.send(a, nowhere(a), uint64(i), 10, sim.SendOpts{})
+		e.send(a, nowhere(a), uint64(i), 10, qpsim.SendOpts{})
 	}
 	noEvent(t, ch, 50*time.Millisecond) // the handler has taken them by now
 	err = c.Resize(4)
@@ -150,7 +150,7 @@ func TestReqNotifySolicitedSingleThreaded(t *testing.T) {
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = c.ReqNotify(false)
 	require.NoError(t, err)
-	e.send(a, nowhere(a), 1, 10, sim.SendOpts{})
+	e.send(a, nowhere(a), 1, 10, qpsim.SendOpts{})
 	getEvent(t, ch)
 	c.AckEvents(1)
 }

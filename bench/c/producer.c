@@ -25,7 +25,7 @@
  * burst's fields first keeps it from pulling that line back between the
  * producer's stores to it.
  *
- * -L picks the ring layout (ring.h): sim (default, nic/sim's CQE), packed
+ * -L picks the ring layout (ring.h): sim (default, cq/qpsim's CQE), packed
  * (virtio packed ring), split (virtio split used ring) or igb (82576
  * receive write-back descriptors).
  *

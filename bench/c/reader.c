@@ -1,7 +1,7 @@
 /*
  * reader: the C reference for vfnic's completion path. It maps the file the
  * producer writes (ring.h) and does, per completion, the work that
- * cq.CQ.Read does over nic/sim's ring (cq.RingSource.poll) followed by the
+ * cq.CQ.Read does over cq/qpsim's ring (cq.RingSource.poll) followed by the
  * re-post through cq.Table.Post that goreader does:
  *
  *   - acquire load of the owner word, phase compare (stop at the first
@@ -254,7 +254,7 @@ static void cq_init(struct cq *q, struct vb_ctrl *ctrl, void *ring, uint32_t lay
 	q->want = VB_OWNER_BIT; /* phase 1 on the first lap */
 	q->tabs = tabs;
 	q->ntabs = ntabs;
-	/* nic/sim's codes (sim.Codes) */
+	/* cq/qpsim's codes (sim.Codes) */
 	q->stat[VB_ST_OK] = (struct status_code){0, true};
 	q->stat[VB_ST_LOCAL_LEN_ERR] = (struct status_code){265 /* FI_ETRUNC */, true};
 	q->stat[VB_ST_LOCAL_PROT_ERR] = (struct status_code){EFAULT, true};

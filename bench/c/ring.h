@@ -8,7 +8,7 @@
  *   [0, 4096)          control page (struct vb_ctrl)
  *   [4096, 4096+N*64)  ring of N 64-byte completion entries (struct vb_cqe)
  *
- * The entry is nic/sim's CQE, little-endian; the owner word at 60 holds the
+ * The entry is cq/qpsim's CQE, little-endian; the owner word at 60 holds the
  * phase bit (bit 31), NVMe style: phase 1 on the first lap, flipping each
  * lap, stored last with a release store.
  *
@@ -45,7 +45,7 @@
 #define VB_OWNER_BIT 0x80000000u
 
 /* Ring layouts (header word layout). */
-#define VB_LAYOUT_SIM 0u    /* nic/sim's 64-byte CQE, phase bit */
+#define VB_LAYOUT_SIM 0u    /* cq/qpsim's 64-byte CQE, phase bit */
 #define VB_LAYOUT_PACKED 1u /* virtio packed ring, 16-byte descriptors */
 #define VB_LAYOUT_SPLIT 2u  /* virtio split used ring, 8-byte elements after a 4-byte header */
 #define VB_LAYOUT_IGB 3u    /* igb receive write-back descriptors, DD bit */
@@ -64,7 +64,7 @@
  * Readers refuse batches above it. */
 #define VB_SLACK 256u
 
-/* nic/sim's opcodes, statuses and dev_flags bits. */
+/* cq/qpsim's opcodes, statuses and dev_flags bits. */
 enum { VB_OP_SEND = 0, VB_OP_RECV = 1, VB_OP_WRITE = 2, VB_OP_READ = 3, VB_OP_RECV_RDMA_IMM = 4 };
 enum {
 	VB_ST_OK = 0,
@@ -137,7 +137,7 @@ struct vb_used {
 /* Each side's words sit on their own cache line, so that a reader spinning
  * on one does not steal the line the other side is writing. */
 struct vb_ctrl {
-	/* line 0, as nic/sim's CQ status page: the consumer doorbell (entries
+	/* line 0, as cq/qpsim's CQ status page: the consumer doorbell (entries
 	 * consumed, modulo 2^32) written by the reader once per batch; the
 	 * overrun word (bit 0) the producer would set; the producer index. */
 	_Atomic uint32_t consumer; /* 0 */

@@ -1,15 +1,15 @@
 // Command goreader is the Go half of the completion-path benchmark (see
 // bench/README.md). It maps the shared-memory ring that bench/c/producer.c
 // writes and reads it through vfnic's real completion path, built the way
-// nic/sim builds its CQs: cq.New with sim.Limits, a ring.RingSource over
-// sim.Layout with sim.Codes, the consumer-count doorbell and the overrun
+// cq/qpsim builds its CQs: cq.New with qpsim.Limits, a ring.RingSource over
+// qpsim.Layout with qpsim.Codes, the consumer-count doorbell and the overrun
 // word of sim's status page, and a ring.Table of posted receives bound to
 // queue 0. Each cq.CQ.Read fills a []cq.Entry of the batch size; every
 // completion is checked (data = sequence number) and its buffer re-posted
 // through the Table.
 //
 // The ring's layout is the producer's (the header's layout word, ring.h):
-// nic/sim's, read through a cq.CQ as nic/sim's CQs are, or the virtio
+// cq/qpsim's, read through a cq.CQ as cq/qpsim's CQs are, or the virtio
 // packed ring (virtio.PackedLayout) or split used ring
 // (virtio.SplitLayout, its used index the RingRegs.Producer word), the
 // formats a virtio NIC writes, read as nic/virtio reads them: with no
@@ -53,9 +53,9 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/cq/ring"
 	"github.com/vfnic/vfnic/doorbell"
-	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/nic/virtio"
 )
 
@@ -133,7 +133,7 @@ func source(s *shm, c *cq.CQ) (*ring.RingSource, error) {
 	cfg := ring.RingConfig{Mem: s.ring(), Regs: ring.RingRegs{Doorbell: doorbell.NewDoorbell(cons)}}
 	switch s.layout {
 	case layoutSim:
-		cfg.Layout, cfg.Codes = sim.Layout(n), sim.Codes()
+		cfg.Layout, cfg.Codes = qpsim.Layout(n), qpsim.Codes()
 		if cfg.Regs.Overrun, err = win.Reg32(offOverrun); err != nil {
 			return nil, err
 		}
@@ -175,7 +175,7 @@ func run(s *shm, batch int, check, single bool, timeout time.Duration) error {
 	}
 	n := s.entries
 
-	c, err := cq.New(cq.Attr{Size: n, Format: cq.FormatData, SingleThreaded: single}, sim.Limits())
+	c, err := cq.New(cq.Attr{Size: n, Format: cq.FormatData, SingleThreaded: single}, qpsim.Limits())
 	if err != nil {
 		return fail(err)
 	}

@@ -12,19 +12,19 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 // The shared-memory file, as bench/c/ring.h lays it out: a control page,
-// then the ring of 64-byte nic/sim entries.
+// then the ring of 64-byte cq/qpsim entries.
 const (
 	ctrlSize  = 4096
-	entrySize = sim.CQESize
+	entrySize = qpsim.CQESize
 
-	// Line 0 is nic/sim's CQ status page: the consumer doorbell and the
+	// Line 0 is cq/qpsim's CQ status page: the consumer doorbell and the
 	// overrun word sit where the software device has them.
-	offConsumer = sim.OffCQConsumer // u32, reader -> producer, once per batch
-	offOverrun  = sim.OffCQOverrun  // u32, bit 0: the producer overran the ring
+	offConsumer = qpsim.OffCQConsumer // u32, reader -> producer, once per batch
+	offOverrun  = qpsim.OffCQOverrun  // u32, bit 0: the producer overran the ring
 
 	// Line 1: the header the producer writes before the file appears.
 	offMagic     = 64 // u32 vbMagic
@@ -45,7 +45,7 @@ const (
 	vbMagic   = 0x51434656 // "VFCQ"
 	vbVersion = 2
 
-	// Ring layouts (ring.h VB_LAYOUT_*): nic/sim's CQE, the virtio packed
+	// Ring layouts (ring.h VB_LAYOUT_*): cq/qpsim's CQE, the virtio packed
 	// ring's descriptors, the virtio split used ring.
 	layoutSim    = 0
 	layoutPacked = 1
@@ -186,22 +186,22 @@ func (s *shm) fill(from, to uint64) {
 	for q := from; q < to; q++ {
 		e := ring[int(q&(n-1))*entrySize:][:entrySize]
 		le := binary.LittleEndian
-		le.PutUint32(e[sim.OffID:], uint32(q&(n-1)))
-		le.PutUint16(e[sim.OffQueue:], 0)
-		e[sim.OffOpcode] = byte(sim.OpRecv)
-		e[sim.OffStatus] = byte(sim.StatusOK)
-		le.PutUint32(e[sim.OffByteLen:], byteLen(q))
-		le.PutUint32(e[sim.OffDevFlags:], sim.DevHasData)
-		le.PutUint64(e[sim.OffData:], q)
-		le.PutUint64(e[sim.OffTag:], 0)
-		le.PutUint64(e[sim.OffSrc:], 0)
-		le.PutUint32(e[sim.OffSyndrome:], 0)
-		le.PutUint32(e[sim.OffBufOff:], 0)
-		clear(e[48:sim.OffOwner])
+		le.PutUint32(e[qpsim.OffID:], uint32(q&(n-1)))
+		le.PutUint16(e[qpsim.OffQueue:], 0)
+		e[qpsim.OffOpcode] = byte(qpsim.OpRecv)
+		e[qpsim.OffStatus] = byte(qpsim.StatusOK)
+		le.PutUint32(e[qpsim.OffByteLen:], byteLen(q))
+		le.PutUint32(e[qpsim.OffDevFlags:], qpsim.DevHasData)
+		le.PutUint64(e[qpsim.OffData:], q)
+		le.PutUint64(e[qpsim.OffTag:], 0)
+		le.PutUint64(e[qpsim.OffSrc:], 0)
+		le.PutUint32(e[qpsim.OffSyndrome:], 0)
+		le.PutUint32(e[qpsim.OffBufOff:], 0)
+		clear(e[48:qpsim.OffOwner])
 	}
 	for q := from; q < to; q++ {
 		phase := uint32(1) ^ uint32(q>>shift)&1
-		atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[int(q&(n-1))*entrySize+sim.OffOwner])), phase<<31)
+		atomic.StoreUint32((*uint32)(unsafe.Pointer(&ring[int(q&(n-1))*entrySize+qpsim.OffOwner])), phase<<31)
 	}
 }
 

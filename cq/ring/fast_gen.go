@@ -203,7 +203,7 @@ run:
 	return ent, why, ftl
 }
 
-// readPhaseContextSim is readPhaseRun for FormatContext, the software device's 64-byte entry (nic/sim.Layout).
+// readPhaseContextSim is readPhaseRun for FormatContext, the software device's 64-byte entry (cq/qpsim.Layout).
 //
 //go:noinline
 func readPhaseContextSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
@@ -497,7 +497,7 @@ run:
 	return ent, why, ftl
 }
 
-// readPhaseMsgSim is readPhaseRun for FormatMsg, the software device's 64-byte entry (nic/sim.Layout).
+// readPhaseMsgSim is readPhaseRun for FormatMsg, the software device's 64-byte entry (cq/qpsim.Layout).
 //
 //go:noinline
 func readPhaseMsgSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
@@ -791,7 +791,7 @@ run:
 	return ent, why, ftl
 }
 
-// readPhaseDataSim is readPhaseRun for FormatData, the software device's 64-byte entry (nic/sim.Layout).
+// readPhaseDataSim is readPhaseRun for FormatData, the software device's 64-byte entry (cq/qpsim.Layout).
 //
 //go:noinline
 func readPhaseDataSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {
@@ -1085,7 +1085,7 @@ run:
 	return ent, why, ftl
 }
 
-// readPhaseTaggedSim is readPhaseRun for FormatTagged, the software device's 64-byte entry (nic/sim.Layout).
+// readPhaseTaggedSim is readPhaseRun for FormatTagged, the software device's 64-byte entry (cq/qpsim.Layout).
 //
 //go:noinline
 func readPhaseTaggedSim(fp *fastPath, first *cq.Entry, count int, eoff uintptr) (*cq.Entry, int, uint32) {

@@ -795,7 +795,7 @@ func TestFastPathAllocs(t *testing.T) {
 }
 
 // BenchmarkReadTwoQueues is BenchmarkReadFilledRing with completions of two
-// queues (a send and a receive queue, as nic/sim binds them) alternating
+// queues (a send and a receive queue, as cq/qpsim binds them) alternating
 // entry by entry: the worst case for the fast path's table cursor.
 func BenchmarkReadTwoQueues(b *testing.B) {
 	const lap = 4096

@@ -56,7 +56,7 @@ type shape struct {
 const full32, full64 = 1<<32 - 1, 1<<64 - 1
 
 var shapes = []*shape{
-	{Name: "Sim", Doc: "the software device's 64-byte entry (nic/sim.Layout)",
+	{Name: "Sim", Doc: "the software device's 64-byte entry (cq/qpsim.Layout)",
 		Kind: "Natural", ESz: 64, OMask: 1 << 31,
 		ID: word{-60, full32}, Queue: word{-56, 0xffff}, Len: word{-52, full32}, BufOff: word{-16, full32},
 		Data: word{-44, full64}, Tag: word{-36, full64}, St: -53, Op: -54, Fl: -48},

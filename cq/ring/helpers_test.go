@@ -120,7 +120,7 @@ func (d *fakeDev) write(r rawEntry, wrongPhase bool) {
 	d.prod++
 }
 
-// simLayout mirrors nic/sim's 64-byte entry (cq may not import nic).
+// simLayout mirrors cq/qpsim's 64-byte entry (cq may not import nic).
 func simLayout(entries int) Layout {
 	return Layout{
 		Name: "test64", EntrySize: 64, Entries: entries, Convention: PhaseBit,

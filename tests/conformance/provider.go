@@ -7,7 +7,7 @@ import (
 	"context"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 // Caps say what a provider's device can produce; tests of a missing
@@ -132,7 +132,7 @@ type Oversizer interface {
 
 // Injector is implemented by providers that can inject faults (the
 // software device); the fault tests are skipped for the others. The fault
-// kinds are the software device's (sim.FaultKind), one list for both.
+// kinds are the software device's (qpsim.FaultKind), one list for both.
 type Injector interface {
-	Inject(c *cq.CQ, f sim.FaultKind) error
+	Inject(c *cq.CQ, f qpsim.FaultKind) error
 }

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 // Run runs every conformance test against p, each as a subtest.
@@ -1195,17 +1195,17 @@ func (s *suite) testFaults(t *testing.T) {
 	inj, ok := s.p.(Injector)
 	s.skipUnless(t, ok, "Faults", "provider cannot inject faults")
 	entryFaults := []struct {
-		f       sim.FaultKind
+		f       qpsim.FaultKind
 		context bool // the error entry carries the operation's context
 		prov    cq.ProvErrno
 	}{
-		{sim.FaultBadID, false, cq.ProvBadID},
-		{sim.FaultDuplicateID, false, cq.ProvBadID},
-		{sim.FaultBadLen, true, cq.ProvBadLen},
-		{sim.FaultBadStatus, true, cq.ProvBadStatus},
-		{sim.FaultBadOpcode, true, cq.ProvBadOpcode},
-		{sim.FaultWrongOpcode, true, cq.ProvBadOp},
-		{sim.FaultWrongPhase, false, cq.ProvBadPhase},
+		{qpsim.FaultBadID, false, cq.ProvBadID},
+		{qpsim.FaultDuplicateID, false, cq.ProvBadID},
+		{qpsim.FaultBadLen, true, cq.ProvBadLen},
+		{qpsim.FaultBadStatus, true, cq.ProvBadStatus},
+		{qpsim.FaultBadOpcode, true, cq.ProvBadOpcode},
+		{qpsim.FaultWrongOpcode, true, cq.ProvBadOp},
+		{qpsim.FaultWrongPhase, false, cq.ProvBadPhase},
 	}
 	for _, tc := range entryFaults {
 		t.Run(tc.f.String(), func(t *testing.T) {
@@ -1261,7 +1261,7 @@ func (s *suite) testFaults(t *testing.T) {
 		ep := s.endpoint(t, c, EndpointAttr{})
 		send(t, ep, "kept", []byte("x"), SendOpts{})
 		flush(t, ep)
-		require.NoError(t, inj.Inject(c, sim.FaultOverrun))
+		require.NoError(t, inj.Inject(c, qpsim.FaultOverrun))
 		send(t, ep, "dropped", []byte("x"), SendOpts{})
 		flush(t, ep)
 		require.Equal(t, "kept", readN(t, c, 1)[0].Context)
@@ -1276,7 +1276,7 @@ func (s *suite) testFaults(t *testing.T) {
 		s.endpoint(t, c, EndpointAttr{})
 		go func() {
 			time.Sleep(50 * time.Millisecond)
-			_ = inj.Inject(c, sim.FaultOverrun)
+			_ = inj.Inject(c, qpsim.FaultOverrun)
 		}()
 		_, err := c.SRead(context.Background(), make([]cq.Entry, 1), 0, waitLong)
 		require.ErrorIs(t, err, cq.ErrOverrun)
@@ -1285,7 +1285,7 @@ func (s *suite) testFaults(t *testing.T) {
 	t.Run("LostIRQ", func(t *testing.T) {
 		c := s.open(t, cq.Attr{Format: cq.FormatContext, WaitObj: cq.WaitFD})
 		ep := s.endpoint(t, c, EndpointAttr{})
-		require.NoError(t, inj.Inject(c, sim.FaultLostIRQ))
+		require.NoError(t, inj.Inject(c, qpsim.FaultLostIRQ))
 		go func() {
 			time.Sleep(30 * time.Millisecond)
 			_ = ep.Send("late", []byte("x"), SendOpts{})
@@ -1306,7 +1306,7 @@ func (s *suite) testFaults(t *testing.T) {
 		for attempt := 0; attempt < 3; attempt++ {
 			go func() {
 				time.Sleep(100 * time.Millisecond)
-				_ = inj.Inject(c, sim.FaultSpuriousIRQ)
+				_ = inj.Inject(c, qpsim.FaultSpuriousIRQ)
 			}()
 			start := time.Now()
 			_, err := c.SRead(context.Background(), make([]cq.Entry, 1), 0, timeout)

@@ -9,18 +9,18 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 type benchEnv struct {
-	d    *sim.Device
+	d    *qpsim.Device
 	c    *cq.CQ
-	qp   *sim.QP
+	qp   *qpsim.QP
 	ctxs []any
 }
 
 func newBenchEnv(b *testing.B, attr cq.Attr, depth int) *benchEnv {
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func newBenchEnv(b *testing.B, attr cq.Attr, depth int) *benchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	qp, err := d.NewQP(sim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: depth, RecvSize: 1})
+	qp, err := d.NewQP(qpsim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: depth, RecvSize: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,7 +50,7 @@ var payload = make([]byte, 64)
 func benchRead(b *testing.B, batch int) {
 	const depth = 4096
 	e := newBenchEnv(b, cq.Attr{Size: 2 * depth, Format: cq.FormatData}, depth)
-	if n, err := e.qp.SendBatch(e.qp.Addr(), e.ctxs, payload, sim.SendOpts{}); err != nil || n != depth {
+	if n, err := e.qp.SendBatch(e.qp.Addr(), e.ctxs, payload, qpsim.SendOpts{}); err != nil || n != depth {
 		b.Fatalf("prime: %d %v", n, err)
 	}
 	ents := make([]cq.Entry, batch)
@@ -76,7 +76,7 @@ func benchRead(b *testing.B, batch int) {
 			repost = append(repost, ents[i].Context)
 		}
 		if len(repost) > 0 {
-			k, err := e.qp.SendBatch(e.qp.Addr(), repost, payload, sim.SendOpts{})
+			k, err := e.qp.SendBatch(e.qp.Addr(), repost, payload, qpsim.SendOpts{})
 			if err != nil && !errors.Is(err, cq.ErrAgain) {
 				b.Fatal(err)
 			}
@@ -108,7 +108,7 @@ func BenchmarkReadFilledRing(b *testing.B) {
 	b.ResetTimer()
 	done := 0
 	for done < b.N {
-		if n, err := e.qp.SendBatch(e.qp.Addr(), e.ctxs, payload, sim.SendOpts{}); err != nil || n != lap {
+		if n, err := e.qp.SendBatch(e.qp.Addr(), e.ctxs, payload, qpsim.SendOpts{}); err != nil || n != lap {
 			b.Fatalf("fill: %d %v", n, err)
 		}
 		if err := e.qp.Flush(context.Background()); err != nil {
@@ -137,7 +137,7 @@ func BenchmarkSReadWakeup(b *testing.B) {
 	go func() {
 		for range kick {
 			time.Sleep(200 * time.Microsecond) // let the reader park first
-			if err := e.qp.Send(e.qp.Addr(), 1, payload, sim.SendOpts{}); err != nil {
+			if err := e.qp.Send(e.qp.Addr(), 1, payload, qpsim.SendOpts{}); err != nil {
 				panic(err)
 			}
 		}

@@ -5,12 +5,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/tests/conformance"
 )
 
 func TestConformance(t *testing.T) {
-	d, err := sim.New(sim.Config{})
+	d, err := qpsim.New(qpsim.Config{})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()
 	conformance.Run(t, &Provider{Dev: d})

@@ -1,5 +1,5 @@
 // Package simcq runs the CQ conformance suite and the completion-path
-// benchmarks on the software device, nic/sim.
+// benchmarks on the software device, nic/qpsim.
 package simcq
 
 import (
@@ -8,14 +8,14 @@ import (
 	"sync"
 
 	"github.com/vfnic/vfnic/cq"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/cq/ring"
-	"github.com/vfnic/vfnic/nic/sim"
 	"github.com/vfnic/vfnic/tests/conformance"
 )
 
-// Provider adapts a sim.Device to conformance.Provider.
+// Provider adapts a qpsim.Device to conformance.Provider.
 type Provider struct {
-	Dev *sim.Device // the device the CQs and endpoints live on
+	Dev *qpsim.Device // the device the CQs and endpoints live on
 }
 
 // Name implements conformance.Provider.
@@ -24,7 +24,7 @@ func (p *Provider) Name() string { return "sim" }
 // Caps implements conformance.Provider: the software device produces every
 // completion format and every fault.
 func (p *Provider) Caps() conformance.Caps {
-	return conformance.Caps{MaxSize: sim.MaxCQSize, RemoteData: true, Tagged: true, MultiRecv: true,
+	return conformance.Caps{MaxSize: qpsim.MaxCQSize, RemoteData: true, Tagged: true, MultiRecv: true,
 		Source: true, Overrun: true, Truncation: true}
 }
 
@@ -34,7 +34,7 @@ func (p *Provider) OpenCQ(attr cq.Attr) (*cq.CQ, error) { return p.Dev.OpenCQ(at
 // NewEndpoint implements conformance.Provider with a queue pair whose send
 // and receive completions both go to c, and 64 KiB of receive buffers.
 func (p *Provider) NewEndpoint(c *cq.CQ, attr conformance.EndpointAttr) (conformance.Endpoint, error) {
-	qp, err := p.Dev.NewQP(sim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: attr.SendDepth,
+	qp, err := p.Dev.NewQP(qpsim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: attr.SendDepth,
 		RecvSize: attr.RecvDepth, Source: attr.Source})
 	if err != nil {
 		return nil, err
@@ -48,16 +48,16 @@ func (p *Provider) NewEndpoint(c *cq.CQ, attr conformance.EndpointAttr) (conform
 }
 
 // Inject implements conformance.Injector.
-func (p *Provider) Inject(c *cq.CQ, f sim.FaultKind) error {
-	return p.Dev.Inject(c, sim.Fault{Kind: f})
+func (p *Provider) Inject(c *cq.CQ, f qpsim.FaultKind) error {
+	return p.Dev.Inject(c, qpsim.Fault{Kind: f})
 }
 
 type endpoint struct {
 	p   *Provider
 	c   *cq.CQ
-	qp  *sim.QP
+	qp  *qpsim.QP
 	mu  sync.Mutex
-	mem *sim.Memory
+	mem *qpsim.Memory
 	off int
 }
 
@@ -66,7 +66,7 @@ func (e *endpoint) Addr() cq.Addr { return e.qp.Addr() }
 
 // Send implements conformance.Endpoint: a loopback send.
 func (e *endpoint) Send(ctx any, payload []byte, o conformance.SendOpts) error {
-	return e.qp.Send(e.qp.Addr(), ctx, payload, sim.SendOpts{Data: o.Data, HasData: o.HasData, Tag: o.Tag, Tagged: o.Tagged})
+	return e.qp.Send(e.qp.Addr(), ctx, payload, qpsim.SendOpts{Data: o.Data, HasData: o.HasData, Tag: o.Tag, Tagged: o.Tagged})
 }
 
 // PostRecv implements conformance.Endpoint with the endpoint's buffer memory.
@@ -80,12 +80,12 @@ func (e *endpoint) PostRecv(ctx any, size int, o conformance.RecvOpts) ([]byte, 
 	buf := b[e.off : e.off+size : e.off+size]
 	e.off = (e.off + size + 63) &^ 63
 	e.mu.Unlock()
-	return buf, e.qp.PostRecv(ctx, buf, sim.RecvOpts{MultiRecv: o.MultiRecv, MinFree: o.MinFree})
+	return buf, e.qp.PostRecv(ctx, buf, qpsim.RecvOpts{MultiRecv: o.MultiRecv, MinFree: o.MinFree})
 }
 
 // FailNext implements conformance.Endpoint with an error-status fault.
 func (e *endpoint) FailNext() error {
-	return e.p.Dev.Inject(e.c, sim.Fault{Kind: sim.FaultErrorStatus, Status: sim.StatusGeneralErr, Syndrome: 0x5eed})
+	return e.p.Dev.Inject(e.c, qpsim.Fault{Kind: qpsim.FaultErrorStatus, Status: qpsim.StatusGeneralErr, Syndrome: 0x5eed})
 }
 
 // Flush implements conformance.Endpoint.

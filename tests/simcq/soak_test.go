@@ -11,15 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 // soakFaults are the faults TestSoak injects, each at a few percent of
 // the sends.
-var soakFaults = []sim.FaultKind{
-	sim.FaultErrorStatus, sim.FaultBadID, sim.FaultDuplicateID, sim.FaultBadLen,
-	sim.FaultBadStatus, sim.FaultBadOpcode, sim.FaultWrongPhase, sim.FaultGarbage,
-	sim.FaultRewriteID, sim.FaultLostIRQ, sim.FaultSpuriousIRQ, sim.FaultWrongOpcode,
+var soakFaults = []qpsim.FaultKind{
+	qpsim.FaultErrorStatus, qpsim.FaultBadID, qpsim.FaultDuplicateID, qpsim.FaultBadLen,
+	qpsim.FaultBadStatus, qpsim.FaultBadOpcode, qpsim.FaultWrongPhase, qpsim.FaultGarbage,
+	qpsim.FaultRewriteID, qpsim.FaultLostIRQ, qpsim.FaultSpuriousIRQ, qpsim.FaultWrongOpcode,
 }
 
 // TestSoak runs sends through the software device while it injects random
@@ -40,12 +40,12 @@ func TestSoak(t *testing.T) {
 		sendSize = 64
 		window   = 48 // outstanding sends: with one extra entry per fault, the 256-entry CQ never fills
 	)
-	dev, err := sim.New(sim.Config{})
+	dev, err := qpsim.New(qpsim.Config{})
 	require.NoError(t, err)
 	defer dev.Close()
 	c, err := dev.OpenCQ(cq.Attr{Size: 256, Format: cq.FormatData, WaitObj: cq.WaitFD})
 	require.NoError(t, err)
-	qp, err := dev.NewQP(sim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: sendSize})
+	qp, err := dev.NewQP(qpsim.QPConfig{SendCQ: c, RecvCQ: c, SendSize: sendSize})
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	seed := rng.Uint64()
@@ -55,7 +55,7 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 	var (
 		sent, good, failed, refused int
-		faults                      = map[sim.FaultKind]int{}
+		faults                      = map[qpsim.FaultKind]int{}
 		done                        = map[int]bool{}
 		lastProgress                = time.Now()
 	)
@@ -97,14 +97,14 @@ func TestSoak(t *testing.T) {
 	for time.Now().Before(end) {
 		// Operations whose completion the reader saw with the stale id
 		// stay outstanding for good: they do not hold the window.
-		for outstanding()-faults[sim.FaultRewriteID] < window {
+		for outstanding()-faults[qpsim.FaultRewriteID] < window {
 			if rng.IntN(100) < 3 {
 				k := soakFaults[rng.IntN(len(soakFaults))]
-				require.NoError(t, dev.Inject(c, sim.Fault{Kind: k, Status: sim.StatusGeneralErr}))
+				require.NoError(t, dev.Inject(c, qpsim.Fault{Kind: k, Status: qpsim.StatusGeneralErr}))
 				faults[k]++
 			}
-			if err := qp.Send(99, sent, nil, sim.SendOpts{}); err != nil {
-				require.ErrorIs(t, err, sim.ErrQueueFull) // the table is full of lost operations
+			if err := qp.Send(99, sent, nil, qpsim.SendOpts{}); err != nil {
+				require.ErrorIs(t, err, qpsim.ErrQueueFull) // the table is full of lost operations
 				break
 			}
 			sent++
@@ -112,7 +112,7 @@ func TestSoak(t *testing.T) {
 		read(20 * time.Millisecond)
 		// Lost completions (rewritten ids) stay outstanding; anything
 		// else outstanding must make progress.
-		if outstanding() > faults[sim.FaultRewriteID] {
+		if outstanding() > faults[qpsim.FaultRewriteID] {
 			require.Less(t, time.Since(lastProgress), 5*time.Second, "stalled with %d outstanding", outstanding())
 		}
 	}
@@ -120,14 +120,14 @@ func TestSoak(t *testing.T) {
 	require.NoError(t, qp.Flush(ctx))
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		read(10 * time.Millisecond)
-		if _, err := c.Read(nil); errors.Is(err, cq.ErrAgain) && outstanding() <= faults[sim.FaultRewriteID] {
+		if _, err := c.Read(nil); errors.Is(err, cq.ErrAgain) && outstanding() <= faults[qpsim.FaultRewriteID] {
 			break
 		}
 	}
 	lost := outstanding()
 	t.Logf("%d sends: %d completed, %d with an error, %d refused entries, %d lost to rewritten ids; faults %v",
 		sent, good, failed, refused, lost, faults)
-	require.LessOrEqual(t, lost, faults[sim.FaultRewriteID], "only a rewritten completion may be lost")
+	require.LessOrEqual(t, lost, faults[qpsim.FaultRewriteID], "only a rewritten completion may be lost")
 	require.Greater(t, good, sent/2)
 	require.Positive(t, refused)
 	st, err := dev.CQStats(c)
@@ -139,9 +139,9 @@ func TestSoak(t *testing.T) {
 	// more sends, then is full.
 	extra := 0
 	for {
-		err := qp.Send(99, -1, nil, sim.SendOpts{})
+		err := qp.Send(99, -1, nil, qpsim.SendOpts{})
 		if err != nil {
-			require.ErrorIs(t, err, sim.ErrQueueFull)
+			require.ErrorIs(t, err, qpsim.ErrQueueFull)
 			break
 		}
 		extra++

@@ -1,22 +1,22 @@
-// Package simverbs adapts the software device (nic/sim) to package verbs.
+// Package simverbs adapts the software device (cq/qpsim) to package verbs.
 package simverbs
 
 import (
 	"encoding/binary"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 	"github.com/vfnic/vfnic/verbs"
 )
 
-// Provider is a sim.Device as a verbs.Provider.
+// Provider is a qpsim.Device as a verbs.Provider.
 type Provider struct {
 	// Dev is the device the CQs are opened on.
-	Dev *sim.Device
+	Dev *qpsim.Device
 }
 
 // New returns the provider for d.
-func New(d *sim.Device) *Provider { return &Provider{Dev: d} }
+func New(d *qpsim.Device) *Provider { return &Provider{Dev: d} }
 
 // QueryDevice implements verbs.Provider. The device's entry carries the
 // byte count, immediate data, queue and source QP; it has no clock per
@@ -24,8 +24,8 @@ func New(d *sim.Device) *Provider { return &Provider{Dev: d} }
 // overruns, so IgnoreOverrun cannot be honoured.
 func (p *Provider) QueryDevice() verbs.DeviceAttr {
 	return verbs.DeviceAttr{
-		MaxCQE:         sim.MaxCQSize,
-		NumCompVectors: sim.Limits().Vectors,
+		MaxCQE:         qpsim.MaxCQSize,
+		NumCompVectors: qpsim.Limits().Vectors,
 		Fields:         verbs.FieldByteLen | verbs.FieldImm | verbs.FieldQPNum | verbs.FieldSrcQP,
 		Flags:          verbs.SingleThreaded,
 		Resize:         true,
@@ -40,7 +40,7 @@ func (p *Provider) OpenCQ(entries, vector int, format cq.Format, single bool) (*
 
 // NotifiesSolicited implements verbs.SolicitedNotifier: the device raises
 // a solicited-only arm's interrupt only for a completion whose send asked
-// for it (sim.SendOpts.Solicited) or an error.
+// for it (qpsim.SendOpts.Solicited) or an error.
 func (p *Provider) NotifiesSolicited() bool { return true }
 
 // VendorErr implements verbs.Provider: the entry's syndrome for a device
@@ -50,8 +50,8 @@ func (p *Provider) VendorErr(e *cq.ErrEntry) uint32 {
 	if e.ProvErrno < 0 {
 		return uint32(int32(e.ProvErrno))
 	}
-	if len(e.ErrData) >= sim.OffSyndrome+4 {
-		return binary.LittleEndian.Uint32(e.ErrData[sim.OffSyndrome:])
+	if len(e.ErrData) >= qpsim.OffSyndrome+4 {
+		return binary.LittleEndian.Uint32(e.ErrData[qpsim.OffSyndrome:])
 	}
 	return 0
 }

@@ -1,4 +1,4 @@
-package sim_test
+package qpsim_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/vfnic/vfnic/cq"
-	"github.com/vfnic/vfnic/nic/sim"
+	"github.com/vfnic/vfnic/cq/qpsim"
 )
 
 // Send a frame from one queue pair to another on the software device and
@@ -16,7 +16,7 @@ import (
 // ring and SRead sleeps on the CQ's eventfd until they arrive. The device
 // delivers the frame before it completes the send.
 func Example() {
-	dev, err := sim.New(sim.Config{})
+	dev, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		fmt.Println("sim:", err)
 		return
@@ -28,13 +28,13 @@ func Example() {
 		return
 	}
 	defer c.Close()
-	a, err := dev.NewQP(sim.QPConfig{SendCQ: c, RecvCQ: c})
+	a, err := dev.NewQP(qpsim.QPConfig{SendCQ: c, RecvCQ: c})
 	if err != nil {
 		fmt.Println("QP:", err)
 		return
 	}
 	defer a.Close()
-	b, err := dev.NewQP(sim.QPConfig{SendCQ: c, RecvCQ: c})
+	b, err := dev.NewQP(qpsim.QPConfig{SendCQ: c, RecvCQ: c})
 	if err != nil {
 		fmt.Println("QP:", err)
 		return
@@ -47,11 +47,11 @@ func Example() {
 		return
 	}
 	defer mem.Close()
-	if err := b.PostRecv("rx-0", mem.Bytes()[:2048], sim.RecvOpts{}); err != nil {
+	if err := b.PostRecv("rx-0", mem.Bytes()[:2048], qpsim.RecvOpts{}); err != nil {
 		fmt.Println("post:", err)
 		return
 	}
-	if err := a.Send(b.Addr(), "tx-0", []byte("hello, wire"), sim.SendOpts{}); err != nil {
+	if err := a.Send(b.Addr(), "tx-0", []byte("hello, wire"), qpsim.SendOpts{}); err != nil {
 		fmt.Println("send:", err)
 		return
 	}
@@ -80,7 +80,7 @@ func Example() {
 // in completion order: Read returns cq.ErrAvail when the error entry is at
 // the head of the queue, and ReadErr returns it.
 func Example_errorCompletion() {
-	dev, err := sim.New(sim.Config{})
+	dev, err := qpsim.New(qpsim.Config{})
 	if err != nil {
 		fmt.Println("sim:", err)
 		return
@@ -98,7 +98,7 @@ func Example_errorCompletion() {
 		return
 	}
 	defer tx.Close()
-	qp, err := dev.NewQP(sim.QPConfig{SendCQ: tx, RecvCQ: c})
+	qp, err := dev.NewQP(qpsim.QPConfig{SendCQ: tx, RecvCQ: c})
 	if err != nil {
 		fmt.Println("QP:", err)
 		return
@@ -110,11 +110,11 @@ func Example_errorCompletion() {
 		return
 	}
 	defer mem.Close()
-	if err := qp.PostRecv("small", mem.Bytes()[:16], sim.RecvOpts{}); err != nil {
+	if err := qp.PostRecv("small", mem.Bytes()[:16], qpsim.RecvOpts{}); err != nil {
 		fmt.Println("post:", err)
 		return
 	}
-	if err := qp.Send(qp.Addr(), nil, make([]byte, 100), sim.SendOpts{}); err != nil {
+	if err := qp.Send(qp.Addr(), nil, make([]byte, 100), qpsim.SendOpts{}); err != nil {
 		fmt.Println("send:", err)
 		return
 	}

@@ -1,4 +1,4 @@
-package sim
+package qpsim
 
 import (
 	"encoding/binary"

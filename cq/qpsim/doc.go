@@ -1,5 +1,6 @@
-// Package sim is a software NIC: a device loop in its own goroutine, locked
-// to an OS thread, that reads descriptor rings and doorbells in DMA memory,
+// Package qpsim simulates a verbs-style device of queue pairs and
+// completion queues (a software NIC, not a nic.Device): a device loop in
+// its own goroutine, locked to an OS thread, that reads descriptor rings and doorbells in DMA memory,
 // loops sent frames back to receive queues, and writes real completion
 // entries into completion rings, raising "interrupts" through the CQ's
 // eventfd. It lets the cq package, and every layer above it, be tested and
@@ -76,4 +77,4 @@
 // The device loop polls the doorbells while busy, spins a short while when
 // idle, then sleeps on a kick eventfd that drivers write only when the
 // device has said it is asleep.
-package sim
+package qpsim
