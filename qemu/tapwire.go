@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vfnic/vfnic/internal/netns"
 )
 
 // Tap wires (NetTap): a network namespace of the run's own holds one
@@ -169,37 +170,8 @@ func ipCmd(args ...string) error {
 	return nil
 }
 
-// inNamespace runs f on a thread in network namespace ns. The thread goes
-// back to the process's namespace after f, or ends with its goroutine if
-// it cannot.
-func inNamespace(ns string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		back, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer back.Close()
-		there, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer there.Close()
-		if err := unix.Setns(int(there.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("qemu: enter namespace %s: %w", ns, err)
-			return
-		}
-		err = f()
-		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		} // else the thread ends with this goroutine
-		errc <- err
-	}()
-	return <-errc
-}
+// inNamespace runs f on a thread in network namespace ns.
+func inNamespace(ns string, f func() error) error { return netns.Do(netns.Named(ns), f) }
 
 // removeStaleTapNamespaces removes the tap namespaces of processes that
 // ended without removing theirs (killed): TapNamespacePrefix+"PID-..."

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,8 +18,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfnic/vfnic/internal/netns"
 	"github.com/vfnic/vfnic/qemu"
-	"golang.org/x/sys/unix"
 )
 
 // The wire of TestGuestCLIFwdLinux: Linux NIC A on hub 2 with vfnic port
@@ -184,33 +184,15 @@ func linuxIfname(t *testing.T, addr string) string {
 	return filepath.Base(m[0])
 }
 
-// listenInNetns listens in the network namespace of process pid. The socket
-// keeps the namespace it was made in, so only the thread that makes it
-// enters the namespace; that thread stays locked and ends with its
-// goroutine, so no other goroutine runs there.
+// listenInNetns listens in the network namespace of process pid; the
+// socket keeps the namespace it was made in.
 func listenInNetns(t *testing.T, pid, network, addr string) net.Listener {
 	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/proc/" + pid + "/ns/net")
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		ln, err := net.Listen(network, addr)
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	require.NoError(t, r.err, "listen in the namespace of %s", pid)
-	return r.ln
+	var ln net.Listener
+	err := netns.Do("/proc/"+pid+"/ns/net", func() (err error) {
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	require.NoError(t, err, "listen in the namespace of %s", pid)
+	return ln
 }

@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/vfnic/vfnic/internal/netns"
 )
 
 // Veth is a veth pair between two network namespaces that the test made
@@ -86,36 +85,8 @@ func IP(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-// In runs f on a thread in namespace ns. The thread goes back to the
-// test's namespace after f, or ends with its goroutine if it cannot.
-func In(ns string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		back, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer back.Close()
-		there, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer there.Close()
-		if err := unix.Setns(int(there.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		err = f()
-		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		} // else the thread ends with this goroutine
-		errc <- err
-	}()
-	return <-errc
-}
+// In runs f on a thread in namespace ns (netns.Do).
+func In(ns string, f func() error) error { return netns.Do(netns.Named(ns), f) }
 
 // removeStale removes the namespaces of test processes that ended without
 // removing theirs (killed): "vfnic-veth-PID-..." whose PID is gone.
