@@ -227,7 +227,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 		return qcore.ErrNoDesc
 	}
 	addr := uint64(id) << q.x.shift
-	copy(q.x.umem.Bytes()[addr:addr+uint64(len(frame))], frame)
+	copy(q.x.mem[addr:addr+uint64(len(frame))], frame)
 	q.x.tx.putDesc(addr, uint32(len(frame)))
 	q.sr.Out++
 	return nil

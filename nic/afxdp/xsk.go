@@ -96,9 +96,12 @@ func (r *ring) unmap() error {
 
 // xsk is one AF_XDP socket with its UMEM and rings: a queue pair's.
 type xsk struct {
-	fd      int
-	space   *dma.Space
-	umem    *dma.Region
+	fd    int
+	space *dma.Space
+	umem  *dma.Region
+	// mem is umem's bytes, kept so that Send does not take the region's
+	// lock per frame; the queue lock and its closed check keep it valid.
+	mem     []byte
 	chunk   int // chunk size, a power of two
 	shift   int // log2(chunk)
 	fill    ring
@@ -147,6 +150,7 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 		return x, fmt.Errorf("afxdp: UMEM of %d chunks: %w", chunks, err)
 	}
 	b := x.umem.Bytes()
+	x.mem = b
 	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&b[0]))), Len: uint64(len(b)), Size: uint32(c.chunk)}
 	if err := setsockopt(fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
 		return x, fmt.Errorf("afxdp: register UMEM: %w", err)
