@@ -59,7 +59,7 @@ bench: deps
 # The side-by-side packet-rate benchmark in one guest (bench/vm): vfnic's
 # polling modes against DPDK testpmd (Debian's packages, fetched into the
 # cache and put into the guest) and the guest's Linux drivers, on virtio
-# packed, split and igb, A B A B. About 7 minutes; not part of make test.
+# packed, split and igb, A B A B. About 30 minutes; not part of make test.
 # BENCHVM_FLAGS are passed on (e.g. -reps 3 -dur 10s -nics igb -v).
 BENCHVM_FLAGS ?=
 bench-vm: deps

@@ -50,7 +50,7 @@ var killWires = []killWire{
 // stall rather than vfnic's behaviour, runs with VFNIC_KILL_STALL=1.
 const (
 	killRoundsEnv = "VFNIC_KILL_ROUNDS"
-	killRounds    = 10
+	killRounds    = 4
 	killStallEnv  = "VFNIC_KILL_STALL"
 )
 

@@ -4,9 +4,10 @@
 // (net/http, github.com/miekg/dns, quic-go) and the guest's Linux side is
 // the client (busybox wget and nslookup, Go programs on Linux sockets).
 //
-// TestVM, on the host, boots one guest per NIC kind (igb and virtio
-// packed; virtio split with VFNIC_NETSTACK_SPLIT=1, kept out of make test
-// for its time budget); in each, TestGuestNetstack runs every check on one
+// TestVM, on the host, boots one guest per NIC kind (igb; virtio packed
+// with VFNIC_NETSTACK_PACKED=1 and split with VFNIC_NETSTACK_SPLIT=1, kept
+// out of make test for its time budget, where TestTapOffloads runs netstack
+// on virtio); in each, TestGuestNetstack runs every check on one
 // stack. Beside vfnic's packed rings the Linux NIC has split rings:
 // TestVMPeerStall (VFNIC_NETSTACK_PEERSTALL=1) shows why, a packed-ring
 // Linux NIC that QEMU stalls for good once vfnic's NIC has taken no frame
