@@ -38,6 +38,7 @@ func fakePair(t testing.TB) (*RxQueue, *TxQueue) {
 	var err error
 	x.umem, err = x.space.Alloc(2*fuzzRing*x.chunk, hugepage.Options{PageSize: hugepage.Size4K})
 	require.NoError(t, err)
+	x.mem = x.umem.Bytes()
 	x.fill, x.comp = fakeRing(t, fuzzRing, addrSize), fakeRing(t, fuzzRing, addrSize)
 	x.rx, x.tx = fakeRing(t, fuzzRing, descSize), fakeRing(t, fuzzRing, descSize)
 	t.Cleanup(func() { _ = x.close() })

@@ -261,6 +261,7 @@ func (x *xsk) close() error {
 		x.fd = -1
 	}
 	if x.space != nil {
+		x.mem = nil
 		errs = append(errs, x.space.Close())
 	}
 	return errors.Join(errs...)
