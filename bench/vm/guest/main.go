@@ -161,6 +161,10 @@ func (b *bench) run(n nicSpec, dir, name string, rep int) {
 	r := 0.0
 	if dir == "rx" {
 		r = steady(samples)
+		if r == 0 && err == nil {
+			// No rate is a failed run, not a rate of 0 in the medians.
+			err = fmt.Errorf("no per-second receive rate in the tool's output (%d samples)", len(samples))
+		}
 	}
 	b.end(n, dir, name, rep, r, err)
 }
