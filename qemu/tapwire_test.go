@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/vfnic/vfnic/internal/vethtest"
 )
 
 func TestTapNICArgs(t *testing.T) {
@@ -33,26 +35,11 @@ func TestTapNICArgs(t *testing.T) {
 	}, got)
 }
 
-// needTapRoot skips a test that makes tap wires without root and the ip
-// command, or fails it under CI=true, where a skip would hide that it
-// did not run.
+// needTapRoot skips a test that makes tap wires without root, the ip
+// command and /dev/net/tun, or fails it under CI=true.
 func needTapRoot(t *testing.T) {
 	t.Helper()
-	why := ""
-	if os.Geteuid() != 0 {
-		why = "not root"
-	} else if _, err := exec.LookPath("ip"); err != nil {
-		why = "no ip command (iproute2)"
-	} else if _, err := os.Stat("/dev/net/tun"); err != nil {
-		why = "no /dev/net/tun"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("tap wire test cannot run under CI=true: %s", why)
-	}
-	t.Skipf("tap wires need root, iproute2 and /dev/net/tun: %s", why)
+	vethtest.NeedRootAnd(t, "tap wire test", "/dev/net/tun")
 }
 
 // TestTapWires makes the wires of three tap NICs (two on one wire, one

@@ -28,19 +28,31 @@ var vethSeq atomic.Int32
 // under CI=true, where skipping would hide that it did not run.
 func NeedRoot(t testing.TB) {
 	t.Helper()
+	NeedRootAnd(t, "host network test (network namespaces, veth, AF_XDP, AF_PACKET)")
+}
+
+// NeedRootAnd is NeedRoot for the test named what, which also needs each
+// of paths to exist (a device node such as /dev/net/tun).
+func NeedRootAnd(t testing.TB, what string, paths ...string) {
+	t.Helper()
 	why := ""
 	if os.Geteuid() != 0 {
 		why = "not root"
 	} else if _, err := exec.LookPath("ip"); err != nil {
 		why = "no ip command (iproute2)"
 	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); why == "" && err != nil {
+			why = "no " + p
+		}
+	}
 	if why == "" {
 		return
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("afxdp host test cannot run under CI=true: %s", why)
+		t.Fatalf("%s cannot run under CI=true: %s", what, why)
 	}
-	t.Skipf("afxdp host test needs root and iproute2 (network namespaces, veth, AF_XDP): %s", why)
+	t.Skipf("%s needs root and iproute2: %s", what, why)
 }
 
 // New makes the namespaces and the pair, with queues queue pairs on
