@@ -78,17 +78,7 @@ func TestGuestNetstack(t *testing.T) {
 	if !qemu.InGuest() {
 		t.Skip("needs the guest's NICs: runs inside the QEMU guest booted by TestVM")
 	}
-	nics, err := qemu.GuestNICs()
-	require.NoError(t, err)
-	var vf, lx qemu.NIC
-	for _, n := range nics {
-		switch n.Bind {
-		case qemu.BindLinux:
-			lx = n
-		default:
-			vf = n
-		}
-	}
+	vf, lx := guestPair(t)
 	ifc := linuxInterface(t, lx.GuestAddr())
 	// No duplicate address detection: the address works at once.
 	sh(t, fmt.Sprintf("echo 0 > /proc/sys/net/ipv6/conf/%s/accept_dad && ip -6 addr add %s dev %s", ifc, linuxIP6, ifc))
@@ -618,4 +608,21 @@ func serverTLS(t *testing.T) *tls.Config {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{quicALPN}}
+}
+
+// guestPair returns the guest's two NICs: vfnic's (vf) and the one left
+// to Linux (lx).
+func guestPair(t *testing.T) (vf, lx qemu.NIC) {
+	t.Helper()
+	nics, err := qemu.GuestNICs()
+	require.NoError(t, err)
+	for _, n := range nics {
+		switch n.Bind {
+		case qemu.BindLinux:
+			lx = n
+		default:
+			vf = n
+		}
+	}
+	return vf, lx
 }

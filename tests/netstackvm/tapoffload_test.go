@@ -59,17 +59,7 @@ func TestTapOffloadsGuest(t *testing.T) {
 	if !qemu.InGuest() {
 		t.Skip("needs the guest's NICs: runs inside the QEMU guest booted by TestTapOffloads")
 	}
-	nics, err := qemu.GuestNICs()
-	require.NoError(t, err)
-	var vf, lx qemu.NIC
-	for _, n := range nics {
-		switch n.Bind {
-		case qemu.BindLinux:
-			lx = n
-		default:
-			vf = n
-		}
-	}
+	vf, lx := guestPair(t)
 	require.Equal(t, qemu.NetTap, vf.Net.Kind, "the vfnic NIC is on a tap wire")
 	ifc := linuxInterface(t, lx.GuestAddr())
 	big, bigSum := bigBody()
