@@ -176,20 +176,4 @@ func inNamespace(ns string, f func() error) error { return netns.Do(netns.Named(
 // removeStaleTapNamespaces removes the tap namespaces of processes that
 // ended without removing theirs (killed): TapNamespacePrefix+"PID-..."
 // whose PID is gone.
-func removeStaleTapNamespaces() {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), TapNamespacePrefix)
-		pid, _, _ := strings.Cut(rest, "-")
-		if !ok || pid == "" {
-			continue
-		}
-		if _, err := os.Stat("/proc/" + pid); err == nil {
-			continue // its process still runs
-		}
-		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
-	}
-}
+func removeStaleTapNamespaces() { _ = netns.RemoveStale(TapNamespacePrefix) }

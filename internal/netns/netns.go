@@ -6,7 +6,9 @@ package netns
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,4 +48,29 @@ func Do(path string, f func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// RemoveStale deletes the namespaces named prefix+"PID-…" whose process
+// PID has ended (a test or run that was killed before it removed its own),
+// and returns what `ip netns del` refused, one error per namespace.
+func RemoveStale(prefix string) []error {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		pid, _, _ := strings.Cut(rest, "-")
+		if !ok || pid == "" {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue // its process still runs
+		}
+		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("stale namespace %s: %v: %s", e.Name(), err, strings.TrimSpace(string(out))))
+		}
+	}
+	return errs
 }

@@ -103,21 +103,7 @@ func In(ns string, f func() error) error { return netns.Do(netns.Named(ns), f) }
 // removeStale removes the namespaces of test processes that ended without
 // removing theirs (killed): "vfnic-veth-PID-..." whose PID is gone.
 func removeStale(t testing.TB) {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		rest, ok := strings.CutPrefix(e.Name(), "vfnic-veth-")
-		pid, _, _ := strings.Cut(rest, "-")
-		if !ok || pid == "" {
-			continue
-		}
-		if _, err := os.Stat("/proc/" + pid); err == nil {
-			continue // its process still runs
-		}
-		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
-			t.Logf("stale namespace %s: %v: %s", e.Name(), err, out)
-		}
+	for _, err := range netns.RemoveStale("vfnic-veth-") {
+		t.Log(err)
 	}
 }
