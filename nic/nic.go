@@ -148,7 +148,17 @@ type TxQueue interface {
 	// ErrFull: read completions first. ErrFrameSize: the frame is shorter
 	// than MinFrame or longer than MaxFrame().
 	Send(frame []byte, ctx any) error
-	// MaxFrame is the longest frame Send takes.
+	// SendFunc is the zero-copy Send: fill writes an n-byte frame in
+	// place into the queue's next free DMA buffer, which is then posted
+	// with the caller's context, as a DPDK program writes an mbuf it took
+	// from its pool. The buffer holds what the last frame sent from it
+	// left there (zeros in one never used), so a sender whose frames
+	// differ only in their first bytes writes only those. fill runs with
+	// the queue locked: it must not call the queue or keep the slice. It
+	// is not called when the send is refused (Send's errors, and
+	// ErrInvalid for a nil fill).
+	SendFunc(n int, ctx any, fill func(buf []byte)) error
+	// MaxFrame is the longest frame Send and SendFunc take.
 	MaxFrame() int
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -99,6 +101,36 @@ func (p *Peer) Recv(b []byte) (int, error) {
 		return 0, nil
 	}
 	return n, err
+}
+
+// Frames reads the next n frames of type etherType (others are skipped),
+// failing t when one does not come within 10 s. idle, when not nil, runs
+// whenever no frame is waiting (a sender's Flush, for queues that send
+// in bounded batches).
+func (p *Peer) Frames(t testing.TB, n int, etherType uint16, idle func()) [][]byte {
+	t.Helper()
+	out := make([][]byte, 0, n)
+	b := make([]byte, 1<<16)
+	for deadline := time.Now().Add(10 * time.Second); len(out) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("peer: %d of %d frames arrived", len(out), n)
+		}
+		pfd := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
+		if k, _ := unix.Poll(pfd, 1); k <= 0 {
+			if idle != nil {
+				idle()
+			}
+			continue
+		}
+		k, err := p.Recv(b)
+		if err != nil {
+			t.Fatalf("peer: %v", err)
+		}
+		if k >= 14 && binary.BigEndian.Uint16(b[12:]) == etherType {
+			out = append(out, append([]byte(nil), b[:k]...))
+		}
+	}
+	return out
 }
 
 // Close closes the socket.

@@ -276,6 +276,23 @@ func (q *Queue) Send(frame []byte, ctx any) error {
 	return q.count(err)
 }
 
+// SendFunc implements nic.TxQueue as Send does, through the wire's
+// in-place send.
+func (q *Queue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if n > nic.MaxFrame {
+		return fmt.Errorf("%w: %d bytes", nic.ErrFrameSize, n)
+	}
+	err := q.tx.SendFunc(n, ctx, fill)
+	if errors.Is(err, nic.ErrFull) {
+		if err = q.tx.Flush(); err == nil {
+			for q.tx.Poll(q.txc) == len(q.txc) {
+			}
+			err = q.tx.SendFunc(n, ctx, fill)
+		}
+	}
+	return q.count(err)
+}
+
 // count counts a successful post.
 func (q *Queue) count(err error) error {
 	if err == nil {

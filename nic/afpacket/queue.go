@@ -3,7 +3,6 @@ package afpacket
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -53,12 +52,14 @@ func RxLayout(n, size int) cqring.Layout {
 }
 
 // TxLayout describes the completion ring a transmit queue writes for
-// itself as sendmmsg takes its frames: entries of the posting's id and
-// the frame's length behind a free-running producer index.
+// itself as sendmmsg takes its frames: entries of the posting's id, the
+// frame's length and the errno of a frame the kernel refused (Meta[0]; 0
+// when sent), behind a free-running producer index.
 func TxLayout(n int) cqring.Layout {
 	return cqring.Layout{Name: "afpacket-sent", EntrySize: 8, Entries: n,
 		Convention: cqring.UsedIndex, IndexBits: 32,
-		Fields: cqring.Fields{ID: cqring.Field{Off: 0, Bits: 32}, Len: cqring.Field{Off: 4, Bits: 32}}}
+		Fields: cqring.Fields{ID: cqring.Field{Off: 0, Bits: 32}, Len: cqring.Field{Off: 4, Bits: 16},
+			Meta: [2]cqring.Field{{Off: 6, Bits: 16}}}}
 }
 
 // queue is what receive and transmit queues share: the core's queue
@@ -70,8 +71,6 @@ type queue struct {
 	// sr reads the queue's ring; sr.Out counts the postings not
 	// completed.
 	sr qcore.SourceRing
-	// sendErr is a failed sendmmsg's error, for the Flush that made it.
-	sendErr error
 }
 
 // init makes the reader over mem with layout l and a table of n slots,
@@ -99,13 +98,6 @@ func (r reader) Broken() bool { return false }
 
 // Arm implements qcore.Ring.
 func (r reader) Arm(threshold int) (late, ok bool) { return r.q.ArmReadiness() }
-
-// NotifyErr implements qcore.Notifier: a failed send's error, once.
-func (r reader) NotifyErr() error {
-	err := r.q.sendErr
-	r.q.sendErr = nil
-	return err
-}
 
 // RxQueue is a receive queue: a TPACKET_V2 ring (nic.RxQueue). Buffer b
 // is slot b, and the slot of its posting in the table.
@@ -269,19 +261,32 @@ func newTxQueue(s *sock, pair int, name string, n, maxFrame int) (*TxQueue, erro
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.enqueue(len(frame), ctx, frame, nil) }
+
+// SendFunc implements nic.TxQueue: fill writes into the frame buffer of
+// the posting's slot, which sendmmsg(2) hands to the kernel at Flush.
+func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return qcore.ErrNilFill
+	}
+	return q.enqueue(n, ctx, nil, fill)
+}
+
+// enqueue posts an n-byte frame, copied from frame or written by fill.
+func (q *TxQueue) enqueue(n int, ctx any, frame []byte, fill func([]byte)) error {
+	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
 	if q.sr.Out >= len(q.bufs) {
 		return qcore.ErrNoDesc
 	}
-	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return qcore.ErrNoDesc
 	}
-	q.lens[id] = copy(q.bufs[id], frame)
+	qcore.Write(q.bufs[id][:n:n], frame, fill)
+	q.lens[id] = n
 	q.order[q.tail%uint32(len(q.order))] = id
 	q.tail++
 	q.sr.Out++
@@ -314,7 +319,7 @@ func (q *TxQueue) SRead(ctx context.Context, out []nic.Completion, threshold int
 // they wrap around the order ring), then a completion for each frame it
 // took. A busy socket (EAGAIN, ENOBUFS) keeps them for the next Flush or
 // Poll. Called locked.
-func (q *TxQueue) send() error {
+func (q *TxQueue) send() {
 	n := uint32(len(q.order))
 	for q.sent != q.tail {
 		first := q.sent % n
@@ -333,30 +338,34 @@ func (q *TxQueue) send() error {
 		r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(q.s.fd), uintptr(unsafe.Pointer(&q.msgs[first])), uintptr(k), unix.MSG_DONTWAIT, 0, 0)
 		q.Notifies.Add(1)
 		if e != 0 {
-			if errors.Is(e, unix.EAGAIN) || errors.Is(e, unix.ENOBUFS) || errors.Is(e, unix.EINTR) {
-				return nil
+			if e == unix.EAGAIN || e == unix.ENOBUFS || e == unix.EINTR {
+				return
 			}
-			return fmt.Errorf("afpacket: sendmmsg on %s: %w", q.Name, e)
+			// The kernel refused the first frame (too long for the
+			// interface, the interface gone): it completes with that
+			// error and the frames behind it go on.
+			q.complete(1, uint16(e))
+			continue
 		}
-		q.complete(uint32(r))
+		q.complete(uint32(r), 0)
 		if uint32(r) < k {
-			return nil // the socket took what it could: the rest at the next flush
+			return // the socket took what it could: the rest at the next flush
 		}
 	}
-	return nil
 }
 
 // complete writes the completions of the next k frames sent, then
 // publishes them (release: the entries first), and signals a CQ the
 // queue feeds if it is armed.
-func (q *TxQueue) complete(k uint32) {
+func (q *TxQueue) complete(k uint32, errno uint16) {
 	n := uint32(len(q.order))
 	p := atomic.LoadUint32(q.prod)
 	for range k {
 		id := q.order[q.sent%n]
 		e := q.comp[8*(p%n):]
 		binary.LittleEndian.PutUint32(e, id)
-		binary.LittleEndian.PutUint32(e[4:], uint32(q.lens[id]))
+		binary.LittleEndian.PutUint16(e[4:], uint16(q.lens[id]))
+		binary.LittleEndian.PutUint16(e[6:], errno)
 		p++
 		q.sent++
 	}
@@ -372,14 +381,29 @@ type txReader struct {
 	tx *TxQueue
 }
 
-// Read implements qcore.Ring: frames still waiting are sent first.
+// Read implements qcore.Ring: frames still waiting are sent first. A
+// frame the kernel refused completes with its errno (Meta[0]).
 func (r txReader) Read(cs []cqring.Completion) int {
 	if q := r.tx; q.sent != q.tail {
-		if err := q.send(); err != nil && q.sendErr == nil {
-			q.sendErr = err // for the next Flush
+		q.send()
+	}
+	n := r.Take(cs)
+	for i := range cs[:n] {
+		if c := &cs[i]; c.Err == 0 && c.Meta[0] != 0 {
+			c.Err = cq.Errno(c.Meta[0])
 		}
 	}
-	return r.Take(cs)
+	return n
+}
+
+// Err implements qcore.Ring: a refused frame's error names the kernel's
+// errno (errors.Is with unix.EMSGSIZE and the like).
+func (r txReader) Err(c *cqring.Completion) error {
+	if c.Prov == 0 && c.Meta[0] != 0 {
+		// Allocates, as errors are rare: the errno says what went wrong.
+		return fmt.Errorf("%w: afpacket: the kernel refused the frame: %w", nic.ErrDeviceStatus, unix.Errno(c.Meta[0]))
+	}
+	return r.reader.Err(c)
 }
 
 // Notify implements qcore.Ring: sendmmsg for the frames waiting.
@@ -388,8 +412,6 @@ func (r txReader) Notify() (rang, suppressed bool) {
 	if q.sent == q.tail {
 		return false, false
 	}
-	if err := q.send(); err != nil {
-		q.sendErr = err
-	}
+	q.send()
 	return true, false
 }

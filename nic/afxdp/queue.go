@@ -217,18 +217,31 @@ func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if err := q.LockSend(len(frame), q.maxFrame); err != nil {
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), ctx, frame, nil) }
+
+// SendFunc implements nic.TxQueue: fill writes into the UMEM chunk the
+// transmit descriptor names.
+func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return qcore.ErrNilFill
+	}
+	return q.send(n, ctx, nil, fill)
+}
+
+// send posts an n-byte frame, copied from frame or written by fill.
+func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
+	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
-	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return qcore.ErrNoDesc
 	}
 	addr := uint64(id) << q.x.shift
-	copy(q.x.mem[addr:addr+uint64(len(frame))], frame)
-	q.x.tx.putDesc(addr, uint32(len(frame)))
+	end := addr + uint64(n)
+	qcore.Write(q.x.mem[addr:end:end], frame, fill)
+	q.x.tx.putDesc(addr, uint32(n))
 	q.sr.Out++
 	return nil
 }
@@ -288,9 +301,14 @@ func (r txReader) Publish() {
 }
 
 // Notify implements qcore.Ring; a forwarder waiting for an armed CQ
-// waits for these sends' completions now.
+// waits for these sends' completions now. A Flush with nothing new kicks
+// the kernel again when it asks, for sends still in the transmit ring
+// (copy mode sends a bounded batch per kick).
 func (r txReader) Notify() (rang, suppressed bool) {
 	rang, suppressed = r.notify(r.q.x.kick)
+	if !rang && !suppressed {
+		r.rekick()
+	}
 	if fw := r.q.FW; fw != nil {
 		fw.Poke()
 	}

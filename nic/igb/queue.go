@@ -365,8 +365,20 @@ func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue: one advanced data descriptor with EOP, IFCS
 // (the device appends the FCS) and RS (report status: DD is written back).
-func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), ctx, frame, nil) }
+
+// SendFunc implements nic.TxQueue: fill writes into the DMA buffer of the
+// descriptor at the tail.
+func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return qcore.ErrNilFill
+	}
+	return q.send(n, ctx, nil, fill)
+}
+
+// send posts an n-byte frame, copied from frame or written by fill.
+func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
+	if n < nic.MinFrame || n > q.maxFrame {
 		return errFrameSize
 	}
 	q.Mu.Lock()
@@ -377,23 +389,23 @@ func (q *TxQueue) Send(frame []byte, ctx any) error {
 	if !q.room() {
 		return errNoDesc
 	}
-	if _, err := q.take(frame, ctx); err != nil {
+	if _, err := q.take(n, frame, fill, ctx); err != nil {
 		return err
 	}
-	q.commit(len(frame), 0)
+	q.commit(n, 0)
 	return nil
 }
 
-// take copies frame into the buffer of the descriptor at the tail and
-// records the operation; commit then writes the descriptor. Called locked,
-// with room.
-func (q *TxQueue) take(frame []byte, ctx any) ([]byte, error) {
-	buf := q.pool.Buf(q.tail)
-	n := copy(buf, frame)
+// take puts an n-byte frame (copied from frame, or written by fill) into
+// the buffer of the descriptor at the tail and records the operation;
+// commit then writes the descriptor. Called locked, with room.
+func (q *TxQueue) take(n int, frame []byte, fill func([]byte), ctx any) ([]byte, error) {
+	buf := q.pool.Buf(q.tail)[:n:n]
+	qcore.Write(buf, frame, fill)
 	if err := q.postTail(ctx, uintptr(unsafe.Pointer(&buf[0])), n, 0); err != nil {
 		return nil, err
 	}
-	return buf[:n], nil
+	return buf, nil
 }
 
 // commit writes the data descriptor of an n-byte frame at the tail, with

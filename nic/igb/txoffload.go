@@ -176,7 +176,7 @@ func (q *TxQueue) SendChecksum(frame []byte, ctx any, cs TxChecksum) error {
 	} else if !q.room() {
 		return errNoDesc
 	}
-	buf, err := q.take(frame, ctx)
+	buf, err := q.take(len(frame), frame, nil, ctx)
 	if err != nil {
 		return err
 	}

@@ -369,18 +369,30 @@ func newTxQueue(d *Device, i, n, maxFrame int, mem hugepage.Options) (*TxQueue, 
 }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.max {
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), ctx, frame, nil) }
+
+// SendFunc implements nic.TxQueue: fill writes into transmit buffer i of
+// the posting's table slot i.
+func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return qcore.ErrNilFill
+	}
+	return q.send(n, ctx, nil, fill)
+}
+
+// send posts an n-byte frame, copied from frame or written by fill.
+func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
+	if n < nic.MinFrame || n > q.max {
 		return errFrameSize
 	}
-	op := cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg}
+	op := cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg}
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	ds, slot, err := q.post(&op, 0)
 	if err != nil {
 		return err
 	}
-	copy(q.pool.Buf(slot), frame)
+	qcore.Write(q.pool.Buf(slot)[:n:n], frame, fill)
 	ds.addr = q.pool.Addr(slot) // read by the device once Flush publishes it
 	return nil
 }

@@ -379,7 +379,7 @@ func (q *TxQueue) SendL4Checksum(frame []byte, ctx any) error {
 	if !q.csum {
 		return errNoCsum
 	}
-	return q.send(frame, ctx, true)
+	return q.send(len(frame), ctx, frame, nil, true)
 }
 
 // OffloadStats count what the checksum offloads did since Open.

@@ -170,13 +170,25 @@ func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*Tx
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(frame, ctx, false) }
+func (q *TxQueue) Send(frame []byte, ctx any) error {
+	return q.send(len(frame), ctx, frame, nil, false)
+}
 
-// send posts frame, with NEEDS_CSUM when partial (SendL4Checksum).
-func (q *TxQueue) send(frame []byte, ctx any, partial bool) error {
-	if len(frame) < nic.MinFrame || len(frame) > q.maxFrame {
+// SendFunc implements nic.TxQueue: fill writes into the transmit buffer
+// of the descriptor, after its virtio-net header.
+func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return qcore.ErrNilFill
+	}
+	return q.send(n, ctx, nil, fill, false)
+}
+
+// send posts an n-byte frame, copied from frame or written by fill, with
+// NEEDS_CSUM when partial (SendL4Checksum, which copies).
+func (q *TxQueue) send(size int, ctx any, frame []byte, fill func([]byte), partial bool) error {
+	if size < nic.MinFrame || size > q.maxFrame {
 		// Allocates, as a caller's mistake may: the numbers say what is wrong.
-		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, len(frame), nic.MinFrame, q.maxFrame)
+		return fmt.Errorf("%w: frame of %d bytes outside [%d, %d]", nic.ErrFrameSize, size, nic.MinFrame, q.maxFrame)
 	}
 	if partial {
 		if _, _, ok := l4Partial(frame, false); !ok {
@@ -191,12 +203,13 @@ func (q *TxQueue) send(frame []byte, ctx any, partial bool) error {
 	if q.vq.room() < 1 {
 		return qcore.ErrNoDesc
 	}
-	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Len: len(frame), Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)}, 1)
+	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Len: size, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)}, 1)
 	if !ok {
 		return qcore.ErrNoDesc
 	}
 	b := q.pool.Buf(uint32(id))
-	n := netHdrLen + copy(b[netHdrLen:], frame)
+	n := netHdrLen + size
+	qcore.Write(b[netHdrLen:n:n], frame, fill)
 	if q.csum {
 		// The buffer's header may hold a previous frame's offload.
 		var h netHdr

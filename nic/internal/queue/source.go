@@ -99,6 +99,20 @@ type Notifier interface {
 // not allocate.
 var ErrFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
 
+// ErrNilFill is SendFunc's error for a nil fill.
+var ErrNilFill = fmt.Errorf("%w: SendFunc with a nil fill", nic.ErrInvalid)
+
+// Write puts a send's frame into its buffer b, whose length is the
+// frame's: fill's in-place write (SendFunc), else a copy of frame (Send).
+// One send path serves both, without a closure per Send.
+func Write(b, frame []byte, fill func([]byte)) {
+	if fill != nil {
+		fill(b)
+		return
+	}
+	copy(b, frame)
+}
+
 // LockSend begins a send of a frame of n bytes on a queue that takes at
 // most max: nil with Mu held (the caller unlocks), or why not (the
 // frame's size, the queue closed or broken) with Mu not held.
