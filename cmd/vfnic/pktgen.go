@@ -321,6 +321,15 @@ func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 	stride := max(g.stride, 1)
 	var start time.Time
 	sent, done := uint64(0), false
+	// In place (SendFunc), only a frame's head is written: the transmit
+	// buffer keeps zeros past it from the frames before, as DPDK's
+	// txonly writes only headers into mbufs.
+	head := 0
+	if h, ok := g.src.(headed); ok {
+		head = h.head()
+	}
+	var cur []byte
+	fill := func(b []byte) { copy(b, cur[:min(head, len(cur))]) }
 	return core.AddFunc(func() (int, error) {
 		if done {
 			return 0, nil
@@ -354,7 +363,14 @@ func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 		}
 		n := 0
 		for ; uint64(n) < limit; n++ {
-			err := g.tx.Send(g.src.next(g.first+sent*stride), nil)
+			frame := g.src.next(g.first + sent*stride)
+			var err error
+			if head > 0 {
+				cur = frame
+				err = g.tx.SendFunc(len(frame), nil, fill)
+			} else {
+				err = g.tx.Send(frame, nil)
+			}
 			if errors.Is(err, nic.ErrFull) {
 				// Counted once per wait: the core polls the ring again
 				// (or sleeps on its interrupt) until the device completes some.
@@ -421,10 +437,31 @@ type frameSource interface {
 	next(i uint64) []byte
 }
 
+// headed is a frameSource whose frames differ only in their first head()
+// bytes and hold zeros after them (0: not so): pktgen, the only sender on
+// its queue, then writes only the head into a transmit buffer, which
+// holds zeros past it from the frames sent from it before (or from new).
+type headed interface {
+	head() int
+}
+
 // seqFrame is one frame whose 8 bytes at seqOff carry the sequence number.
 type seqFrame struct {
 	frame  []byte
 	seqOff int
+}
+
+// head implements headed when the frame is zeros past its sequence number.
+func (f *seqFrame) head() int { return zeroPast(f.frame, f.seqOff+8) }
+
+// zeroPast is head when b's bytes from head on are zeros, else 0.
+func zeroPast(b []byte, head int) int {
+	for _, c := range b[min(head, len(b)):] {
+		if c != 0 {
+			return 0
+		}
+	}
+	return head
 }
 
 func (f *seqFrame) next(i uint64) []byte {

@@ -284,6 +284,10 @@ func newFlowGen(spec flowSpec) (*flowGen, error) {
 	return g, nil
 }
 
+// head implements headed: every field that changes lies before the end of
+// the sequence number, and the payload after it is zeros.
+func (g *flowGen) head() int { return zeroPast(g.buf, g.seqOff+8) }
+
 // next returns frame i (valid until the next call), its sequence number
 // i in the 8 bytes after the UDP header.
 func (g *flowGen) next(i uint64) []byte {
