@@ -110,11 +110,13 @@ type rxQueue struct {
 type txQueue struct {
 	mu      sync.Mutex
 	q       nic.TxQueue
-	csum    txChecksummer    // nil without transmit checksum offload
-	seen    uint64           // packets written, for dropEvery
-	limit   int              // sends outstanding before a write waits (half the ring; the rest is spare)
-	scratch []byte           // one frame, gathered from the packet's views
-	comps   []nic.Completion // transmit completions reaped before sending
+	csum    txChecksummer       // nil without transmit checksum offload
+	seen    uint64              // packets written, for dropEvery
+	limit   int                 // sends outstanding before a write waits (half the ring; the rest is spare)
+	scratch []byte              // one frame, gathered from the packet's views
+	pkt     *stack.PacketBuffer // the packet fill gathers (SendFunc)
+	fill    func([]byte)        // t.gatherPkt, made once
+	comps   []nic.Completion    // transmit completions reaped before sending
 
 	// With Config.CoreTransmit: packets the stack's senders queued for
 	// the polling core of this queue's pair (under qmu, at most qlen),
@@ -161,6 +163,7 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpo
 		e.rx[i] = rxQueue{ep: e, q: rq}
 		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64),
 			limit: max(tq.Size()/2, 1)}
+		e.tx[i].fill = e.tx[i].gatherPkt
 		e.rx[i].csum, _ = rq.(rxChecksummer)
 		e.tx[i].csum, _ = tq.(txChecksummer)
 		if o, ok := rq.(checksumOffloader); ok && !o.ChecksumOffload() {
@@ -467,8 +470,7 @@ func (e *endpoint) write(list []*stack.PacketBuffer) (int, tcpip.Error) {
 			done++
 			continue
 		}
-		n := gather(t.scratch, pkt)
-		if n < 0 {
+		if pkt.Size() > len(t.scratch) {
 			done++ // longer than the device's frames: dropped
 			continue
 		}
@@ -488,14 +490,11 @@ func (e *endpoint) write(list []*stack.PacketBuffer) (int, tcpip.Error) {
 			}
 		}
 		if err == nil {
-			err = e.send(t, t.scratch[:n])
+			err = e.send(t, pkt)
 		}
 		if err != nil {
 			terr = e.txError(err)
 			break
-		}
-		if e.capture != nil {
-			e.capture.frame(t.scratch[:n])
 		}
 		done++
 		posted++
@@ -508,9 +507,30 @@ func (e *endpoint) write(list []*stack.PacketBuffer) (int, tcpip.Error) {
 	return done, terr
 }
 
-// send posts one frame; with transmit checksum offload, the device fills
-// in the checksum of a TCP or UDP frame, which the stack left out.
-func (e *endpoint) send(t *txQueue, frame []byte) error {
+// send posts one packet. Without transmit checksum offload (the stack
+// computed every checksum) its views are gathered straight into the
+// queue's DMA buffer (SendFunc); with it, the device fills in the
+// checksum of a TCP or UDP frame, which the stack left out, from a frame
+// gathered first so that its headers can be parsed. A capture sees the
+// frame as sent.
+func (e *endpoint) send(t *txQueue, pkt *stack.PacketBuffer) error {
+	if t.csum == nil && e.capture == nil {
+		t.pkt = pkt
+		err := t.q.SendFunc(pkt.Size(), nil, t.fill)
+		t.pkt = nil
+		return err
+	}
+	frame := t.scratch[:gather(t.scratch, pkt)]
+	err := e.sendFrame(t, frame)
+	if err == nil && e.capture != nil {
+		e.capture.frame(frame)
+	}
+	return err
+}
+
+// sendFrame posts a gathered frame, with checksum offload when the queue
+// has it and the frame is TCP or UDP.
+func (e *endpoint) sendFrame(t *txQueue, frame []byte) error {
 	if t.csum == nil || !needsL4Checksum(frame) {
 		return t.q.Send(frame, nil)
 	}
@@ -527,12 +547,12 @@ func (e *endpoint) send(t *txQueue, frame []byte) error {
 	return t.q.Send(frame, nil)
 }
 
-// gather copies pkt's bytes into dst and returns their length, or -1 when
-// they do not fit.
+// gatherPkt is SendFunc's fill: t.pkt's bytes into the lent buffer.
+func (t *txQueue) gatherPkt(b []byte) { gather(b, t.pkt) }
+
+// gather copies pkt's bytes into dst, which holds them (the caller
+// checks), and returns their length.
 func gather(dst []byte, pkt *stack.PacketBuffer) int {
-	if pkt.Size() > len(dst) {
-		return -1
-	}
 	views, off := pkt.AsViewList()
 	n := 0
 	for v := views.Front(); v != nil; v = v.Next() {
