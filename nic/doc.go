@@ -31,6 +31,14 @@
 // buffer, a descriptor out of phase) comes back with Err set, never as a
 // panic; an error completion is always the last of a batch.
 //
+// A transmit queue takes a frame either copied (Send) or written in place
+// into its DMA buffer (SendFunc, the zero-copy send, as a DPDK program
+// writes an mbuf from its pool). A transmit buffer keeps what the last
+// frame sent from it left there, so a sender whose frames differ only in
+// their headers writes only those (vfnic pktgen does):
+//
+//	err := tx.SendFunc(len(tmpl), nil, func(b []byte) { copy(b, hdr) })
+//
 // A queue's completions can also feed a cq.CQ (Device.BindCQ): the CQ then
 // reads the device's completion ring directly, with the fi_cq semantics of
 // package cq, and the queue's interrupt signals the CQ's wait object.

@@ -6,6 +6,7 @@
 //
 //	hostdev tx -i IF [-size 64] [-dst-mac M] [-batch 32] [-duration D]
 //	hostdev rx -i IF [-batch 32] [-duration D]
+//	hostdev rx-v2|rx-v3 -i IF [-duration D]
 //
 // tx builds one UDP frame (the headers of testpmd's txonly: 198.18.0.1 ->
 // 198.18.0.2, port 9 -> 9, payload zero) and sends it -batch times per
@@ -15,6 +16,11 @@
 // recvmmsg (MSG_WAITFORONE: it returns once one is there, so a slow
 // sender is not waited for), into buffers of 2048 bytes, with the socket's
 // default receive buffer.
+//
+// rx-v2 and rx-v3 read a PACKET_RX_RING of TPACKET_V2 (a fixed slot per
+// frame, vfnic's afpacket and DPDK's net_af_packet) or TPACKET_V3 (blocks
+// of frames packed back to back), 1 MiB each, by status word, with no
+// copy: the measure of which fits a receive ring better (ring.go).
 //
 // Every -progress interval it prints a line as vfnic's traffic commands
 // do, "T.Ts  rx N pps ... tx N pps ... totals rx N tx N", which run.sh
@@ -39,8 +45,8 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || (os.Args[1] != "tx" && os.Args[1] != "rx") {
-		fmt.Fprintln(os.Stderr, "usage: hostdev tx|rx -i IF [flags]")
+	if len(os.Args) < 2 || (os.Args[1] != "tx" && os.Args[1] != "rx" && os.Args[1] != "rx-v2" && os.Args[1] != "rx-v3") {
+		fmt.Fprintln(os.Stderr, "usage: hostdev tx|rx|rx-v2|rx-v3 -i IF [flags]")
 		os.Exit(2)
 	}
 	mode := os.Args[1]
@@ -52,6 +58,13 @@ func main() {
 	dur := fs.Duration("duration", 0, "stop after this long (0: until SIGINT/SIGTERM)")
 	every := fs.Duration("progress", time.Second, "interval between progress lines (0: none)")
 	_ = fs.Parse(os.Args[2:])
+	if mode == "rx-v2" || mode == "rx-v3" {
+		if err := runRing(int(mode[4]-'0'), *ifname, *dur, *every); err != nil {
+			fmt.Fprintf(os.Stderr, "hostdev %s: %v\n", mode, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(mode, *ifname, *size, *dst, *batch, *dur, *every); err != nil {
 		fmt.Fprintf(os.Stderr, "hostdev %s: %v\n", mode, err)
 		os.Exit(1)

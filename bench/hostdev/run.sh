@@ -41,7 +41,9 @@
 # Settings (environment): DUR (15), WARM (2), REPEAT (3), SIZES ("64 1514"),
 # DIRS ("tx rx"), TOOLS (all, in this order: vfnic-afxdp-busy
 # vfnic-afxdp-adaptive dpdk-afxdp vfnic-afpacket-busy
-# vfnic-afpacket-adaptive dpdk-afpacket go-mmsg), TOOL_CPU (1), GEN_CPU (0),
+# vfnic-afpacket-adaptive dpdk-afpacket go-mmsg; also, receive only and not
+# in the default list, go-tpacket-v2 and go-tpacket-v3: this folder's Go
+# program on a PACKET_RX_RING of either version), TOOL_CPU (1), GEN_CPU (0),
 # QSIZE (dpdk), OUT (build and log folder, default bench/out), GO (go command).
 # Needs root (namespaces, AF_XDP). Prints each run as it ends, then the table;
 # README.md has the measured tables and where the time goes.
@@ -248,9 +250,15 @@ one() {
 		kill -INT "$p" 2>/dev/null || true
 		wait "$p" || { echo "$tool exited with an error: $(tail -3 "$log" | tr '\n' ' ')" >&2; r=; }
 		;;
+	tx:go-tpacket-*)
+		echo "$tool receives only" >&2
+		return 1
+		;;
 	rx:*)
 		if [ "$tool" = go-mmsg ]; then
 			"${inA[@]}" "$MMSG" rx -i vfx0 -duration "$((WARM + DUR + 1))s" >"$log" 2>&1 &
+		elif [ "$tool" = go-tpacket-v2 ] || [ "$tool" = go-tpacket-v3 ]; then
+			"${inA[@]}" "$MMSG" "rx-${tool#go-tpacket-}" -i vfx0 -duration "$((WARM + DUR + 1))s" >"$log" 2>&1 &
 		else
 			# shellcheck disable=SC2046
 			"${inA[@]}" $(vfnic_cmd rx "$tool" "$size" $((WARM + DUR + 1))) >"$log" 2>&1 &

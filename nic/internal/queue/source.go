@@ -29,7 +29,9 @@ func NewSourceRing(cfg cqring.RingConfig, slots int) (SourceRing, error) {
 	if err != nil {
 		return SourceRing{}, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, cfg.Layout.Name, err)
 	}
-	tab, err := cqring.NewTable(slots, bits.Len(uint(slots-1)))
+	// The queue's lock serialises posts and reads (Poll and a bound CQ's
+	// ReadBatch both take it): no lock or release store of the table's own.
+	tab, err := cqring.NewSingleThreadedTable(slots, bits.Len(uint(slots-1)))
 	if err != nil {
 		return SourceRing{}, fmt.Errorf("%w: %s: %v", nic.ErrInvalid, cfg.Layout.Name, err)
 	}
