@@ -223,12 +223,15 @@ type TxQueue struct {
 	queue
 	maxFrame int
 	bufs     [][]byte // the frame of each table slot
-	lens     []int
-	order    []uint32 // table slots in posting order, a ring
-	msgs     []unix.Mmsghdr
-	iovs     []unix.Iovec
-	comp     []byte // the completion ring: entries, then the producer index
-	prod     *uint32
+	// free holds the slots not posted: a send takes the one sent last,
+	// whose buffer the kernel's copy just read (a cache-warm buffer).
+	free  qcore.FreeSlots
+	lens  []int
+	order []uint32 // table slots in posting order, a ring
+	msgs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	comp  []byte // the completion ring: entries, then the producer index
+	prod  *uint32
 	// sent and tail count postings (free-running): those before sent
 	// went out, those from sent to tail wait for sendmmsg.
 	sent, tail uint32
@@ -237,7 +240,7 @@ type TxQueue struct {
 var _ nic.TxQueue = (*TxQueue)(nil)
 
 func newTxQueue(s *sock, pair int, name string, n, maxFrame int) (*TxQueue, error) {
-	q := &TxQueue{maxFrame: maxFrame, bufs: make([][]byte, n), lens: make([]int, n), order: make([]uint32, n),
+	q := &TxQueue{maxFrame: maxFrame, bufs: make([][]byte, n), free: qcore.NewFreeSlots(n), lens: make([]int, n), order: make([]uint32, n),
 		msgs: make([]unix.Mmsghdr, n), iovs: make([]unix.Iovec, n), comp: make([]byte, 8*n+64)}
 	q.s = s
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, s.irq, uint32(2*pair+1), "afpacket"
@@ -278,12 +281,9 @@ func (q *TxQueue) enqueue(n int, ctx any, frame []byte, fill func([]byte)) error
 		return err
 	}
 	defer q.Mu.Unlock()
-	if q.sr.Out >= len(q.bufs) {
-		return qcore.ErrNoDesc
-	}
-	id, err := q.sr.Tab.Post(cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	id, err := q.free.Post(q.sr.Tab, cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
-		return qcore.ErrNoDesc
+		return err
 	}
 	qcore.Write(q.bufs[id][:n:n], frame, fill)
 	q.lens[id] = n
@@ -388,6 +388,7 @@ func (r txReader) Read(cs []cqring.Completion) int {
 		q.send()
 	}
 	n := r.Take(cs)
+	r.tx.free.Release(cs[:n])
 	for i := range cs[:n] {
 		if c := &cs[i]; c.Err == 0 && c.Meta[0] != 0 {
 			c.Err = cq.Errno(c.Meta[0])

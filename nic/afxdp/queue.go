@@ -199,24 +199,18 @@ func (r rxReader) Arm(threshold int) (late, ok bool) {
 type TxQueue struct {
 	queue
 	maxFrame int
-	// free holds the chunks of the slots not posted, a stack: a send
-	// takes the chunk whose send completed last, which the kernel's copy
-	// just read, so that the chunks in use stay few and in the CPU's
-	// caches (DPDK's mempool cache does the same for net_af_xdp's
-	// mbufs). Taken in ring order instead, a 2048-entry ring cycles
-	// through 8 MiB of UMEM, and the kernel's copy of frames written
-	// only in their headers (SendFunc) ran at 0.6-0.7x of the rate with
-	// 256 entries.
-	free []uint32
+	// free holds the chunks of the slots not posted: a send takes the
+	// chunk whose send completed last, which the kernel's copy just read.
+	// Taken in ring order instead, a 2048-entry ring cycles through 8 MiB
+	// of UMEM, and the kernel's copy of frames written only in their
+	// headers (SendFunc) ran at 0.6-0.7x of the rate with 256 entries.
+	free qcore.FreeSlots
 }
 
 var _ nic.TxQueue = (*TxQueue)(nil)
 
 func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
-	q := &TxQueue{maxFrame: maxFrame, free: make([]uint32, x.tx.n)}
-	for i := range q.free {
-		q.free[i] = uint32(len(q.free) - 1 - i) // chunk 0 on top
-	}
+	q := &TxQueue{maxFrame: maxFrame, free: qcore.NewFreeSlots(int(x.tx.n))}
 	q.x, q.prod = x, &x.tx
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, x.irq, uint32(2*pair+1), "afxdp"
 	if err := q.init(txReader{reader{&q.sr, &q.queue}, q}, &x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), nil); err != nil {
@@ -246,15 +240,10 @@ func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
 		return err
 	}
 	defer q.Mu.Unlock()
-	top := len(q.free) - 1
-	if top < 0 {
-		return qcore.ErrNoDesc
+	chunk, err := q.free.Post(q.sr.Tab, cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
+	if err != nil {
+		return err
 	}
-	chunk := q.free[top]
-	if _, err := q.sr.Tab.PostSlot(chunk, cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)}); err != nil {
-		return qcore.ErrNoDesc // the table has not published the slot's release yet
-	}
-	q.free = q.free[:top]
 	addr := uint64(chunk) << q.x.shift
 	end := addr + uint64(n)
 	qcore.Write(q.x.mem[addr:end:end], frame, fill)
@@ -305,12 +294,9 @@ type txReader struct {
 // on the free stack.
 func (r txReader) Read(cs []cqring.Completion) int {
 	n := r.read(cs)
+	r.tx.free.Release(cs[:n])
 	for i := range cs[:n] {
-		c := &cs[i]
-		if c.Done {
-			r.tx.free = append(r.tx.free, c.ID) // within its capacity: one per slot
-		}
-		if c.Err == 0 && (c.Meta[0] != 0 || c.Meta[1] != 0) {
+		if c := &cs[i]; c.Err == 0 && (c.Meta[0] != 0 || c.Meta[1] != 0) {
 			c.Err, c.Prov = cq.EIO, cq.ProvBadID
 		}
 	}

@@ -129,3 +129,46 @@ func (q *Queue) LockSend(n, max int) error {
 	}
 	return nil
 }
+
+// FreeSlots is a stack of a table's free slots, for a driver that keys a
+// buffer of its own to each slot and posts with PostSlot: the slot whose
+// send completed last is posted next, so that the buffers in use stay
+// few and in the CPU's caches (as DPDK's mempool cache keeps recently
+// freed mbufs), where the table's own free queue would cycle through
+// every buffer. Used under the queue's lock.
+type FreeSlots struct{ s []uint32 }
+
+// NewFreeSlots returns the stack of slots 0 to n-1, slot 0 on top.
+func NewFreeSlots(n int) FreeSlots {
+	f := FreeSlots{s: make([]uint32, n)}
+	for i := range f.s {
+		f.s[i] = uint32(n - 1 - i)
+	}
+	return f
+}
+
+// Post posts op into the slot on top, which it returns; ErrNoDesc when
+// none is free (or the table has not published the slot's release yet,
+// which it does at the end of each read).
+func (f *FreeSlots) Post(t *cqring.Table, op cqring.Op) (uint32, error) {
+	top := len(f.s) - 1
+	if top < 0 {
+		return 0, ErrNoDesc
+	}
+	slot := f.s[top]
+	if _, err := t.PostSlot(slot, op); err != nil {
+		return 0, ErrNoDesc
+	}
+	f.s = f.s[:top]
+	return slot, nil
+}
+
+// Release puts back the slots of the completions in cs that ended their
+// posting (Done; with ids without generation bits, an id is its slot).
+func (f *FreeSlots) Release(cs []cqring.Completion) {
+	for i := range cs {
+		if cs[i].Done {
+			f.s = append(f.s, cs[i].ID) // within capacity: one per slot
+		}
+	}
+}
