@@ -18,7 +18,7 @@ type waitResult struct {
 func pollerWait(e *FD, ctx context.Context, deadline time.Time) <-chan waitResult {
 	r := make(chan waitResult, 1)
 	go func() {
-		n, err := e.waitPoller(ctx, deadline)
+		n, err := e.waitPoller(ctx, deadline, nil)
 		r <- waitResult{n, err}
 	}()
 	return r
@@ -139,7 +139,7 @@ func TestPollerWaitNoAllocs(t *testing.T) {
 					deadline = time.Now().Add(timeout)
 				}
 				_ = e.Add(1)
-				if n, err := e.waitPoller(c, deadline); n != 1 || err != nil {
+				if n, err := e.waitPoller(c, deadline, nil); n != 1 || err != nil {
 					t.Errorf("wait: %d %v", n, err)
 				}
 			}
