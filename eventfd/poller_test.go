@@ -25,7 +25,7 @@ func pollerWait(e *FD, ctx context.Context, deadline time.Time) <-chan waitResul
 }
 
 // result waits up to 2 s for a wait to return.
-func result(t *testing.T, r <-chan waitResult, what string) waitResult {
+func result[T any](t *testing.T, r <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-r:
@@ -33,7 +33,8 @@ func result(t *testing.T, r <-chan waitResult, what string) waitResult {
 	case <-time.After(2 * time.Second):
 		t.Fatalf("%s: still waiting after 2s", what)
 	}
-	return waitResult{}
+	var zero T
+	return zero
 }
 
 // still checks that a wait has not returned.

@@ -35,18 +35,6 @@ func onGoroutine(t *testing.T, pinned bool, f func() error) <-chan error {
 	return done
 }
 
-// within waits up to 2 s for a result.
-func within(t *testing.T, r <-chan error, what string) error {
-	t.Helper()
-	select {
-	case err := <-r:
-		return err
-	case <-time.After(2 * time.Second):
-		t.Fatalf("%s: still waiting after 2s", what)
-	}
-	return nil
-}
-
 // staleSocket returns a readiness FD over one end of a unix socket pair
 // whose other end (peer) has written a byte nobody reads: readable for
 // good, with nothing new; own is the end the FD stands for.
@@ -96,12 +84,12 @@ func TestWaitForStaleReadiness(t *testing.T) {
 			}
 			_, err := unix.Write(peer, []byte{2})
 			require.NoError(t, err)
-			require.NoError(t, within(t, r, "WaitFor after new data"))
+			require.NoError(t, result(t, r, "WaitFor after new data"))
 			t.Logf("%d looks", looks.Load())
 			ok.Store(false)
 
 			start := time.Now()
-			err = within(t, onGoroutine(t, pinned, func() error {
+			err = result(t, onGoroutine(t, pinned, func() error {
 				return e.WaitFor(context.Background(), start.Add(100*time.Millisecond), ready)
 			}), "WaitFor with a deadline")
 			require.ErrorIs(t, err, ErrTimeout)
@@ -111,12 +99,12 @@ func TestWaitForStaleReadiness(t *testing.T) {
 			r = onGoroutine(t, pinned, func() error { return e.WaitFor(ctx, time.Time{}, ready) })
 			time.Sleep(50 * time.Millisecond)
 			cancel()
-			require.ErrorIs(t, within(t, r, "WaitFor, cancelled"), context.Canceled)
+			require.ErrorIs(t, result(t, r, "WaitFor, cancelled"), context.Canceled)
 
 			r = onGoroutine(t, pinned, func() error { return e.WaitFor(context.Background(), time.Time{}, ready) })
 			time.Sleep(50 * time.Millisecond)
 			require.NoError(t, e.Close())
-			require.ErrorIs(t, within(t, r, "WaitFor, closed"), ErrClosed)
+			require.ErrorIs(t, result(t, r, "WaitFor, closed"), ErrClosed)
 			require.ErrorIs(t, e.WaitFor(context.Background(), time.Time{}, ready), ErrClosed)
 		})
 	}
@@ -215,7 +203,7 @@ func TestWaitForEventfd(t *testing.T) {
 	require.Zero(t, n, "the look took the count")
 	ok.Store(true)
 	require.NoError(t, e.Add(1))
-	require.NoError(t, within(t, r, "WaitFor after the condition came true"))
+	require.NoError(t, result(t, r, "WaitFor after the condition came true"))
 	require.ErrorIs(t, e.WaitFor(nil, time.Time{}, ready), os.ErrInvalid)
 }
 
