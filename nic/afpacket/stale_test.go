@@ -109,3 +109,53 @@ func TestForwarderStaleReadiness(t *testing.T) {
 	}
 	require.NoError(t, <-sent)
 }
+
+// TestSReadStaleReadiness: a queue's own SRead (no CQ) while the caller
+// holds the last frame received, the socket readable with nothing to
+// read, sleeps until its timeout instead of waking at once, again and
+// again (116,020 wake-ups in 500 ms of one SRead before WaitFor): the
+// queue counts no interrupt in 300 ms. The transmit queue's, with
+// nothing owed, sleeps too. The next frame wakes the receive queue's.
+func TestSReadStaleReadiness(t *testing.T) {
+	v := vt.New(t, 1)
+	dev := openIn(t, v.A, "vfx0", nic.Config{})
+	var p *vt.Peer
+	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
+	defer p.Close()
+	rx, tx := dev.rx[0], dev.tx[0]
+	for rx.PostRecv(nil) == nil {
+	}
+	require.NoError(t, rx.Flush())
+	b := make([]byte, 2048)
+	send := func(seq uint64) error {
+		return vt.In(v.B, func() error { return p.Send(vt.MakeFrame(b, dev.MAC(), p.MAC, seq)) })
+	}
+	comps := make([]nic.Completion, 8)
+	recv := func(seq uint64) uintptr {
+		t.Helper()
+		n, err := rx.SRead(context.Background(), comps, 1, 5*time.Second)
+		require.NoError(t, err, "waiting for frame %d", seq)
+		require.Equal(t, 1, n)
+		got, ok, err := vt.CheckFrame(comps[0].Data, dev.MAC(), p.MAC)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, seq, got)
+		return comps[0].Buf
+	}
+	require.NoError(t, send(0))
+	held := recv(0) // lent, not reposted: the socket stays readable
+
+	for name, q := range map[string]nic.Queue{"receive": rx, "transmit": tx} {
+		before := q.Stats().Interrupts
+		_, err := q.SRead(context.Background(), comps, 1, 300*time.Millisecond)
+		require.ErrorIs(t, err, nic.ErrTimeout)
+		require.Equal(t, before, q.Stats().Interrupts, "%s queue: wake-ups in 300 ms of a stale readiness", name)
+	}
+
+	sent := make(chan error, 1)
+	go func() { time.Sleep(50 * time.Millisecond); sent <- send(1) }()
+	next := recv(1)
+	require.NoError(t, <-sent)
+	require.NoError(t, rx.Repost(held, nil))
+	require.NoError(t, rx.Repost(next, nil))
+}
