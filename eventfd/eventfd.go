@@ -263,10 +263,10 @@ func (e *FD) wait(ctx context.Context, deadline time.Time, takeIt bool) (uint64,
 // WaitFor sleeps until ready reports true, the caller's own look at what
 // the FD's events announce (a ring holding entries), asked at once and
 // again after each event; it returns nil as soon as ready says true.
-// Its errors are Wait's. ready runs on the waiting goroutine, on the
-// runtime poller with the descriptor's read lock held: it must not
-// block, nor wait for anything a caller of Close may hold (Close waits
-// for it to return).
+// Its errors are Wait's. ready runs on the waiting goroutine, for a
+// readiness FD with the descriptor's read lock held: it must not block,
+// nor wait for anything a caller of Close may hold (Close waits for it
+// to return).
 //
 // On a readiness FD (Readable) it tells a new readiness from a stale
 // one, which Wait cannot: a descriptor can stay readable with nothing
