@@ -121,6 +121,13 @@ func Readable(fd int) (*FD, error) {
 	return &FD{fd: d, level: true, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
 
+// Readiness reports whether the FD stands for another descriptor's
+// readiness (Readable): no counter, and a readiness that can last with
+// nothing new to read. A sleeper on Fd in an epoll set of its own
+// registers such an FD edge-triggered (EPOLLET) and looks at what it
+// reports on after each wake-up, as WaitFor does on the runtime poller.
+func (e *FD) Readiness() bool { return e.level }
+
 // errLevelAdd is Add on an FD made by Readable.
 var errLevelAdd = fmt.Errorf("eventfd: Add on a readiness FD (Readable): %w", os.ErrInvalid)
 
