@@ -46,9 +46,8 @@
 // the caller keeps that buffer (neither Repost nor Release). A queue's
 // SRead and an armed CQ's forwarder therefore look at the ring after
 // each event the socket raises (eventfd.FD.WaitFor) and sleep on until a
-// frame is there; a core that sleeps on the descriptor in an epoll set of
-// its own (lcore's adaptive and interrupt modes) is still woken at once
-// while its handler keeps that buffer across the sleep.
+// frame is there; an lcore core registers the socket edge-triggered in
+// its epoll set and polls after each wake-up.
 //
 // AF_PACKET hands a received frame's outer VLAN tag (802.1Q or 802.1ad)
 // over in the slot header (tp_vlan_tci, tp_vlan_tpid) with the tag taken
