@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -71,7 +72,14 @@ type FD struct {
 	// blocked in the runtime's netpoll, usually on another CPU, for no
 	// goroutine at all, which is a wasted wake-up per interrupt for a
 	// polling core that sleeps on the fd with its own epoll.
-	f       *os.File
+	f *os.File
+	// rc and look serve the poller's wait on a readiness FD, made with
+	// f so that a wait allocates nothing; the one sleeper on the poller
+	// (turn) sets cond for look and reads lookErr.
+	rc      syscall.RawConn
+	look    func(fd uintptr) bool
+	cond    func() bool
+	lookErr error
 	closing bool     // Close has kicked the sleepers: no new ones
 	wakers  []int    // each thread sleeper's cancel eventfd, which Close kicks
 	spare   int      // a cancel eventfd for the next thread sleeper, or -1
@@ -112,6 +120,13 @@ func Readable(fd int) (*FD, error) {
 	}
 	return &FD{fd: d, level: true, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
+
+// Readiness reports whether the FD stands for another descriptor's
+// readiness (Readable): no counter, and a readiness that can last with
+// nothing new to read. A sleeper on Fd in an epoll set of its own
+// registers such an FD edge-triggered (EPOLLET) and looks at what it
+// reports on after each wake-up, as WaitFor does on the runtime poller.
+func (e *FD) Readiness() bool { return e.level }
 
 // errLevelAdd is Add on an FD made by Readable.
 var errLevelAdd = fmt.Errorf("eventfd: Add on a readiness FD (Readable): %w", os.ErrInvalid)
@@ -249,7 +264,51 @@ func (e *FD) wait(ctx context.Context, deadline time.Time, takeIt bool) (uint64,
 	if onOneCPU() {
 		return e.waitThread(ctx, deadline, takeIt)
 	}
-	return e.waitPoller(ctx, deadline)
+	return e.waitPoller(ctx, deadline, nil)
+}
+
+// WaitFor sleeps until ready reports true, the caller's own look at what
+// the FD's events announce (a ring holding entries), asked at once and
+// again after each event; it returns nil as soon as ready says true.
+// Its errors are Wait's. ready runs on the waiting goroutine, for a
+// readiness FD with the descriptor's read lock held: it must not block,
+// nor wait for anything a caller of Close may hold (Close waits for it
+// to return).
+//
+// On a readiness FD (Readable) it tells a new readiness from a stale
+// one, which Wait cannot: a descriptor can stay readable with nothing
+// new to read (an AF_PACKET socket while the slot before the kernel's
+// position is still lent to the caller), and Wait would then return at
+// once, again and again. WaitFor parks on the runtime poller, whose
+// registration is edge-triggered (EPOLLET): each event the descriptor
+// raises (the kernel's wake-up for a frame it wrote) leaves the sleeper
+// one token, and a look that finds nothing ready sleeps until the next.
+// No wake-up is lost: the token is consumed before ready looks, so an
+// event after the look leaves a new token, and the sleep that follows
+// returns at once. It does so on a pinned thread too, where Wait sleeps
+// in ppoll: level-triggered, ppoll would return at once for as long as
+// the stale readiness lasts.
+//
+// On an eventfd (New) the counter is the token: each look after the
+// first follows a wait that took it (Wait), and an Add after a look
+// leaves it non-zero for the wait that follows.
+func (e *FD) WaitFor(ctx context.Context, deadline time.Time, ready func() bool) error {
+	if ctx == nil || ready == nil {
+		return fmt.Errorf("eventfd: nil context or condition: %w", os.ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if e.level {
+		_, err := e.waitPoller(ctx, deadline, ready)
+		return err
+	}
+	for !ready() {
+		if _, err := e.wait(ctx, deadline, true); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // onOneCPU reports whether the calling thread may run on one CPU only.
@@ -271,14 +330,31 @@ func (e *FD) pollerFile() (*os.File, error) {
 		return nil, ErrClosed
 	}
 	if e.f == nil {
-		e.f = os.NewFile(uintptr(e.fd), "eventfd")
+		f := os.NewFile(uintptr(e.fd), "eventfd")
+		if e.level {
+			rc, err := f.SyscallConn()
+			if err != nil {
+				_ = f.Close() // not reached: an os.File always has one
+				return nil, fmt.Errorf("eventfd: %w", err)
+			}
+			e.rc = rc
+			e.look = func(fd uintptr) bool {
+				if e.cond != nil {
+					return e.cond()
+				}
+				ready, err := readable(int(fd))
+				e.lookErr = err
+				return ready || err != nil
+			}
+		}
+		e.f = f
 	}
 	return e.f, nil
 }
 
 // waitPoller is Wait parked on the runtime poller, one goroutine at a time
-// (turn).
-func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error) {
+// (turn); on a readiness FD, with ready not nil, it is WaitFor's.
+func (e *FD) waitPoller(ctx context.Context, deadline time.Time, ready func() bool) (uint64, error) {
 	f, err := e.pollerFile()
 	if err != nil {
 		return 0, err
@@ -310,7 +386,7 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 		}
 		n, err := 8, error(nil)
 		if e.level {
-			err = e.awaitReadable(f)
+			err = e.awaitReadable(ready)
 			putU64(b[:], 1)
 		} else {
 			n, err = f.Read(b[:])
@@ -330,20 +406,16 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time) (uint64, error)
 }
 
 // awaitReadable parks on the runtime poller until the descriptor of a
-// readiness FD is readable (or the file's read deadline passes): the
-// poller's wait without a read, which a socket would not answer as an
-// eventfd does.
-func (e *FD) awaitReadable(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var perr error
-	err = rc.Read(func(fd uintptr) bool {
-		ready, err := readable(int(fd))
-		perr = err
-		return ready || err != nil
-	})
+// readiness FD is readable, or ready (not nil) says so, or the file's
+// read deadline passes: the poller's wait without a read, which a socket
+// would not answer as an eventfd does. RawConn.Read resets the poller's
+// token, then looks, then sleeps for the next token (WaitFor relies on
+// that order). Called by the sleeper on the poller.
+func (e *FD) awaitReadable(ready func() bool) error {
+	e.cond, e.lookErr = ready, nil
+	err := e.rc.Read(e.look)
+	perr := e.lookErr
+	e.cond, e.lookErr = nil, nil
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func eachWait(t *testing.T, f func(t *testing.T, e *FD, wait waitFunc)) {
 			e, err := New()
 			require.NoError(t, err)
 			defer e.Close()
-			wait := e.waitPoller
+			wait := func(ctx context.Context, d time.Time) (uint64, error) { return e.waitPoller(ctx, d, nil) }
 			if name == "thread" {
 				wait = func(ctx context.Context, d time.Time) (uint64, error) { return e.waitThread(ctx, d, true) }
 			}
@@ -361,7 +361,7 @@ func TestZeroFD(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrInvalid)
 	_, err = e.Await(context.Background(), deadline)
 	require.ErrorIs(t, err, os.ErrInvalid)
-	_, err = e.waitPoller(context.Background(), deadline)
+	_, err = e.waitPoller(context.Background(), deadline, nil)
 	require.ErrorIs(t, err, os.ErrInvalid)
 	_, err = e.waitThread(context.Background(), deadline, true)
 	require.ErrorIs(t, err, os.ErrInvalid)

@@ -18,14 +18,14 @@ type waitResult struct {
 func pollerWait(e *FD, ctx context.Context, deadline time.Time) <-chan waitResult {
 	r := make(chan waitResult, 1)
 	go func() {
-		n, err := e.waitPoller(ctx, deadline)
+		n, err := e.waitPoller(ctx, deadline, nil)
 		r <- waitResult{n, err}
 	}()
 	return r
 }
 
 // result waits up to 2 s for a wait to return.
-func result(t *testing.T, r <-chan waitResult, what string) waitResult {
+func result[T any](t *testing.T, r <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-r:
@@ -33,7 +33,8 @@ func result(t *testing.T, r <-chan waitResult, what string) waitResult {
 	case <-time.After(2 * time.Second):
 		t.Fatalf("%s: still waiting after 2s", what)
 	}
-	return waitResult{}
+	var zero T
+	return zero
 }
 
 // still checks that a wait has not returned.
@@ -139,7 +140,7 @@ func TestPollerWaitNoAllocs(t *testing.T) {
 					deadline = time.Now().Add(timeout)
 				}
 				_ = e.Add(1)
-				if n, err := e.waitPoller(c, deadline); n != 1 || err != nil {
+				if n, err := e.waitPoller(c, deadline, nil); n != 1 || err != nil {
 					t.Errorf("wait: %d %v", n, err)
 				}
 			}

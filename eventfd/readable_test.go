@@ -3,7 +3,6 @@ package eventfd
 import (
 	"context"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -15,8 +14,6 @@ import (
 // runtime poller and on a pinned thread, when the pipe holds data, without
 // reading it; it times out, and Close ends a wait, once it is drained.
 func TestReadable(t *testing.T) {
-	cpus, err := allowedCPUs()
-	require.NoError(t, err)
 	for _, pinned := range []bool{false, true} {
 		name := map[bool]string{false: "poller", true: "thread"}[pinned]
 		t.Run(name, func(t *testing.T) {
@@ -29,22 +26,7 @@ func TestReadable(t *testing.T) {
 			require.NotEqual(t, p[0], e.Fd(), "a duplicate is held")
 			require.ErrorIs(t, e.Add(1), os.ErrInvalid)
 
-			run := func(f func() error) error {
-				done := make(chan error, 1)
-				go func() {
-					if pinned {
-						runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-						var one unix.CPUSet
-						one.Set(cpus[0])
-						if err := unix.SchedSetaffinity(0, &one); err != nil {
-							done <- err
-							return
-						}
-					}
-					done <- f()
-				}()
-				return <-done
-			}
+			run := func(f func() error) error { return <-onGoroutine(t, pinned, f) }
 			// Nothing to read: the deadline passes.
 			require.ErrorIs(t, run(func() error {
 				_, err := e.Wait(context.Background(), time.Now().Add(20*time.Millisecond))

@@ -40,7 +40,14 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 		}
 		added[n] = true
 		// Level-triggered: a counter left non-zero wakes the next wait.
+		// A socket's readiness has no counter and can last with nothing
+		// to read (AF_PACKET's, while a handler keeps the last frame):
+		// edge-triggered, it wakes the core for new events only, and the
+		// round after the arm sees what came before the sleep.
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tag}
+		if efd.Readiness() {
+			ev.Events |= unix.EPOLLET
+		}
 		if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, n, &ev); err != nil {
 			return fmt.Errorf("lcore: epoll_ctl: %w", err)
 		}

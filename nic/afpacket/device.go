@@ -262,9 +262,11 @@ func (s *sock) close() error {
 // frame (RxQueue.Frame, Repost, Release). The socket's readiness cannot
 // signal the CQ's eventfd itself: an armed receive queue's forwarder
 // waits on it and signals the CQ; a transmit queue signals it when its
-// Flush has written completions.
+// Flush has written completions, with no forwarder's wait.
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return d.core().BindForwarded(c, i, dir, nil, 0)
+	return d.core().BindForwarded(c, i, dir, func(q *qcore.Queue) qcore.Forwarding {
+		return qcore.Forwarding{Signalled: q == &d.tx[q.Pair].Queue}
+	})
 }
 
 // Close implements nic.Device: the queues close (operations outstanding

@@ -40,10 +40,14 @@
 // armed receive queue has a goroutine wait on the readiness and signal
 // the CQ; a transmit queue signals it when its Flush writes completions.
 //
-// The socket's readiness is the queues' interrupt (eventfd.Readable):
+// The socket's readiness is the queues' interrupt (eventfd.Readable).
 // AF_PACKET reports the socket readable while the slot before the
-// kernel's position is not the kernel's, so a caller that keeps that
-// buffer (neither Repost nor Release) is woken again at once.
+// kernel's position is not the kernel's: with nothing new to read when
+// the caller keeps that buffer (neither Repost nor Release). A queue's
+// SRead and an armed CQ's forwarder therefore look at the ring after
+// each event the socket raises (eventfd.FD.WaitFor) and sleep on until a
+// frame is there; an lcore core registers the socket edge-triggered in
+// its epoll set and polls after each wake-up.
 //
 // AF_PACKET hands a received frame's outer VLAN tag (802.1Q or 802.1ad)
 // over in the slot header (tp_vlan_tci, tp_vlan_tpid) with the tag taken

@@ -118,6 +118,7 @@ func newRxQueue(s *sock, pair int, name string, n, size int) (*RxQueue, error) {
 	q := &RxQueue{bufs: rxbuf.New(p, frameOff), size: size}
 	q.s = s
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "rx-"+name, pair, -1, s.irq, uint32(2*pair), "afpacket"
+	q.Lasting = true // readable while the caller holds the last frame (packet_poll)
 	if err := q.init(rxReader{reader{&q.sr, &q.queue}, q}, s.ring, cqring.RingRegs{}, RxLayout(n, size), n, &q.bufs); err != nil {
 		return nil, err
 	}
@@ -244,6 +245,7 @@ func newTxQueue(s *sock, pair int, name string, n, maxFrame int) (*TxQueue, erro
 		msgs: make([]unix.Mmsghdr, n), iovs: make([]unix.Iovec, n), comp: make([]byte, 8*n+64)}
 	q.s = s
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, s.irq, uint32(2*pair+1), "afpacket"
+	q.Lasting = true // the socket's readiness is its receive ring's
 	mem := make([]byte, n*maxFrame)
 	for i := range q.bufs {
 		q.bufs[i] = mem[i*maxFrame : (i+1)*maxFrame : (i+1)*maxFrame]

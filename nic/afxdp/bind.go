@@ -13,10 +13,10 @@ import (
 // and signals the CQ, a transmit queue's for TxOwedWait at the most while
 // sends are owed (AF_XDP signals no completion; Flush pokes it).
 func (d *Device) BindCQ(c *cq.CQ, i int, dir nic.Direction) error {
-	return d.core().BindForwarded(c, i, dir, func(q *qcore.Queue) func() bool {
+	return d.core().BindForwarded(c, i, dir, func(q *qcore.Queue) qcore.Forwarding {
 		if q == &d.tx[q.Pair].Queue {
-			return func() bool { return q.Outstanding() > 0 }
+			return qcore.Forwarding{Owed: func() bool { return q.Outstanding() > 0 }, OwedWait: TxOwedWait}
 		}
-		return nil
-	}, TxOwedWait)
+		return qcore.Forwarding{}
+	})
 }

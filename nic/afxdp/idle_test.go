@@ -130,7 +130,12 @@ func TestIdle(t *testing.T) {
 	// Closing the device under the sleeping core wakes it at once (the
 	// sockets' readiness FDs signal its wake eventfd as they close): it
 	// stops with os.ErrClosed, woken once more.
-	require.Eventually(t, func() bool { return core.Stats().Sleeps > core.Stats().Wakeups }, 5*time.Second, time.Millisecond, "asleep again")
+	// Stats publishes at a sleep: the one after the frame's round has
+	// its completion (the one before looks asleep too).
+	require.Eventually(t, func() bool {
+		st := core.Stats()
+		return st.Sleeps > st.Wakeups && st.Completions == uint64(coreGot.Load())
+	}, 5*time.Second, time.Millisecond, "asleep again")
 	asleep := core.Stats()
 	start := time.Now()
 	require.NoError(t, dev.Close())

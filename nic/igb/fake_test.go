@@ -121,7 +121,7 @@ func startFake(f *fakeRegs, cfg Config) (*Device, error) {
 		return nil
 	}
 	if err := d.start(context.Background(), cfg); err != nil {
-		_ = d.teardown(nic.ErrClosed)
+		_ = d.core.Teardown(nic.ErrClosed, d.hw)
 		return nil, err
 	}
 	return d, nil

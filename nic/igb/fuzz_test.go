@@ -86,7 +86,7 @@ func newFuzzDevice(t *testing.T) (*Device, *fakeRegs) {
 	require.NoError(t, normalize(&cfg))
 	d := &Device{name: "fuzz", mac: &fuzzMAC, regs: f, win: f.w, space: dma.NewIdentitySpace(), nVectors: 10}
 	if err := d.start(context.Background(), cfg); err != nil {
-		_ = d.teardown(nic.ErrClosed)
+		_ = d.core.Teardown(nic.ErrClosed, d.hw)
 		require.NoError(t, err)
 	}
 	t.Cleanup(func() { _ = d.Close() })

@@ -131,8 +131,7 @@ func Open(ctx context.Context, addr string, cfg Config) (*Device, error) {
 	if err := d.open(ctx, a, cfg); err != nil {
 		// Whatever was set up is released, the device reset first, and
 		// the device goes back where it was.
-		err = errors.Join(err, d.teardown(nic.ErrClosed), d.freeMemory(), d.own.GiveBack(nic.ErrClosed))
-		return nil, err
+		return nil, d.core.FailOpen(err, d.own, d.space, d.hw)
 	}
 	d.own.Record(&d.info)
 	// The kernel's request to have the device back blocks its unbind until
@@ -754,29 +753,12 @@ func (d *Device) Stats() nic.Stats {
 // to vfio-pci then goes back to the driver it had (Info.PreviousDriver)
 // unless Config.KeepBound. Close is idempotent.
 func (d *Device) Close() error {
-	err := d.close(nic.ErrClosed)
-	d.own.Wait()
-	return errors.Join(err, d.freeMemory())
-}
-
-// freeMemory unmaps the DMA memory hw detached from the device. It runs
-// only in the caller's Close (or a failed Open), never when the kernel
-// takes the device back, so that a frame lent before that stays readable
-// until the program closes the device.
-func (d *Device) freeMemory() error {
-	if d.space == nil {
-		return nil
-	}
-	return d.space.Close()
+	return d.core.CloseFunction(d.own, d.space, d.hw)
 }
 
 // close tears the device down once, queues then failing with why, and
 // gives it back to its previous driver.
 func (d *Device) close(why error) error { return d.core.Close(why, d.own, d.hw) }
-
-// teardown releases whatever Open set up, queue operations failing with
-// why from then on (qcore.Device.Teardown).
-func (d *Device) teardown(why error) error { return d.core.Teardown(why, d.hw) }
 
 // hw releases the device's resources in the order the device needs: no
 // DMA memory is freed while the device may still use it.
@@ -787,23 +769,10 @@ func (d *Device) hw() error {
 			errs = append(errs, err)
 		}
 	}
-	if d.vdev != nil {
-		if len(d.efds) > 0 {
-			errs = append(errs, d.vdev.DisableMSIX())
-		}
-		errs = append(errs, d.vdev.SetBusMaster(false))
-	}
-	if d.space != nil {
-		// The memory itself stays until Close (freeMemory): the kernel
-		// may take the device back while a goroutine reads a lent frame.
-		errs = append(errs, d.space.Detach())
-	}
-	if d.container != nil {
-		errs = append(errs, d.container.Close())
-	}
-	for _, e := range d.efds {
-		errs = append(errs, e.Close())
-	}
+	// The DMA memory stays mapped until Close (qcore's CloseFunction):
+	// the kernel may take the device back while a goroutine reads a lent
+	// frame.
+	errs = append(errs, qcore.ReleaseFunction(d.vdev, d.container, d.space, d.efds))
 	return errors.Join(errs...)
 }
 

@@ -33,6 +33,22 @@ func TakeLeft(fd *eventfd.FD, taken *atomic.Uint64) {
 func Wait(ctx context.Context, fd *eventfd.FD, deadline time.Time, taken *atomic.Uint64) error {
 	n, err := fd.Await(ctx, deadline)
 	taken.Add(n)
+	return waitErr(err)
+}
+
+// WaitFor is Wait until ready says so, looked at after each event of fd
+// (eventfd.FD.WaitFor), for an fd whose readiness can last with nothing
+// new: it counts the one wake-up it returns for in taken.
+func WaitFor(ctx context.Context, fd *eventfd.FD, deadline time.Time, ready func() bool, taken *atomic.Uint64) error {
+	err := fd.WaitFor(ctx, deadline, ready)
+	if err == nil {
+		taken.Add(1)
+	}
+	return waitErr(err)
+}
+
+// waitErr is Wait's error for what the eventfd's wait returned.
+func waitErr(err error) error {
 	switch {
 	case err == nil:
 		return nil

@@ -15,27 +15,42 @@ import (
 // interrupt is another descriptor's readiness (a socket: eventfd.Readable),
 // which cannot be wired to the CQ's eventfd as an MSI-X vector is. Once
 // armed, its goroutine waits on the readiness (the runtime poller, the same
-// eventfd.FD wait as WaitInterrupt's) and signals the CQ once. A spurious
+// eventfd.FD as WaitInterrupt's) and signals the CQ once. A spurious
 // signal is allowed, a lost one is not.
 type Forwarder struct {
-	q        *Queue
-	irq      *eventfd.FD // the CQ's
-	owed     func() bool
-	owedWait time.Duration
-	poke     chan struct{}
-	armed    atomic.Bool // the CQ asked for a signal that has not come yet
-	stop     context.CancelFunc
-	done     chan struct{}
+	q     *Queue
+	irq   *eventfd.FD // the CQ's
+	how   Forwarding
+	poke  chan struct{}
+	armed atomic.Bool // the CQ asked for a signal that has not come yet
+	looks atomic.Uint64
+	ready func() bool // the wait's condition, made once
+	stop  context.CancelFunc
+	done  chan struct{}
+}
+
+// Forwarding says how a queue's forwarder learns that completions are
+// ready. The zero value: they raise the queue's readiness (a receive
+// ring the kernel writes).
+type Forwarding struct {
+	// Owed, when not nil, reports completions due that raise no
+	// readiness (AF_XDP's sends): the forwarder waits for the readiness
+	// at most OwedWait while Owed reports true, and not at all while it
+	// reports false (a Flush pokes it, Forwarder.Poke).
+	Owed     func() bool
+	OwedWait time.Duration
+	// Signalled says the driver writes the queue's completions itself
+	// and calls Forwarder.Signal when it does (afpacket's sends): the
+	// readiness tells nothing of them, and the forwarder has no
+	// goroutine.
+	Signalled bool
 }
 
 // BindForwarded is BindCQ for a device whose queues' interrupts are
 // readiness FDs: each queue bound gets a Forwarder from its EFD to c's
-// eventfd (none when c has no wait object). owed, when it returns a
-// non-nil function for a queue, bounds the forwarder's wait to owedWait
-// while that function reports completions due that raise no readiness
-// (AF_XDP's sends). The forwarders end at Unbind and at the device's
-// close.
-func (d *Device) BindForwarded(c *cq.CQ, i int, dir nic.Direction, owed func(q *Queue) func() bool, owedWait time.Duration) error {
+// eventfd (none when c has no wait object), which waits as how(q) says.
+// The forwarders end at Unbind and at the device's close.
+func (d *Device) BindForwarded(c *cq.CQ, i int, dir nic.Direction, how func(q *Queue) Forwarding) error {
 	return d.BindCQ(c, i, dir, func(qs []*Queue) error {
 		irq := c.Driver().Interrupt()
 		if irq == nil {
@@ -47,13 +62,15 @@ func (d *Device) BindForwarded(c *cq.CQ, i int, dir nic.Direction, owed func(q *
 			}
 		}
 		for _, q := range qs {
-			var f func() bool
-			if owed != nil {
-				f = owed(q)
-			}
 			ctx, stop := context.WithCancel(context.Background())
-			fw := &Forwarder{q: q, irq: irq, owed: f, owedWait: owedWait, poke: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
-			go fw.forward(ctx)
+			fw := &Forwarder{q: q, irq: irq, how: how(q), poke: make(chan struct{}, 1), stop: stop, done: make(chan struct{})}
+			fw.ready = fw.look
+			if fw.how.Signalled {
+				stop()
+				close(fw.done)
+			} else {
+				go fw.forward(ctx)
+			}
 			q.Mu.Lock()
 			q.FW = fw
 			q.Mu.Unlock()
@@ -91,7 +108,7 @@ func (f *Forwarder) Arm() (late bool) {
 	return false
 }
 
-// Poke has an armed forwarder look at owed again (sends just flushed).
+// Poke has an armed forwarder look at Owed again (sends just flushed).
 func (f *Forwarder) Poke() {
 	if f.armed.Load() {
 		f.kick()
@@ -106,11 +123,26 @@ func (f *Forwarder) Signal() {
 	}
 }
 
+// Looks counts the times the forwarder woke to look at its queue: a
+// readiness that was stale (nothing to read) costs one each time it
+// raises an event, never a look per interval.
+func (f *Forwarder) Looks() uint64 { return f.looks.Load() }
+
 func (f *Forwarder) kick() {
 	select {
 	case f.poke <- struct{}{}:
 	default: // one pending poke is enough
 	}
+}
+
+// look is the forwarder's condition to stop waiting: the queue holds a
+// completion, or the CQ needs no signal any more. Asked on the waiting
+// goroutine with the descriptor's read lock held (eventfd.FD.WaitFor):
+// the queue's lock it takes is never held by a Close of the queue's
+// readiness FD (unforward comes first, unlocked).
+func (f *Forwarder) look() bool {
+	f.looks.Add(1)
+	return !f.armed.Load() || f.q.Ready(1) > 0
 }
 
 func (f *Forwarder) forward(ctx context.Context) {
@@ -124,33 +156,24 @@ func (f *Forwarder) forward(ctx context.Context) {
 		if !f.armed.Load() {
 			continue
 		}
-		var deadline time.Time
-		if f.owed != nil {
-			if !f.owed() {
+		var err error
+		if f.how.Owed != nil {
+			if !f.how.Owed() {
 				continue // nothing can complete before a Flush, which pokes
 			}
-			deadline = time.Now().Add(f.owedWait)
+			f.looks.Add(1)
+			_, err = f.q.EFD.Wait(ctx, time.Now().Add(f.how.OwedWait))
+		} else {
+			// Not Wait: a readiness can last with nothing to read
+			// (AF_PACKET stays readable while the slot before the
+			// kernel's position is the caller's). WaitFor looks at the
+			// queue after each new event and sleeps on until one
+			// brings a completion.
+			err = f.q.EFD.WaitFor(ctx, time.Time{}, f.ready)
 		}
-		if _, err := f.q.EFD.Wait(ctx, deadline); err != nil && !errors.Is(err, eventfd.ErrTimeout) {
+		if err != nil && !errors.Is(err, eventfd.ErrTimeout) {
 			return // ctx ended, or the descriptor closed
-		}
-		if f.owed == nil && f.q.Ready(1) == 0 && f.armed.Load() {
-			// Readable with nothing to read: AF_PACKET stays readable
-			// while the slot before the kernel's position is the
-			// caller's. No edge will come: look again in a moment
-			// rather than wake the CQ's reader for nothing.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(staleReadiness):
-			}
-			f.kick()
-			continue
 		}
 		f.Signal()
 	}
 }
-
-// staleReadiness is how long a forwarder waits before it looks again at
-// a readiness that reports nothing to read.
-const staleReadiness = time.Millisecond

@@ -135,6 +135,14 @@ func (c *Core[S]) TakeLeft() {
 // interrupt, nic.ErrBound for a queue that feeds a CQ, and once the queue
 // closed, why.
 func (c *Core[S]) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	return c.WaitInterruptFor(ctx, deadline, nil)
+}
+
+// WaitInterruptFor is WaitInterrupt that returns, when ready is not nil,
+// only once ready says so, looked at after each event of the interrupt
+// (eventfd.FD.WaitFor): for a readiness that can last with nothing to
+// read.
+func (c *Core[S]) WaitInterruptFor(ctx context.Context, deadline time.Time, ready func() bool) error {
 	if c.EFD == nil {
 		return c.NoInterrupt()
 	}
@@ -142,7 +150,12 @@ func (c *Core[S]) WaitInterrupt(ctx context.Context, deadline time.Time) error {
 		return c.ErrBound()
 	}
 	var took atomic.Uint64
-	err := irq.Wait(ctx, c.EFD, deadline, &took)
+	var err error
+	if ready != nil {
+		err = irq.WaitFor(ctx, c.EFD, deadline, ready, &took)
+	} else {
+		err = irq.Wait(ctx, c.EFD, deadline, &took)
+	}
 	c.Took(took.Load())
 	if err == nic.ErrClosed {
 		c.Mu.Lock()

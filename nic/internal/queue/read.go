@@ -113,6 +113,13 @@ type Queue struct {
 	// FW signals the CQ the queue feeds when its interrupt is a
 	// readiness FD (Device.BindForwarded); guarded by Mu.
 	FW *Forwarder
+	// Lasting says the queue's readiness FD can stay readable with
+	// nothing to read (AF_PACKET's, while the slot before the kernel's
+	// position is lent): WaitInterrupt then returns once the queue holds
+	// a completion, looked at after each event the descriptor raises.
+	// Set before Init.
+	Lasting bool
+	ready   func() bool // Lasting's look, made once by Init
 
 	size     int
 	recv     bool
@@ -129,6 +136,15 @@ type Queue struct {
 // queue, its buffers. Called once, before the queue is used.
 func (q *Queue) Init(r Ring, size int, bufs *rxbuf.Pool) {
 	q.ring, q.size, q.Bufs, q.recv = r, size, bufs, bufs != nil
+	if q.Lasting {
+		q.ready = func() bool { return q.Ready(1) > 0 }
+	}
+}
+
+// WaitInterrupt implements nic.Queue: Core's, which for a Lasting
+// readiness returns only once the queue holds a completion.
+func (q *Queue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	return q.WaitInterruptFor(ctx, deadline, q.ready)
 }
 
 // Word returns the driver word (cqring.Op.Word) of the next operation
