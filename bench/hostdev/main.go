@@ -6,7 +6,7 @@
 //
 //	hostdev tx -i IF [-size 64] [-dst-mac M] [-batch 32] [-duration D]
 //	hostdev rx -i IF [-batch 32] [-duration D]
-//	hostdev rx-v2|rx-v3 -i IF [-duration D]
+//	hostdev rx-v2|rx-v3 -i IF [-sleep] [-duration D]
 //
 // tx builds one UDP frame (the headers of testpmd's txonly: 198.18.0.1 ->
 // 198.18.0.2, port 9 -> 9, payload zero) and sends it -batch times per
@@ -57,9 +57,10 @@ func main() {
 	batch := fs.Int("batch", 32, "frames per sendmmsg/recvmmsg (1..1024)")
 	dur := fs.Duration("duration", 0, "stop after this long (0: until SIGINT/SIGTERM)")
 	every := fs.Duration("progress", time.Second, "interval between progress lines (0: none)")
+	sleep := fs.Bool("sleep", false, "rx-v2, rx-v3: sleep in poll(2) when the ring is empty (default: poll busily)")
 	_ = fs.Parse(os.Args[2:])
 	if mode == "rx-v2" || mode == "rx-v3" {
-		if err := runRing(int(mode[4]-'0'), *ifname, *dur, *every); err != nil {
+		if err := runRing(int(mode[4]-'0'), *ifname, *sleep, *dur, *every); err != nil {
 			fmt.Fprintf(os.Stderr, "hostdev %s: %v\n", mode, err)
 			os.Exit(1)
 		}
