@@ -107,3 +107,14 @@ func removeStale(t testing.TB) {
 		t.Log(err)
 	}
 }
+
+// Peer makes a Peer on vfx1 in namespace B, closed at the end of the test.
+func (v *Veth) Peer(t testing.TB) *Peer {
+	t.Helper()
+	var p *Peer
+	if err := In(v.B, func() (err error) { p, err = NewPeer("vfx1"); return err }); err != nil {
+		t.Fatalf("peer on vfx1: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}

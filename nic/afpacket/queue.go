@@ -271,10 +271,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error { return q.enqueue(len(frame
 // SendFunc implements nic.TxQueue: fill writes into the frame buffer of
 // the posting's slot, which sendmmsg(2) hands to the kernel at Flush.
 func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
-	if fill == nil {
-		return qcore.ErrNilFill
-	}
-	return q.enqueue(n, ctx, nil, fill)
+	return qcore.SendFunc(q.enqueue, n, ctx, fill)
 }
 
 // enqueue posts an n-byte frame, copied from frame or written by fill.

@@ -17,9 +17,7 @@ import (
 func TestSendFunc(t *testing.T) {
 	v := vethtest.New(t, 1)
 	dev := openIn(t, v.A, "vfx0", nic.Config{})
-	var p *vethtest.Peer
-	require.NoError(t, vethtest.In(v.B, func() (err error) { p, err = vethtest.NewPeer("vfx1"); return err }))
-	defer p.Close()
+	p := v.Peer(t)
 	tx, err := dev.Tx(0)
 	require.NoError(t, err)
 	sendcheck.Run(t, tx, p.MAC, dev.MAC(), func(t testing.TB, n int) [][]byte {
@@ -34,9 +32,7 @@ func TestSendFunc(t *testing.T) {
 func TestRefusedFrame(t *testing.T) {
 	v := vethtest.New(t, 1)
 	dev := openIn(t, v.A, "vfx0", nic.Config{})
-	var p *vethtest.Peer
-	require.NoError(t, vethtest.In(v.B, func() (err error) { p, err = vethtest.NewPeer("vfx1"); return err }))
-	defer p.Close()
+	p := v.Peer(t)
 	tx, err := dev.Tx(0)
 	require.NoError(t, err)
 	frame := func(seq, n int) []byte {

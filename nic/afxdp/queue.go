@@ -228,10 +228,7 @@ func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), 
 // SendFunc implements nic.TxQueue: fill writes into the UMEM chunk the
 // transmit descriptor names.
 func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
-	if fill == nil {
-		return qcore.ErrNilFill
-	}
-	return q.send(n, ctx, nil, fill)
+	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
 // send posts an n-byte frame, copied from frame or written by fill.

@@ -14,9 +14,7 @@ import (
 func TestSendFunc(t *testing.T) {
 	v := vethtest.New(t, 1)
 	dev := openIn(t, v.A, "vfx0", nic.Config{})
-	var p *vethtest.Peer
-	require.NoError(t, vethtest.In(v.B, func() (err error) { p, err = vethtest.NewPeer("vfx1"); return err }))
-	defer p.Close()
+	p := v.Peer(t)
 	tx, err := dev.Tx(0)
 	require.NoError(t, err)
 	sendcheck.Run(t, tx, p.MAC, dev.MAC(), func(t testing.TB, n int) [][]byte {

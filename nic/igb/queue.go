@@ -20,7 +20,7 @@ import (
 // not allocate.
 var (
 	errNoDesc    = qcore.ErrNoDesc
-	errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
+	errFrameSize = qcore.ErrFrameSize
 
 	errBadID       = fmt.Errorf("%w: igb: DD on a descriptor that was not posted (queue broken)", cq.ProvBadID)
 	errBadLen      = fmt.Errorf("%w: igb: write-back length beyond the posted buffer or below an Ethernet header", cq.ProvBadLen)
@@ -370,22 +370,15 @@ func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), 
 // SendFunc implements nic.TxQueue: fill writes into the DMA buffer of the
 // descriptor at the tail.
 func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
-	if fill == nil {
-		return qcore.ErrNilFill
-	}
-	return q.send(n, ctx, nil, fill)
+	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
 // send posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
-	if n < nic.MinFrame || n > q.maxFrame {
-		return errFrameSize
-	}
-	q.Mu.Lock()
-	defer q.Mu.Unlock()
-	if err := q.Usable(); err != nil {
+	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
+	defer q.Mu.Unlock()
 	if !q.room() {
 		return errNoDesc
 	}

@@ -16,10 +16,6 @@ import (
 	"github.com/vfnic/vfnic/nic/internal/rxbuf"
 )
 
-// errFrameSize is Send's error for a frame of the wrong size, prepared
-// once so that returning it does not allocate.
-var errFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrFrameSize, nic.MinFrame)
-
 // desc is a posted operation as the device reads it: the buffer's device
 // address and length, and the id its completion carries.
 type desc struct {
@@ -374,20 +370,16 @@ func (q *TxQueue) Send(frame []byte, ctx any) error { return q.send(len(frame), 
 // SendFunc implements nic.TxQueue: fill writes into transmit buffer i of
 // the posting's table slot i.
 func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
-	if fill == nil {
-		return qcore.ErrNilFill
-	}
-	return q.send(n, ctx, nil, fill)
+	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
 // send posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
-	if n < nic.MinFrame || n > q.max {
-		return errFrameSize
+	if err := q.LockSend(n, q.max); err != nil {
+		return err
 	}
-	op := cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg}
-	q.Mu.Lock()
 	defer q.Mu.Unlock()
+	op := cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg}
 	ds, slot, err := q.post(&op, 0)
 	if err != nil {
 		return err

@@ -170,17 +170,17 @@ func newTxQueue(v *vq, index int, efd *eventfd.FD, pool *dma.Pool, mtu int) (*Tx
 func (q *TxQueue) MaxFrame() int { return q.maxFrame }
 
 // Send implements nic.TxQueue.
-func (q *TxQueue) Send(frame []byte, ctx any) error {
-	return q.send(len(frame), ctx, frame, nil, false)
-}
+func (q *TxQueue) Send(frame []byte, ctx any) error { return q.post(len(frame), ctx, frame, nil) }
 
 // SendFunc implements nic.TxQueue: fill writes into the transmit buffer
 // of the descriptor, after its virtio-net header.
 func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
-	if fill == nil {
-		return qcore.ErrNilFill
-	}
-	return q.send(n, ctx, nil, fill, false)
+	return qcore.SendFunc(q.post, n, ctx, fill)
+}
+
+// post is send without the checksum offload.
+func (q *TxQueue) post(n int, ctx any, frame []byte, fill func([]byte)) error {
+	return q.send(n, ctx, frame, fill, false)
 }
 
 // send posts an n-byte frame, copied from frame or written by fill, with

@@ -104,6 +104,16 @@ var ErrFrameSize = fmt.Errorf("%w: frame outside [%d, MaxFrame] bytes", nic.ErrF
 // ErrNilFill is SendFunc's error for a nil fill.
 var ErrNilFill = fmt.Errorf("%w: SendFunc with a nil fill", nic.ErrInvalid)
 
+// SendFunc is nic.TxQueue.SendFunc over a driver's one send path, send,
+// which takes the frame's length and either the frame to copy or fill:
+// a nil fill is refused before send runs.
+func SendFunc(send func(n int, ctx any, frame []byte, fill func([]byte)) error, n int, ctx any, fill func([]byte)) error {
+	if fill == nil {
+		return ErrNilFill
+	}
+	return send(n, ctx, nil, fill)
+}
+
 // Write puts a send's frame into its buffer b, whose length is the
 // frame's: fill's in-place write (SendFunc), else a copy of frame (Send).
 // One send path serves both, without a closure per Send.
