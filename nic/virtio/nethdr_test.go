@@ -401,15 +401,7 @@ func TestOffloadNoAllocations(t *testing.T) {
 				}
 			}
 			_ = tx.Flush()
-			for {
-				tk, ok := r.dev.take()
-				if !ok {
-					break
-				}
-				r.dev.complete(tk.id, 0, tk.ndesc)
-			}
-			for tx.Poll(comps[:]) > 0 {
-			}
+			r.dev.sendAll(tx, comps[:])
 			for range 32 {
 				tk, ok := rx.dev.take()
 				if !ok {

@@ -473,15 +473,7 @@ func TestTxNoAllocations(t *testing.T) {
 				}
 			}
 			_ = tx.Flush()
-			for {
-				tk, ok := r.dev.take()
-				if !ok {
-					break
-				}
-				r.dev.complete(tk.id, 0, tk.ndesc)
-			}
-			for tx.Poll(comps[:]) > 0 {
-			}
+			r.dev.sendAll(tx, comps[:])
 			for range 32 {
 				deliver(t, rx.dev, frame, 1)
 			}
