@@ -19,14 +19,7 @@ import (
 // untimed: mode=local fills on the reader's CPU, mode=filled on another
 // (reader on CPU 0, device on CPU 1), as bench/run.sh's modes.
 func BenchmarkDriverRead(b *testing.B) {
-	n, err := benchcpu.Env("VFNIC_BENCH_ENTRIES", 1024)
-	if err != nil {
-		b.Fatal(err)
-	}
-	batch, err := benchcpu.Env("VFNIC_BENCH_BATCH", 32)
-	if err != nil {
-		b.Fatal(err)
-	}
+	n, batch := benchcpu.ReadParams(b)
 	for _, filled := range []bool{false, true} {
 		b.Run("layout=igb/mode="+map[bool]string{true: "filled", false: "local"}[filled], func(b *testing.B) {
 			benchDriverRead(b, n, batch, filled)

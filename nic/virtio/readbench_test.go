@@ -21,14 +21,7 @@ import (
 // mode=filled on another (the reader is pinned to CPU 0, the device to
 // CPU 1). The metric ns/completion is the time of the reads alone.
 func BenchmarkDriverRead(b *testing.B) {
-	n, err := benchcpu.Env("VFNIC_BENCH_ENTRIES", 1024)
-	if err != nil {
-		b.Fatal(err)
-	}
-	batch, err := benchcpu.Env("VFNIC_BENCH_BATCH", 32)
-	if err != nil {
-		b.Fatal(err)
-	}
+	n, batch := benchcpu.ReadParams(b)
 	for _, packed := range []bool{true, false} {
 		for _, filled := range []bool{false, true} {
 			b.Run(fmt.Sprintf("layout=%s/mode=%s", map[bool]string{true: "packed", false: "split"}[packed],

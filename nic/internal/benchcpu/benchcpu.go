@@ -132,9 +132,23 @@ func (o *Other) Do(f func()) {
 // Close stops the goroutine.
 func (o *Other) Close() { close(o.do) }
 
-// Env is the positive integer in the environment variable name, or def
+// ReadParams are a BenchmarkDriverRead's ring size and batch, from
+// bench/run.sh's VFNIC_BENCH_ENTRIES (1024) and VFNIC_BENCH_BATCH (32);
+// a malformed value fails b.
+func ReadParams(b *testing.B) (entries, batch int) {
+	entries, err := env("VFNIC_BENCH_ENTRIES", 1024)
+	if err == nil {
+		batch, err = env("VFNIC_BENCH_BATCH", 32)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return entries, batch
+}
+
+// env is the positive integer in the environment variable name, or def
 // when it is unset.
-func Env(name string, def int) (int, error) {
+func env(name string, def int) (int, error) {
 	s := os.Getenv(name)
 	if s == "" {
 		return def, nil
