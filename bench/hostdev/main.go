@@ -59,36 +59,70 @@ func main() {
 	every := fs.Duration("progress", time.Second, "interval between progress lines (0: none)")
 	sleep := fs.Bool("sleep", false, "rx-v2, rx-v3: sleep in poll(2) when the ring is empty (default: poll busily)")
 	_ = fs.Parse(os.Args[2:])
+	var err error
 	if mode == "rx-v2" || mode == "rx-v3" {
-		if err := runRing(int(mode[4]-'0'), *ifname, *sleep, *dur, *every); err != nil {
-			fmt.Fprintf(os.Stderr, "hostdev %s: %v\n", mode, err)
-			os.Exit(1)
-		}
-		return
+		err = runRing(int(mode[4]-'0'), *ifname, *sleep, *dur, *every)
+	} else {
+		err = run(mode, *ifname, *size, *dst, *batch, *dur, *every)
 	}
-	if err := run(mode, *ifname, *size, *dst, *batch, *dur, *every); err != nil {
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "hostdev %s: %v\n", mode, err)
 		os.Exit(1)
 	}
 }
 
-func run(mode, ifname string, size int, dst string, batch int, dur, every time.Duration) error {
+// begin finds the interface, gives the calling goroutine a thread of its
+// own (one thread does the work, as one lcore does in testpmd) and
+// returns the flag SIGINT or SIGTERM sets.
+func begin(ifname string) (*net.Interface, *atomic.Bool, error) {
 	if ifname == "" {
-		return errors.New("-i IF is required")
-	}
-	if batch < 1 || batch > 1024 {
-		return fmt.Errorf("-batch %d is outside 1..1024", batch)
+		return nil, nil, errors.New("-i IF is required")
 	}
 	ifi, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	// One thread does the work, as one lcore does in testpmd.
 	runtime.LockOSThread()
-	var stop atomic.Bool
+	stop := new(atomic.Bool)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	go func() { <-sig; stop.Store(true) }()
+	return ifi, stop, nil
+}
+
+// meter prints a progress line every `every` (none when 0) and tells when
+// dur (none when 0) has passed since the start.
+type meter struct {
+	mode        string
+	every, dur  time.Duration
+	start, last time.Time
+	lastN       uint64
+}
+
+func newMeter(mode string, every, dur time.Duration) *meter {
+	now := time.Now()
+	return &meter{mode: mode, every: every, dur: dur, start: now, last: now}
+}
+
+// tick looks at the clock with total frames counted so far, and reports
+// whether the run is over.
+func (m *meter) tick(total uint64) (done bool) {
+	now := time.Now()
+	if m.every > 0 && now.Sub(m.last) >= m.every {
+		line(m.mode, now.Sub(m.start), float64(total-m.lastN)/now.Sub(m.last).Seconds(), total)
+		m.last, m.lastN = now, total
+	}
+	return m.dur > 0 && now.Sub(m.start) >= m.dur
+}
+
+func run(mode, ifname string, size int, dst string, batch int, dur, every time.Duration) error {
+	if batch < 1 || batch > 1024 {
+		return fmt.Errorf("-batch %d is outside 1..1024", batch)
+	}
+	ifi, stop, err := begin(ifname)
+	if err != nil {
+		return err
+	}
 
 	var proto uint16
 	if mode == "rx" {
@@ -146,8 +180,7 @@ func run(mode, ifname string, size int, dst string, batch int, dur, every time.D
 		nr, flags = unix.SYS_RECVMMSG, unix.MSG_WAITFORONE
 	}
 
-	start := time.Now()
-	last, lastN := start, uint64(0)
+	m := newMeter(mode, every, dur)
 	var total, errs uint64
 	for !stop.Load() {
 		n, _, e := unix.Syscall6(nr, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(batch), flags, 0, 0)
@@ -162,16 +195,11 @@ func run(mode, ifname string, size int, dst string, batch int, dur, every time.D
 		default:
 			return fmt.Errorf("%s: %w", map[bool]string{true: "recvmmsg", false: "sendmmsg"}[mode == "rx"], e)
 		}
-		now := time.Now()
-		if every > 0 && now.Sub(last) >= every {
-			line(mode, now.Sub(start), float64(total-lastN)/now.Sub(last).Seconds(), total)
-			last, lastN = now, total
-		}
-		if dur > 0 && now.Sub(start) >= dur {
+		if m.tick(total) {
 			break
 		}
 	}
-	el := time.Since(start)
+	el := time.Since(m.start)
 	fmt.Printf("hostdev %s: %.2fs, %d frames (%.0f pps), %d ENOBUFS\n", mode, el.Seconds(), total, float64(total)/el.Seconds(), errs)
 	return nil
 }

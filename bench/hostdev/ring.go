@@ -1,14 +1,8 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/signal"
-	"runtime"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -35,19 +29,10 @@ const (
 // Nothing is copied; each frame's header is read (its length counted).
 // It polls busily unless sleep (-sleep) has it wait in poll(2).
 func runRing(version int, ifname string, sleep bool, dur, every time.Duration) error {
-	if ifname == "" {
-		return errors.New("-i IF is required")
-	}
-	ifi, err := net.InterfaceByName(ifname)
+	ifi, stop, err := begin(ifname)
 	if err != nil {
 		return err
 	}
-	runtime.LockOSThread()
-	var stop atomic.Bool
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	go func() { <-sig; stop.Store(true) }()
-
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 	if err != nil {
 		return fmt.Errorf("AF_PACKET socket: %w", err)
@@ -86,8 +71,7 @@ func runRing(version int, ifname string, sleep bool, dur, every time.Duration) e
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	mode := fmt.Sprintf("rx-v%d", version)
 
-	start := time.Now()
-	last, lastN := start, uint64(0)
+	m := newMeter("rx", every, dur)
 	var total, bytes, waits uint64
 	cur := 0
 	for !stop.Load() {
@@ -131,21 +115,14 @@ func runRing(version int, ifname string, sleep bool, dur, every time.Duration) e
 				continue // the clock is read once per 1024 empty looks
 			}
 		}
-		if every > 0 || dur > 0 {
-			if total%64 != 0 && got {
-				continue // the clock is read once per 64 frames while busy
-			}
-			now := time.Now()
-			if every > 0 && now.Sub(last) >= every {
-				line("rx", now.Sub(start), float64(total-lastN)/now.Sub(last).Seconds(), total)
-				last, lastN = now, total
-			}
-			if dur > 0 && now.Sub(start) >= dur {
-				break
-			}
+		if total%64 != 0 && got {
+			continue // the clock is read once per 64 frames while busy
+		}
+		if m.tick(total) {
+			break
 		}
 	}
-	el := time.Since(start)
+	el := time.Since(m.start)
 	drops := "?"
 	if version == 3 {
 		if s, err := unix.GetsockoptTpacketStatsV3(fd, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
