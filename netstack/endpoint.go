@@ -38,6 +38,10 @@ type endpoint struct {
 	// txOffload: the device fills in TCP and UDP checksums
 	// (CapabilityTXChecksumOffload is in caps).
 	txOffload bool
+	// gso: TCP builds segments of up to stack.GVisorGSOMaxSize bytes
+	// and cuts them into MSS-sized packets just before the link
+	// (GSOEndpoint), as Linux's GSO does where a device has no TSO.
+	gso bool
 
 	rx []rxQueue
 	tx []txQueue
@@ -136,12 +140,13 @@ type txQueue struct {
 // retransmits; UDP loses datagrams, as on a full Linux qdisc).
 const txWait = 20 * time.Millisecond
 
-func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum bool) (*endpoint, error) {
+func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum, noGSO bool) (*endpoint, error) {
 	info := dev.Info()
 	e := &endpoint{
 		dev:  dev,
 		mac:  tcpip.LinkAddress(dev.MAC()),
 		caps: stack.CapabilityResolutionRequired,
+		gso:  !noGSO,
 	}
 	e.dropEvery.Store(uint64(max(dropEvery, 0)))
 	n := dev.QueuePairs()
@@ -241,6 +246,26 @@ func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities {
 		return e.caps | stack.CapabilityRXChecksumOffload
 	}
 	return e.caps
+}
+
+// SupportedGSO implements stack.GSOEndpoint: gVisor's software GSO unless
+// turned off. TCP then sends, acknowledges and retransmits segments of up
+// to GSOMaxSize bytes and cuts each into MSS-sized packets as it writes
+// it (one pass of the sender per 64 KiB instead of per 1.4 KiB); the
+// link sees packets that fit the MTU either way.
+func (e *endpoint) SupportedGSO() stack.SupportedGSO {
+	if e.gso {
+		return stack.GVisorGSOSupported
+	}
+	return stack.GSONotSupported
+}
+
+// GSOMaxSize implements stack.GSOEndpoint.
+func (e *endpoint) GSOMaxSize() uint32 {
+	if e.gso {
+		return stack.GVisorGSOMaxSize
+	}
+	return 0
 }
 
 // Attach implements stack.LinkEndpoint. The receive handlers deliver to

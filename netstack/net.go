@@ -92,6 +92,13 @@ type Config struct {
 	// across fragments): turn transmit offload off where UDP datagrams
 	// exceed the MTU over IPv6. Net.Offloads says what is in use.
 	NoRxChecksumOffload, NoTxChecksumOffload bool
+	// NoGSO turns off generic segmentation offload, on by default: TCP
+	// builds segments of up to 64 KiB, which the stack cuts into
+	// MSS-sized packets just before they reach the device (gVisor's
+	// software GSO, as Linux's GSO for a device without TSO), so that
+	// its sender runs once per 64 KiB instead of once per packet. The
+	// packets on the wire are the same either way.
+	NoGSO bool
 
 	// DropEvery, for tests, drops every DropEvery-th frame received and
 	// every DropEvery-th frame sent in the endpoint (0: none), to make
@@ -162,7 +169,7 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 	if cfg.QueueLen == 0 {
 		cfg.QueueLen = DefaultQueueLen
 	}
-	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload)
+	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload, cfg.NoGSO)
 	if err != nil {
 		return nil, err
 	}
@@ -405,9 +412,20 @@ func (n *Net) Stats() Stats {
 	return st
 }
 
-// Offloads says which checksum offloads the Net uses: the device's
-// receive checksum verdicts, and its transmit checksums.
-func (n *Net) Offloads() (rxChecksum, txChecksum bool) { return n.ep.rxOffload, n.ep.txOffload }
+// Offloads are the offloads a Net uses (Net.Offloads).
+type Offloads struct {
+	// RxChecksum: the device's receive checksum verdicts are used.
+	// TxChecksum: the device fills in TCP and UDP checksums.
+	RxChecksum, TxChecksum bool
+	// GSO: TCP segments are cut into packets just before the link
+	// (Config.NoGSO).
+	GSO bool
+}
+
+// Offloads says which offloads the Net uses.
+func (n *Net) Offloads() Offloads {
+	return Offloads{RxChecksum: n.ep.rxOffload, TxChecksum: n.ep.txOffload, GSO: n.ep.gso}
+}
 
 // SetDropEvery, for tests, makes the endpoint drop every k-th frame it
 // receives and every k-th it sends (0: none; see Config.DropEvery).

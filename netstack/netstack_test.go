@@ -44,10 +44,19 @@ type pair struct {
 // retransmission timeouts, which made 1 MiB transfers take seconds.
 func newPair(t *testing.T, cfgB func(*Config)) *pair {
 	t.Helper()
+	return newPairWith(t, nil, cfgB)
+}
+
+// newPairWith is newPair with A's config adjusted by cfgA too.
+func newPairWith(t testing.TB, cfgA, cfgB func(*Config)) *pair {
+	t.Helper()
 	devA, devB, err := softnic.Pair(nic.Config{QueueSize: 1024})
 	require.NoError(t, err)
 	ca := Config{Addrs: []netip.Prefix{addrA4, addrA6}}
 	cb := Config{Addrs: []netip.Prefix{addrB4, addrB6}}
+	if cfgA != nil {
+		cfgA(&ca)
+	}
 	if cfgB != nil {
 		cfgB(&cb)
 	}

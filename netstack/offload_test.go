@@ -194,7 +194,8 @@ func TestChecksumOffload(t *testing.T) {
 			p, cd := newOffloadPair(t, func(cfg *Config) {
 				cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload = !c.rx, !c.tx
 			}, nil)
-			rx, tx := p.a.Offloads()
+			o := p.a.Offloads()
+			rx, tx := o.RxChecksum, o.TxChecksum
 			require.Equal(t, [2]bool{c.rx, c.tx}, [2]bool{rx, tx}, "offloads in use")
 			echoBoth(t, p)
 			st := p.a.Stats()
@@ -215,8 +216,8 @@ func TestChecksumOffload(t *testing.T) {
 	}
 	t.Run("no offloads on the device", func(t *testing.T) {
 		p := newPair(t, nil)
-		rx, tx := p.a.Offloads()
-		require.False(t, rx || tx)
+		o := p.a.Offloads()
+		require.False(t, o.RxChecksum || o.TxChecksum)
 	})
 }
 

@@ -103,8 +103,9 @@ func TestGuestNetstack(t *testing.T) {
 		Capture: capt, CaptureSnapLen: 96,
 	})
 	require.NoError(t, err)
-	rxo, txo := n.Offloads()
-	t.Logf("netstack: link MTU %d; checksum offloads: receive %v, transmit %v", n.MTU(), rxo, txo)
+	o := n.Offloads()
+	rxo, txo := o.RxChecksum, o.TxChecksum
+	t.Logf("netstack: link MTU %d; offloads %+v", n.MTU(), o)
 	if dev.Info().Driver == "igb" {
 		require.True(t, rxo && txo, "igb's checksum offloads in use")
 	}
@@ -235,8 +236,8 @@ func offloadsOff(t *testing.T, dev nic.Device, addrs []netip.Prefix, big []byte,
 	n, err := netstack.New(dev, netstack.Config{Addrs: addrs, NoRxChecksumOffload: true, NoTxChecksumOffload: true,
 		Capture: capt, CaptureSnapLen: 96})
 	require.NoError(t, err)
-	rxo, txo := n.Offloads()
-	require.False(t, rxo || txo, "offloads turned off")
+	o := n.Offloads()
+	require.False(t, o.RxChecksum || o.TxChecksum, "offloads turned off")
 	l, err := n.Listen("tcp", ":80")
 	require.NoError(t, err)
 	served := make(chan error, 1)
