@@ -48,7 +48,7 @@ func testNoAllocsPerFrame(t *testing.T, offload bool) {
 	if offload {
 		dev = newCsumDevice(t, devA)
 	}
-	e, err := newEndpoint(dev, 0, false, false, false)
+	e, err := newEndpoint(dev, 0, false, false, false, false)
 	require.NoError(t, err)
 	require.Equal(t, offload, e.rxOffload && e.txOffload)
 	d := &countingDispatcher{}

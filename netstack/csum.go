@@ -3,6 +3,7 @@ package netstack
 import (
 	"encoding/binary"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -75,4 +76,60 @@ func setL4Checksum(frame []byte) {
 		c = 0xffff // UDP sends a zero sum as all ones (RFC 768)
 	}
 	binary.BigEndian.PutUint16(seg[off:], c)
+}
+
+// checksumsValid reports whether the stack may skip verifying a received
+// frame's checksums because they are right (CapabilityRXChecksumOffload
+// skips the IPv4 header's and TCP's and UDP's): the IPv4 header checksum
+// of an unfragmented packet, and the TCP or UDP checksum of a whole
+// segment over IPv4 or IPv6 without extension headers, are checked here.
+// ICMP and ICMPv6, which the stack checks regardless, pass with a good
+// IP header, and ARP has no checksum. Anything else, a bad checksum
+// included, is left to the stack, which verifies and counts it
+// (fragments are reassembled first).
+func checksumsValid(frame []byte) bool {
+	if len(frame) < header.EthernetMinimumSize {
+		return false
+	}
+	ip := frame[header.EthernetMinimumSize:]
+	switch tcpip.NetworkProtocolNumber(binary.BigEndian.Uint16(frame[12:])) {
+	case header.ARPProtocolNumber:
+		return true
+	case header.IPv4ProtocolNumber:
+		h := header.IPv4(ip)
+		if !h.IsValid(len(ip)) || !h.IsChecksumValid() || h.More() || h.FragmentOffset() != 0 {
+			return false
+		}
+		switch h.TransportProtocol() {
+		case header.ICMPv4ProtocolNumber:
+			return true
+		case header.TCPProtocolNumber, header.UDPProtocolNumber:
+		default:
+			return false
+		}
+	case header.IPv6ProtocolNumber:
+		h := header.IPv6(ip)
+		if !h.IsValid(len(ip)) {
+			return false
+		}
+		switch h.TransportProtocol() {
+		case header.ICMPv6ProtocolNumber:
+			return true
+		case header.TCPProtocolNumber, header.UDPProtocolNumber:
+		default:
+			return false
+		}
+	default:
+		return false
+	}
+	_, seg, off, seed, ok := l4(frame)
+	if !ok {
+		return false
+	}
+	if off == 6 && seg[6] == 0 && seg[7] == 0 {
+		// A UDP datagram sent without a checksum: IPv4 allows it (the
+		// stack accepts it), IPv6 does not (the stack drops it).
+		return binary.BigEndian.Uint16(frame[12:]) == uint16(header.IPv4ProtocolNumber)
+	}
+	return checksum.Checksum(seg, seed) == 0xffff
 }

@@ -10,6 +10,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/stack/gro"
 
 	"github.com/vfnic/vfnic/lcore"
 	"github.com/vfnic/vfnic/nic"
@@ -27,14 +28,23 @@ type endpoint struct {
 
 	disp atomic.Pointer[dispatcher]
 
-	// rxOffload: the device checks received checksums, and the stack is
-	// told so (CapabilityRXChecksumOffload) while no frame the device did
-	// not verify is being delivered; unverified counts those deliveries.
-	// gVisor reads the capability per packet as it takes it in, and
-	// carries the verdict through reassembly, so that a frame, or a
-	// fragment, the device did not check is verified by the stack.
-	rxOffload  bool
-	unverified atomic.Int64
+	// rxOffload: the device's receive checksum verdicts are used.
+	rxOffload bool
+	// gro: each receive queue coalesces the TCP segments of a flow that
+	// arrive in one batch before the stack sees them (gVisor's GRO).
+	gro bool
+	// claim orders deliveries by whether the stack may skip verifying
+	// the packet's checksums. gVisor reads CapabilityRXChecksumOffload
+	// once per packet as it takes it in, for the whole NIC, and carries
+	// the verdict through reassembly. A receive queue delivers packets
+	// whose checksums were verified (by the device, by the endpoint, or
+	// by GRO, whose coalesced packets keep stale checksums) under the
+	// read lock, with the capability claimed, and the others (fragments,
+	// IPv6 extension headers, bad checksums, which the stack counts)
+	// under the write lock with claimOff set, so that the stack checks
+	// them itself and no verified packet is delivered meanwhile.
+	claim    sync.RWMutex
+	claimOff atomic.Bool
 	// txOffload: the device fills in TCP and UDP checksums
 	// (CapabilityTXChecksumOffload is in caps).
 	txOffload bool
@@ -109,6 +119,51 @@ type rxQueue struct {
 	q    nic.RxQueue
 	csum rxChecksummer // nil without receive checksum offload
 	seen uint64        // frames seen, for dropEvery (the core's thread only)
+	gro  gro.GRO       // its Dispatcher is out
+	out  deliverer
+}
+
+// deliverer hands a receive queue's packets to the stack, in the order of
+// endpoint.claim: the stack's dispatcher for GRO (its Dispatcher), and
+// the endpoint's own delivery when GRO is off. The core's thread only.
+type deliverer struct {
+	e *endpoint
+	d stack.NetworkDispatcher // this batch's
+	// shared: the read lock of claim is held, for verified packets; it
+	// is released at the end of the batch or for an unverified packet.
+	shared bool
+}
+
+// DeliverNetworkPacket implements stack.NetworkDispatcher.
+func (o *deliverer) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	e := o.e
+	if pkt.RXChecksumValidated {
+		if !o.shared {
+			e.claim.RLock()
+			o.shared = true
+		}
+		o.d.DeliverNetworkPacket(proto, pkt)
+		return
+	}
+	o.release()
+	e.claim.Lock()
+	e.claimOff.Store(true)
+	o.d.DeliverNetworkPacket(proto, pkt)
+	e.claimOff.Store(false)
+	e.claim.Unlock()
+}
+
+// DeliverLinkPacket implements stack.NetworkDispatcher.
+func (o *deliverer) DeliverLinkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	o.d.DeliverLinkPacket(proto, pkt)
+}
+
+// release ends a run of verified deliveries.
+func (o *deliverer) release() {
+	if o.shared {
+		o.e.claim.RUnlock()
+		o.shared = false
+	}
 }
 
 type txQueue struct {
@@ -140,13 +195,14 @@ type txQueue struct {
 // retransmits; UDP loses datagrams, as on a full Linux qdisc).
 const txWait = 20 * time.Millisecond
 
-func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum, noGSO bool) (*endpoint, error) {
+func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum, noGSO, noGRO bool) (*endpoint, error) {
 	info := dev.Info()
 	e := &endpoint{
 		dev:  dev,
 		mac:  tcpip.LinkAddress(dev.MAC()),
 		caps: stack.CapabilityResolutionRequired,
 		gso:  !noGSO,
+		gro:  !noGRO,
 	}
 	e.dropEvery.Store(uint64(max(dropEvery, 0)))
 	n := dev.QueuePairs()
@@ -165,7 +221,7 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum, noGSO bool) 
 		if err != nil {
 			return nil, err
 		}
-		e.rx[i] = rxQueue{ep: e, q: rq}
+		e.rx[i] = rxQueue{ep: e, q: rq, out: deliverer{e: e}}
 		e.tx[i] = txQueue{q: tq, scratch: make([]byte, tq.MaxFrame()), comps: make([]nic.Completion, 64),
 			limit: max(tq.Size()/2, 1)}
 		e.tx[i].fill = e.tx[i].gatherPkt
@@ -205,6 +261,8 @@ func newEndpoint(dev nic.Device, dropEvery int, noRxCsum, noTxCsum, noGSO bool) 
 		}
 	}
 	for i := range e.rx {
+		e.rx[i].gro.Init(e.gro)
+		e.rx[i].gro.Dispatcher = &e.rx[i].out
 		if !e.rxOffload {
 			e.rx[i].csum = nil
 		}
@@ -239,10 +297,10 @@ func (e *endpoint) LinkAddress() tcpip.LinkAddress { return e.mac }
 func (e *endpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
 // Capabilities implements stack.LinkEndpoint. The stack reads it for each
-// packet it takes in: receive checksum offload is claimed only while no
-// frame the device did not verify is being delivered.
+// packet it takes in: receive checksum offload is claimed but while a
+// packet whose checksums nobody verified is being delivered (claim).
 func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities {
-	if e.rxOffload && e.unverified.Load() == 0 {
+	if !e.claimOff.Load() {
 		return e.caps | stack.CapabilityRXChecksumOffload
 	}
 	return e.caps
@@ -312,14 +370,19 @@ func (e *endpoint) SetOnCloseAction(func()) {}
 
 // handle is the receive queue's lcore.Handler: each frame is copied into
 // a view from gVisor's pool and its DMA buffer reposted before the stack
-// sees it, so that the ring is refilled whatever the stack does.
+// sees it, so that the ring is refilled whatever the stack does. Frames
+// go to the stack through GRO when it is on, which holds a flow's
+// segments until the end of the batch.
 func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 	e := r.ep
 	drop := e.dropEvery.Load()
-	var d stack.NetworkDispatcher
-	if p := e.disp.Load(); p != nil {
-		d = p.d
+	p := e.disp.Load()
+	if p == nil {
+		r.out.d = nil
+	} else {
+		r.out.d = p.d
 	}
+	defer r.end()
 	for i := range batch {
 		c := &batch[i]
 		if c.Err != nil {
@@ -337,11 +400,14 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			e.capture.frame(data)
 		}
 		// The device's verdict is read while the buffer is lent.
-		verified := false
+		verified, checked := false, false
 		if r.csum != nil {
-			checked, valid, err := r.csum.ChecksumVerified(c.Buf)
-			verified = err == nil && checked && valid
-			if err == nil && checked && !valid {
+			var valid bool
+			var err error
+			checked, valid, err = r.csum.ChecksumVerified(c.Buf)
+			checked = checked && err == nil
+			verified = checked && valid
+			if checked && !valid {
 				// The stack verifies it too, counts and drops it.
 				e.rxCsumBad.Add(1)
 			}
@@ -349,7 +415,7 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 		var v *buffer.View
 		r.seen++
 		switch {
-		case d == nil || len(data) < header.EthernetMinimumSize:
+		case r.out.d == nil || len(data) < header.EthernetMinimumSize:
 			e.rxDropped.Add(1)
 		case drop != 0 && r.seen%drop == 0:
 			e.rxDropped.Add(1)
@@ -366,25 +432,29 @@ func (r *rxQueue) handle(_ nic.Queue, batch []nic.Completion) error {
 			continue
 		}
 		e.rxFrames.Add(1)
-		proto := header.Ethernet(v.AsSlice()).Type()
+		if verified {
+			e.rxCsumDevice.Add(1)
+		} else if !checked {
+			// The endpoint verifies what the device did not, on the
+			// copy, so that such packets are delivered with the others.
+			verified = checksumsValid(v.AsSlice())
+		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithView(v)})
+		pkt.NetworkProtocolNumber = header.Ethernet(v.AsSlice()).Type()
+		pkt.RXChecksumValidated = verified
 		if e.ParseHeader(pkt) {
-			switch {
-			case verified:
-				e.rxCsumDevice.Add(1)
-				d.DeliverNetworkPacket(proto, pkt)
-			case e.rxOffload:
-				// The stack checks this one itself (Capabilities).
-				e.unverified.Add(1)
-				d.DeliverNetworkPacket(proto, pkt)
-				e.unverified.Add(-1)
-			default:
-				d.DeliverNetworkPacket(proto, pkt)
-			}
+			r.gro.Enqueue(pkt)
 		}
 		pkt.DecRef()
 	}
 	return nil
+}
+
+// end ends a batch: the segments GRO holds go to the stack, and the
+// batch's run of verified deliveries ends.
+func (r *rxQueue) end() {
+	r.gro.Flush()
+	r.out.release()
 }
 
 // coreQDisc is the stack's queueing discipline with Config.CoreTransmit:

@@ -78,8 +78,9 @@ type Config struct {
 	// TCPSendBuffer and TCPReceiveBuffer set TCP's buffer ranges.
 	TCPSendBuffer, TCPReceiveBuffer BufferSizes
 	// DisableRACK turns off RACK loss detection, which is on by default
-	// (with SACK, which RACK needs). Only for comparisons: RACK recovers
-	// losses faster.
+	// (with SACK, which RACK needs): RACK recovers losses faster, but
+	// gVisor's can stall a connection when the stacks run short of CPU
+	// (package doc), which turning it off avoids.
 	DisableRACK bool
 
 	// NoRxChecksumOffload and NoTxChecksumOffload turn off the checksum
@@ -92,13 +93,22 @@ type Config struct {
 	// across fragments): turn transmit offload off where UDP datagrams
 	// exceed the MTU over IPv6. Net.Offloads says what is in use.
 	NoRxChecksumOffload, NoTxChecksumOffload bool
-	// NoGSO turns off generic segmentation offload, on by default: TCP
-	// builds segments of up to 64 KiB, which the stack cuts into
-	// MSS-sized packets just before they reach the device (gVisor's
-	// software GSO, as Linux's GSO for a device without TSO), so that
-	// its sender runs once per 64 KiB instead of once per packet. The
-	// packets on the wire are the same either way.
-	NoGSO bool
+	// GSO turns on generic segmentation offload: TCP builds segments of
+	// up to 64 KiB, which the stack cuts into MSS-sized packets just
+	// before they reach the device (gVisor's software GSO, as Linux's
+	// GSO for a device without TSO), so that its sender runs once per
+	// 64 KiB instead of once per packet; the packets on the wire are
+	// the same. It is off by default: it made a stall of gVisor's RACK
+	// loss recovery under CPU starvation more frequent (package doc).
+	GSO bool
+	// NoGRO turns off generic receive offload, on by default: each
+	// receive queue coalesces the in-order TCP segments of a flow that
+	// arrive in one batch into one packet of up to 64 KiB before the
+	// stack processes it (gVisor's GRO, as Linux's), so that TCP's
+	// receive path runs once per burst instead of once per packet. The
+	// endpoint verifies the checksums of what it coalesces (the stack
+	// does not check them again).
+	NoGRO bool
 
 	// DropEvery, for tests, drops every DropEvery-th frame received and
 	// every DropEvery-th frame sent in the endpoint (0: none), to make
@@ -169,7 +179,7 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 	if cfg.QueueLen == 0 {
 		cfg.QueueLen = DefaultQueueLen
 	}
-	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload, cfg.NoGSO)
+	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload, !cfg.GSO, cfg.NoGRO)
 	if err != nil {
 		return nil, err
 	}
@@ -418,13 +428,14 @@ type Offloads struct {
 	// TxChecksum: the device fills in TCP and UDP checksums.
 	RxChecksum, TxChecksum bool
 	// GSO: TCP segments are cut into packets just before the link
-	// (Config.NoGSO).
-	GSO bool
+	// (Config.GSO). GRO: received TCP segments are coalesced
+	// (Config.NoGRO).
+	GSO, GRO bool
 }
 
 // Offloads says which offloads the Net uses.
 func (n *Net) Offloads() Offloads {
-	return Offloads{RxChecksum: n.ep.rxOffload, TxChecksum: n.ep.txOffload, GSO: n.ep.gso}
+	return Offloads{RxChecksum: n.ep.rxOffload, TxChecksum: n.ep.txOffload, GSO: n.ep.gso, GRO: n.ep.gro}
 }
 
 // SetDropEvery, for tests, makes the endpoint drop every k-th frame it

@@ -81,7 +81,7 @@ func serve(args []string) error {
 	profile := fs.String("profile", "", "write a CPU profile here")
 	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
 	coreTx := fs.Bool("core", false, "netstack.Config.CoreTransmit: the polling cores write the packets")
-	noGSO := fs.Bool("no-gso", false, "netstack.Config.NoGSO: TCP segments no larger than the MSS")
+	gso := fs.Bool("gso", false, "netstack.Config.GSO: TCP segments of up to 64 KiB, cut into packets before the link")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -99,7 +99,7 @@ func serve(args []string) error {
 			_ = d.Close()
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx, NoGSO: *noGSO})
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx, GSO: *gso})
 		if err != nil {
 			_ = d.Close()
 			return err
