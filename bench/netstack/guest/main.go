@@ -82,6 +82,7 @@ func serve(args []string) error {
 	mode := fs.String("mode", "adaptive", "the netstack's polling cores: busy, adaptive or interrupt")
 	coreTx := fs.Bool("core", false, "netstack.Config.CoreTransmit: the polling cores write the packets")
 	gso := fs.Bool("gso", false, "netstack.Config.GSO: TCP segments of up to 64 KiB, cut into packets before the link")
+	noGRO := fs.Bool("no-gro", false, "netstack.Config.NoGRO: no coalescing of received TCP segments")
 	_ = fs.Parse(args)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -99,7 +100,7 @@ func serve(args []string) error {
 			_ = d.Close()
 			return err
 		}
-		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx, GSO: *gso})
+		n, err := netstack.New(d, netstack.Config{Addrs: []netip.Prefix{netip.MustParsePrefix(*ip + "/24")}, Mode: m, CoreTransmit: *coreTx, GSO: *gso, NoGRO: *noGRO})
 		if err != nil {
 			_ = d.Close()
 			return err
