@@ -20,13 +20,7 @@ func frame4(proto tcpip.TransportProtocolNumber, l4 []byte, csumOff int, fragOff
 	ip.Encode(&header.IPv4Fields{TotalLength: uint16(len(ip)), TTL: 64, Protocol: uint8(proto),
 		SrcAddr: src, DstAddr: dst, FragmentOffset: fragOff})
 	ip.SetChecksum(^ip.CalculateChecksum())
-	seg := ip.Payload()
-	copy(seg, l4)
-	if csumOff >= 0 {
-		seed := header.PseudoHeaderChecksum(proto, src, dst, uint16(len(seg)))
-		seg[csumOff], seg[csumOff+1] = 0, 0
-		binary.BigEndian.PutUint16(seg[csumOff:], ^checksum.Checksum(seg, seed))
-	}
+	fillL4(ip.Payload(), l4, proto, src, dst, csumOff)
 	return b
 }
 
@@ -39,14 +33,19 @@ func frame6(proto tcpip.TransportProtocolNumber, l4 []byte, csumOff int) []byte 
 	s[0], d[0], s[15], d[15] = 0xfd, 0xfd, 1, 2
 	src, dst := tcpip.AddrFrom16(s), tcpip.AddrFrom16(d)
 	ip.Encode(&header.IPv6Fields{PayloadLength: uint16(len(l4)), TransportProtocol: proto, HopLimit: 64, SrcAddr: src, DstAddr: dst})
-	seg := ip.Payload()
+	fillL4(ip.Payload(), l4, proto, src, dst, csumOff)
+	return b
+}
+
+// fillL4 copies l4 into seg and sets its checksum field at csumOff right
+// (unless -1).
+func fillL4(seg, l4 []byte, proto tcpip.TransportProtocolNumber, src, dst tcpip.Address, csumOff int) {
 	copy(seg, l4)
 	if csumOff >= 0 {
 		seed := header.PseudoHeaderChecksum(proto, src, dst, uint16(len(seg)))
 		seg[csumOff], seg[csumOff+1] = 0, 0
 		binary.BigEndian.PutUint16(seg[csumOff:], ^checksum.Checksum(seg, seed))
 	}
-	return b
 }
 
 // TestChecksumsValid: the endpoint's own verdict on received frames.

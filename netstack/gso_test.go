@@ -1,7 +1,6 @@
 package netstack
 
 import (
-	"context"
 	"io"
 	"syscall"
 	"testing"
@@ -43,21 +42,7 @@ func TestGSO(t *testing.T) {
 				require.False(t, route.HasHostGSOCapability())
 				route.Release()
 			}
-			l, err := p.b.Listen("tcp", ":7")
-			require.NoError(t, err)
-			defer l.Close()
-			echo(l)
-			body := randBytes(t, 8<<20)
-			for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
-				t.Run(dst, func(t *testing.T) {
-					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-					defer cancel()
-					c, err := p.a.DialContext(ctx, "tcp", dst)
-					require.NoError(t, err)
-					defer c.Close()
-					roundTrip(t, c, body)
-				})
-			}
+			echoTCP(t, p, 8<<20, 60*time.Second)
 			for _, e := range []struct {
 				n   *Net
 				dev *softnic.Device
@@ -143,22 +128,7 @@ func TestGRO(t *testing.T) {
 				}
 			})
 			require.Equal(t, on, p.b.Offloads().GRO, "Offloads().GRO")
-			l, err := p.b.Listen("tcp", ":7")
-			require.NoError(t, err)
-			defer l.Close()
-			echo(l)
-			body := randBytes(t, 8<<20)
-			for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
-				t.Run(dst, func(t *testing.T) {
-					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-					defer cancel()
-					c, err := p.a.DialContext(ctx, "tcp", dst)
-					require.NoError(t, err)
-					defer c.Close()
-					require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
-					roundTrip(t, c, body)
-				})
-			}
+			echoTCP(t, p, 8<<20, 60*time.Second)
 			for _, n := range []*Net{p.a, p.b} {
 				frames := n.Stats().RxFrames
 				pkts := n.Stack().NICInfo()[nicID].Stats.Rx.Packets.Value()

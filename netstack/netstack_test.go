@@ -120,6 +120,29 @@ func echo(l net.Listener) {
 	}()
 }
 
+// echoTCP echoes n random bytes over TCP from A through an echo server
+// on B's port 7 and back, over IPv4 and over IPv6 (a subtest each), each
+// within timeout.
+func echoTCP(t *testing.T, p *pair, n int, timeout time.Duration) {
+	t.Helper()
+	l, err := p.b.Listen("tcp", ":7")
+	require.NoError(t, err)
+	defer l.Close()
+	echo(l)
+	body := randBytes(t, n)
+	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
+		t.Run(dst, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			c, err := p.a.DialContext(ctx, "tcp", dst)
+			require.NoError(t, err, p.diag())
+			defer c.Close()
+			require.NoError(t, c.SetDeadline(time.Now().Add(timeout)))
+			roundTrip(t, c, body)
+		})
+	}
+}
+
 // roundTrip writes body on c (from a goroutine) and reads the echo.
 func roundTrip(t *testing.T, c net.Conn, body []byte) {
 	t.Helper()
@@ -141,21 +164,7 @@ func TestTCPEcho(t *testing.T) {
 	for _, core := range []bool{false, true} {
 		t.Run(map[bool]string{false: "qdisc", true: "core"}[core], func(t *testing.T) {
 			p := newPair(t, func(c *Config) { c.CoreTransmit = core })
-			l, err := p.b.Listen("tcp", ":7")
-			require.NoError(t, err)
-			defer l.Close()
-			echo(l)
-			body := randBytes(t, 4<<20)
-			for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
-				t.Run(dst, func(t *testing.T) {
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					c, err := p.a.DialContext(ctx, "tcp", dst)
-					require.NoError(t, err)
-					defer c.Close()
-					roundTrip(t, c, body)
-				})
-			}
+			echoTCP(t, p, 4<<20, 30*time.Second)
 			st := p.a.Stats()
 			require.NotZero(t, st.RxFrames)
 			require.NotZero(t, st.TxFrames)

@@ -1,7 +1,6 @@
 package netstack
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"sync"
@@ -140,19 +139,7 @@ func newOffloadPair(t *testing.T, cfgA func(*Config), rx func(*csumRx)) (*pair, 
 // echoBoth echoes 256 KiB over TCP (IPv4 and IPv6) from A through B and
 // back, and UDP datagrams both ways.
 func echoBoth(t *testing.T, p *pair) {
-	l, err := p.b.Listen("tcp", ":7")
-	require.NoError(t, err)
-	defer l.Close()
-	echo(l)
-	body := randBytes(t, 256<<10)
-	for _, dst := range []string{"10.9.0.2:7", "[fd00:9::2]:7"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		c, err := p.a.DialContext(ctx, "tcp", dst)
-		require.NoError(t, err, p.diag())
-		roundTrip(t, c, body)
-		require.NoError(t, c.Close())
-		cancel()
-	}
+	echoTCP(t, p, 256<<10, 60*time.Second)
 	pc, err := p.b.ListenPacket("udp", ":9")
 	require.NoError(t, err)
 	defer pc.Close()
