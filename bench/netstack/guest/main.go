@@ -11,6 +11,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -129,6 +130,10 @@ func serve(args []string) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "vfnic\n") })
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(big) })
+	mux.HandleFunc("/sink", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		_, _ = fmt.Fprintf(w, "%d\n", n)
+	})
 	go func() { _ = http.Serve(ln, mux) }()
 	go func() {
 		buf := make([]byte, 2048)
@@ -333,18 +338,20 @@ func measure(ip string, dur time.Duration) ([]measurement, error) {
 			measurement{test: name, metric: "p99-us", value: us(pct(r.rtt, 99))},
 			measurement{test: name, metric: "cpu-us/pkt", value: cpu.Seconds() * 1e6 / float64(max(r.n, 1))})
 	}
+	upload := make([]byte, bigSize)
 	for _, c := range []struct {
 		name, path string
 		conns      int
-	}{{"http-small", "/small", 4}, {"http-1MiB", "/big", 1}} {
+		body       []byte
+	}{{"http-small", "/small", 4, nil}, {"http-1MiB", "/big", 1, nil}, {"http-up-1MiB", "/sink", 1, upload}} {
 		cpu0 := guestCPU()
-		r, err := httpLoad("http://"+ip+c.path, c.conns, dur)
+		r, err := httpLoad("http://"+ip+c.path, c.conns, dur, c.body)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
 		cpu := guestCPU() - cpu0
 		out = append(out, measurement{test: c.name, metric: "req/s", value: float64(r.n) / r.elapsed.Seconds()})
-		if c.path == "/big" {
+		if c.path != "/small" {
 			out = append(out, measurement{test: c.name, metric: "MB/s", value: float64(r.bytes) / r.elapsed.Seconds() / 1e6})
 		}
 		out = append(out,
@@ -448,13 +455,20 @@ func udpEcho(ip string, size int, dur time.Duration) (result, error) {
 	return r, sendErr
 }
 
-// httpLoad has conns keep-alive clients GET url in a loop for dur.
-func httpLoad(url string, conns int, dur time.Duration) (result, error) {
+// httpLoad has conns keep-alive clients GET url in a loop for dur, or
+// POST body to it when body is not nil (its bytes count as moved).
+func httpLoad(url string, conns int, dur time.Duration, body []byte) (result, error) {
 	tr := &http.Transport{MaxIdleConnsPerHost: conns, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	get := func() (int64, error) {
-		resp, err := cl.Get(url)
+		var resp *http.Response
+		var err error
+		if body == nil {
+			resp, err = cl.Get(url)
+		} else {
+			resp, err = cl.Post(url, "application/octet-stream", bytes.NewReader(body))
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -462,6 +476,9 @@ func httpLoad(url string, conns int, dur time.Duration) (result, error) {
 		_ = resp.Body.Close()
 		if err == nil && resp.StatusCode != 200 {
 			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if body != nil {
+			n = int64(len(body)) // what went up; the reply is its count
 		}
 		return n, err
 	}
