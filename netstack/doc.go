@@ -64,8 +64,8 @@
 // a receive ring overflowed, stopped for 30 s in 1 of 41 runs without
 // GSO or GRO, 4 of 121 with the endpoint of this package as it is (GRO on
 // or off), and 2 of 7 with GSO (one of them recovered after 24 s); with
-// Config.DisableRACK, in none of 80 (the slowest took 2.1 s). On two or
-// more CPUs it was not seen.
+// Config.DisableRACK, in none of 80 (the slowest took 2.1 s). On two
+// CPUs it was seen only under the race detector, with GSO.
 //
 // Config.Capture records every frame in pcap format, for debugging.
 //
