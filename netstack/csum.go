@@ -91,45 +91,37 @@ func checksumsValid(frame []byte) bool {
 	if len(frame) < header.EthernetMinimumSize {
 		return false
 	}
-	ip := frame[header.EthernetMinimumSize:]
-	switch tcpip.NetworkProtocolNumber(binary.BigEndian.Uint16(frame[12:])) {
-	case header.ARPProtocolNumber:
+	et := tcpip.NetworkProtocolNumber(binary.BigEndian.Uint16(frame[12:]))
+	if et == header.ARPProtocolNumber {
 		return true
-	case header.IPv4ProtocolNumber:
-		h := header.IPv4(ip)
-		if !h.IsValid(len(ip)) || !h.IsChecksumValid() || h.More() || h.FragmentOffset() != 0 {
-			return false
-		}
-		switch h.TransportProtocol() {
-		case header.ICMPv4ProtocolNumber:
-			return true
-		case header.TCPProtocolNumber, header.UDPProtocolNumber:
-		default:
-			return false
-		}
-	case header.IPv6ProtocolNumber:
-		h := header.IPv6(ip)
-		if !h.IsValid(len(ip)) {
-			return false
-		}
-		switch h.TransportProtocol() {
-		case header.ICMPv6ProtocolNumber:
-			return true
-		case header.TCPProtocolNumber, header.UDPProtocolNumber:
-		default:
-			return false
-		}
-	default:
-		return false
 	}
-	_, seg, off, seed, ok := l4(frame)
+	ip, seg, off, seed, ok := l4(frame)
 	if !ok {
+		return icmpWhole(et, frame[header.EthernetMinimumSize:])
+	}
+	if et == header.IPv4ProtocolNumber && !header.IPv4(ip).IsChecksumValid() {
 		return false
 	}
 	if off == 6 && seg[6] == 0 && seg[7] == 0 {
 		// A UDP datagram sent without a checksum: IPv4 allows it (the
 		// stack accepts it), IPv6 does not (the stack drops it).
-		return binary.BigEndian.Uint16(frame[12:]) == uint16(header.IPv4ProtocolNumber)
+		return et == header.IPv4ProtocolNumber
 	}
 	return checksum.Checksum(seg, seed) == 0xffff
+}
+
+// icmpWhole reports whether ip is an ICMP packet in an unfragmented IPv4
+// packet with a good header checksum, or an ICMPv6 packet right after the
+// IPv6 header: the stack checks their ICMP checksums regardless.
+func icmpWhole(et tcpip.NetworkProtocolNumber, ip []byte) bool {
+	switch et {
+	case header.IPv4ProtocolNumber:
+		h := header.IPv4(ip)
+		return h.IsValid(len(ip)) && h.IsChecksumValid() && !h.More() && h.FragmentOffset() == 0 &&
+			h.TransportProtocol() == header.ICMPv4ProtocolNumber
+	case header.IPv6ProtocolNumber:
+		h := header.IPv6(ip)
+		return h.IsValid(len(ip)) && h.TransportProtocol() == header.ICMPv6ProtocolNumber
+	}
+	return false
 }
