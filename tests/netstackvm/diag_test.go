@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"reflect"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
+	"github.com/vfnic/vfnic/internal/stackstats"
 	"github.com/vfnic/vfnic/netstack"
 )
 
@@ -153,40 +152,8 @@ func stackDiag(n *netstack.Net) string {
 			id.LocalAddress, id.LocalPort, id.RemoteAddress, id.RemotePort, st, info.RTT, info.RTTVar, info.RTO,
 			info.CcState, info.SndCwnd, info.SndSsthresh, info.ReorderSeen, snd, rcv)
 	}
-	sb.WriteString("  stack counters: " + counters(n.Stack().Stats()) + "\n")
+	sb.WriteString("  stack counters: " + stackstats.NonZero(n.Stack().Stats()) + "\n")
 	return sb.String()
-}
-
-// counters lists a gVisor stats struct's non-zero counters.
-func counters(v any) string {
-	var out []string
-	var walk func(prefix string, v reflect.Value)
-	walk = func(prefix string, v reflect.Value) {
-		switch v.Kind() {
-		case reflect.Pointer:
-			if v.IsNil() {
-				return
-			}
-			if c, ok := v.Interface().(*tcpip.StatCounter); ok {
-				if x := c.Value(); x != 0 {
-					out = append(out, fmt.Sprintf("%s=%d", prefix, x))
-				}
-				return
-			}
-			walk(prefix, v.Elem())
-		case reflect.Struct:
-			for i := 0; i < v.NumField(); i++ {
-				f := v.Type().Field(i)
-				if !f.IsExported() {
-					continue
-				}
-				walk(strings.TrimPrefix(prefix+"."+f.Name, "."), v.Field(i))
-			}
-		}
-	}
-	walk("", reflect.ValueOf(v))
-	sort.Strings(out)
-	return strings.Join(out, " ")
 }
 
 // linuxDiag is what the guest's Linux says about its TCP sockets and
