@@ -56,16 +56,23 @@
 // a stall of gVisor's RACK loss recovery more frequent (below).
 // Config.NoGRO turns GRO off.
 //
-// gVisor's TCP with RACK (its default, kept here) can stall a bulk
-// transfer when the stacks run short of CPU: the sender retransmits two
-// segments on every 200 ms timeout for as long as the connection lives,
-// and the receiver never gets the byte it waits for. An 8 MiB echo each
-// way between two stacks on a software pair, run with GOMAXPROCS=1 after
-// a receive ring overflowed, stopped for 30 s in 1 of 41 runs without
-// GSO or GRO, 4 of 121 with the endpoint of this package as it is (GRO on
-// or off), and 2 of 7 with GSO (one of them recovered after 24 s); with
-// Config.DisableRACK, in none of 80 (the slowest took 2.1 s). On two
-// CPUs it was seen only under the race detector, with GSO.
+// gVisor's TCP with RACK (its default, kept here) crawls after it loses a
+// long burst of which less than two segments' worth got through: the
+// receiver then holds too little out of order above the hole for the SACK
+// scoreboard to call the hole lost (two segments' bytes or three blocks
+// above it), so the hole counts as in flight (the pipe of RFC 6675)
+// although RACK has marked it lost, and fills the congestion window.
+// Nothing is sent until the 200 ms retransmission timeout, which sends one
+// segment; its ACK carries the SACK block again, RACK enters recovery and
+// retransmits one more, and the pipe is full again. Two segments per
+// timeout: a hole of 400 segments takes 40 s (a capture shows it; Linux
+// leaves packets it marked lost out of the count). An 8 MiB echo each way
+// between two stacks on a software pair, run with GOMAXPROCS=1 so that a
+// receive ring overflows, took more than 30 s in 4 of 121 runs (2 of 7
+// with GSO); with Config.DisableRACK, in none of 80. So that a connection
+// never loses such a burst to its own host, each transmit queue's qdisc
+// holds by default a whole send buffer of one connection (Config.QueueLen;
+// the loss was that of the qdisc in the one stall seen in a guest).
 //
 // Config.Capture records every frame in pcap format, for debugging.
 //

@@ -31,8 +31,10 @@ import (
 // nicID is the stack's one NIC.
 const nicID tcpip.NICID = 1
 
-// DefaultQueueLen is the default length of the qdisc queue of each
-// transmit queue, in packets (Linux's txqueuelen).
+// DefaultQueueLen is the least default length of the qdisc queue of each
+// transmit queue, in packets (Linux's txqueuelen). The default is longer
+// where one TCP connection's send buffer holds more full-sized packets
+// (Config.QueueLen).
 const DefaultQueueLen = 1000
 
 // Route sends packets for Dst through Gateway (an on-link route when
@@ -65,8 +67,13 @@ type Config struct {
 	CPUs []int
 	// Mode is the polling cores' mode; the zero value is lcore.Adaptive.
 	Mode lcore.Mode
-	// QueueLen is the qdisc queue length per transmit queue in packets;
-	// 0 means DefaultQueueLen.
+	// QueueLen is the qdisc queue length per transmit queue in packets.
+	// 0 means room for a whole send buffer of one TCP connection
+	// (TCPSendBuffer.Max, 4 MiB unless set) in packets of the MTU, and
+	// at least DefaultQueueLen: gVisor has no TCP Small Queues, so a
+	// connection puts its whole congestion window in the queue at once,
+	// and a queue shorter than that drops a burst of its own packets,
+	// the loss that sets off the RACK stall (package doc).
 	QueueLen int
 	// CoreTransmit has the polling core of each queue pair write the
 	// packets of its transmit queue, in its rounds beside the frames it
@@ -79,8 +86,8 @@ type Config struct {
 	TCPSendBuffer, TCPReceiveBuffer BufferSizes
 	// DisableRACK turns off RACK loss detection, which is on by default
 	// (with SACK, which RACK needs): RACK recovers losses faster, but
-	// gVisor's can stall a connection when the stacks run short of CPU
-	// (package doc), which turning it off avoids.
+	// gVisor's crawls at two segments per retransmission timeout after
+	// some burst losses (package doc), which turning it off avoids.
 	DisableRACK bool
 
 	// NoRxChecksumOffload and NoTxChecksumOffload turn off the checksum
@@ -176,9 +183,6 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 	if cfg.QueueLen < 0 || cfg.DropEvery < 0 {
 		return nil, fmt.Errorf("%w: netstack: negative QueueLen or DropEvery", os.ErrInvalid)
 	}
-	if cfg.QueueLen == 0 {
-		cfg.QueueLen = DefaultQueueLen
-	}
 	ep, err := newEndpoint(dev, cfg.DropEvery, cfg.NoRxChecksumOffload, cfg.NoTxChecksumOffload, !cfg.GSO, cfg.NoGRO)
 	if err != nil {
 		return nil, err
@@ -196,8 +200,12 @@ func New(dev nic.Device, cfg Config) (*Net, error) {
 		s.Destroy()
 		return nil, err
 	}
-	if err := n.configureTCP(cfg); err != nil {
+	sndMax, err := n.configureTCP(cfg)
+	if err != nil {
 		return fail(err)
+	}
+	if cfg.QueueLen == 0 {
+		cfg.QueueLen = defaultQueueLen(sndMax, int(ep.mtu))
 	}
 	ep.closed = n.wakeCores
 	if cfg.Capture != nil {
@@ -302,7 +310,9 @@ func (n *Net) watch(c *lcore.Core, q nic.RxQueue) {
 	n.stop(fmt.Errorf("netstack: device stopped: %w", err))
 }
 
-func (n *Net) configureTCP(cfg Config) error {
+// configureTCP sets TCP's options from cfg and returns the largest send
+// buffer a connection may have.
+func (n *Net) configureTCP(cfg Config) (sndMax int, err error) {
 	set := func(opt tcpip.SettableTransportProtocolOption) error {
 		if terr := n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, opt); terr != nil {
 			return fmt.Errorf("%w: netstack: TCP option %T: %s", os.ErrInvalid, opt, terr)
@@ -311,33 +321,46 @@ func (n *Net) configureTCP(cfg Config) error {
 	}
 	sack := tcpip.TCPSACKEnabled(true)
 	if err := set(&sack); err != nil {
-		return err
+		return 0, err
 	}
 	rec := tcpip.TCPRACKLossDetection
 	if cfg.DisableRACK {
 		rec = 0
 	}
 	if err := set(&rec); err != nil {
-		return err
+		return 0, err
 	}
 	mod := tcpip.TCPModerateReceiveBufferOption(true)
 	if err := set(&mod); err != nil {
-		return err
+		return 0, err
 	}
 	var snd tcpip.TCPSendBufferSizeRangeOption
 	if terr := n.stack.TransportProtocolOption(tcp.ProtocolNumber, &snd); terr != nil {
-		return fmt.Errorf("netstack: %s", terr)
+		return 0, fmt.Errorf("netstack: %s", terr)
 	}
 	merge(&snd.Min, &snd.Default, &snd.Max, cfg.TCPSendBuffer)
 	if err := set(&snd); err != nil {
-		return err
+		return 0, err
 	}
 	var rcv tcpip.TCPReceiveBufferSizeRangeOption
 	if terr := n.stack.TransportProtocolOption(tcp.ProtocolNumber, &rcv); terr != nil {
-		return fmt.Errorf("netstack: %s", terr)
+		return 0, fmt.Errorf("netstack: %s", terr)
 	}
 	merge(&rcv.Min, &rcv.Default, &rcv.Max, cfg.TCPReceiveBuffer)
-	return set(&rcv)
+	return snd.Max, set(&rcv)
+}
+
+// defaultQueueLen is Config.QueueLen's default: a send buffer of sndMax
+// bytes in the smallest full-sized TCP packets of the MTU (IPv6 and TCP
+// headers with timestamps take 72 bytes; 80 leaves room for SACK
+// blocks), with a few packets over for the ACKs and datagrams of other
+// flows.
+func defaultQueueLen(sndMax, mtu int) int {
+	const headers, others = 80, 64
+	if mtu <= headers {
+		return DefaultQueueLen
+	}
+	return max(DefaultQueueLen, (sndMax+mtu-headers-1)/(mtu-headers)+others)
 }
 
 func merge(lo, def, hi *int, b BufferSizes) {

@@ -578,3 +578,30 @@ func TestCapture(t *testing.T) {
 	require.NotZero(t, long, "full-size segments, cut to 64 bytes")
 	require.NoError(t, p.b.Stats().CaptureErr)
 }
+
+// TestDefaultQueueLen: by default each transmit queue holds a whole send
+// buffer of one TCP connection in full-sized packets, so that a lone
+// connection never loses a burst to its own qdisc; an explicit QueueLen is
+// kept.
+func TestDefaultQueueLen(t *testing.T) {
+	require.Equal(t, 3018, defaultQueueLen(4<<20, 1500), "gVisor's 4 MiB send buffer at MTU 1500")
+	require.Equal(t, DefaultQueueLen, defaultQueueLen(1<<20, 9000), "never below DefaultQueueLen")
+	require.Equal(t, DefaultQueueLen, defaultQueueLen(4<<20, 60), "an MTU below the headers")
+	for _, c := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{CoreTransmit: true}, defaultQueueLen(4<<20, 1500)},
+		{Config{CoreTransmit: true, TCPSendBuffer: BufferSizes{Max: 16 << 20}}, defaultQueueLen(16<<20, 1500)},
+		{Config{CoreTransmit: true, QueueLen: 50}, 50},
+	} {
+		dev, peer, err := softnic.Pair(nic.Config{QueueSize: 16})
+		require.NoError(t, err)
+		n, err := New(dev, c.cfg)
+		require.NoError(t, err)
+		require.Equal(t, c.want, n.ep.tx[0].qlen, "%+v", c.cfg)
+		require.NoError(t, n.Close())
+		require.NoError(t, dev.Close())
+		require.NoError(t, peer.Close())
+	}
+}
