@@ -344,12 +344,27 @@ func ParseTestEvents(r io.Reader) ([]TestResult, error) {
 		t := byName[n]
 		if t.Status == "" { // started, never reported
 			t.Status = TestFail
-			t.Output += "(no result reported: the test binary crashed, panicked or timed out)\n"
+			t.Output += noResult + "\n"
 		}
 		res = append(res, *t)
 	}
 	return res, nil
 }
+
+// emulatorCrashed says QEMU died of a signal it was not sent while no
+// guest test had reported a failure (those cut short by the crash report
+// none).
+func emulatorCrashed(rep *TestReport) bool {
+	if rep == nil || rep.Result == nil || rep.Result.Signal == "" {
+		return false
+	}
+	return !slices.ContainsFunc(rep.Tests, func(tr TestResult) bool {
+		return tr.Status == TestFail && !strings.Contains(tr.Output, noResult)
+	})
+}
+
+// noResult ends the output of a test that started and never reported.
+const noResult = "(no result reported: the test binary crashed, panicked or timed out)"
 
 // seconds converts a reported elapsed time to a Duration, saturating: a
 // float64 beyond int64's range would otherwise convert to a negative one.
@@ -471,7 +486,9 @@ func (r *TestReport) outputTail() string {
 // skips it) when no VM can run, then reports every guest test as a subtest
 // of t (see Report). The guest console is logged when the run failed.
 // Under go test -v (and when cfg.Output is nil) the guest test binary's
-// output is logged line by line as the guest prints it.
+// output is logged line by line as the guest prints it. If QEMU itself
+// crashes (Result.Signal) before any guest test failed, the crash is
+// logged and the guest run once more; a second crash fails t.
 //
 // The test binary is built static (CGO_ENABLED=0, GOOS=linux,
 // GOARCH=amd64) whatever the caller's environment: the guest has no
@@ -487,6 +504,15 @@ func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
 		cfg.Output = &lineLogger{logf: t.Logf}
 	}
 	rep, err := RunGoTest(ctx, cfg, gt)
+	if emulatorCrashed(rep) && ctx.Err() == nil {
+		// QEMU itself died (a failed assertion in the emulator, the OOM
+		// killer), with no guest test failed before it: that says
+		// nothing of the tests, which run once more. A second crash is
+		// the verdict.
+		t.Logf("QEMU crashed (signal: %s) %v into the run, no guest test having failed before it; running the guest once more: %v",
+			rep.Result.Signal, rep.Result.Duration.Round(time.Millisecond), err)
+		rep, err = RunGoTest(ctx, cfg, gt)
+	}
 	if rep == nil {
 		t.Fatalf("guest test run of %s: %v", gt.Package, err)
 		return nil

@@ -173,6 +173,11 @@ type Result struct {
 	Args []string
 	// Collected are the host paths of the files brought back (Config.Collect).
 	Collected []string
+	// Signal names the signal that ended QEMU itself ("aborted",
+	// "killed") when it died of one that Run did not send: the emulator
+	// crashed (a failed assertion in it) or was killed from outside (the
+	// kernel's OOM killer); empty otherwise.
+	Signal string
 }
 
 // plan is a checked Config with everything looked up.
@@ -531,6 +536,9 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 	}
 	c.Stdout = con
 	c.Stderr = &limitedBuffer{buf: &stderr, max: 64 << 10}
+	// glibc's fatal messages (heap corruption, a failed assertion) go
+	// to stderr, which the error quotes, rather than to a terminal.
+	c.Env = append(os.Environ(), "LIBC_FATAL_STDERR_=1")
 	// If this process dies, QEMU goes with it instead of running on.
 	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	res := &Result{ExitCode: -1, NICs: p.nics, Args: args}
@@ -548,6 +556,9 @@ func Run(ctx context.Context, cfg Config, cmd Command) (*Result, error) {
 		qerr = <-waitErr
 	}
 	con.flush()
+	if ctx.Err() == nil {
+		res.Signal = exitSignal(qerr)
+	}
 
 	con.mu.Lock()
 	res.ExitCode = con.exitCode
@@ -628,6 +639,18 @@ func (p *plan) bringBack(status string, missing []string) ([]string, error) {
 		return written, fmt.Errorf("%w: %s", ErrCollect, strings.Join(why, "; "))
 	}
 	return written, nil
+}
+
+// exitSignal names the signal a command died of, given Wait's error;
+// empty if it exited.
+func exitSignal(err error) string {
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal().String()
+		}
+	}
+	return ""
 }
 
 func exitDesc(err error) string {
