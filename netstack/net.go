@@ -73,7 +73,7 @@ type Config struct {
 	// at least DefaultQueueLen: gVisor has no TCP Small Queues, so a
 	// connection puts its whole congestion window in the queue at once,
 	// and a queue shorter than that drops a burst of its own packets,
-	// the loss that sets off the RACK stall (package doc).
+	// the loss that sets off the crawl of RACK recovery (package doc).
 	QueueLen int
 	// CoreTransmit has the polling core of each queue pair write the
 	// packets of its transmit queue, in its rounds beside the frames it
@@ -105,8 +105,8 @@ type Config struct {
 	// before they reach the device (gVisor's software GSO, as Linux's
 	// GSO for a device without TSO), so that its sender runs once per
 	// 64 KiB instead of once per packet; the packets on the wire are
-	// the same. It is off by default: it made a stall of gVisor's RACK
-	// loss recovery under CPU starvation more frequent (package doc).
+	// the same. It is off by default: it made the crawl of gVisor's RACK
+	// recovery more frequent under CPU starvation (package doc).
 	GSO bool
 	// NoGRO turns off generic receive offload, on by default: each
 	// receive queue coalesces the in-order TCP segments of a flow that
