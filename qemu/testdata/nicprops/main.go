@@ -13,9 +13,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/vfnic/vfnic/internal/ethtool"
 )
 
 // NIC is what the guest sees of one interface.
@@ -55,9 +54,11 @@ func run(out string, blob int) error {
 		f := readString(d + "/device/features")
 		bit := func(i int) bool { return len(f) > i && f[i] == '1' }
 		n.EventIdx, n.MrgRxbuf, n.FeatMTU = bit(29), bit(15), bit(3)
-		if n.RxRingMax, n.TxRingMax, err = ringMax(n.Name); err != nil {
+		r, err := ethtool.GetRings(n.Name)
+		if err != nil {
 			return err
 		}
+		n.RxRingMax, n.TxRingMax = r.RxMax, r.TxMax
 		nics = append(nics, n)
 	}
 	b, err := json.MarshalIndent(nics, "", "  ")
@@ -89,33 +90,4 @@ func Blob(n int) []byte {
 func readString(p string) string {
 	b, _ := os.ReadFile(p)
 	return strings.TrimSpace(string(b))
-}
-
-// ethtoolRingparam is struct ethtool_ringparam.
-type ethtoolRingparam struct {
-	Cmd, RxMax, RxMiniMax, RxJumboMax, TxMax, Rx, RxMini, RxJumbo, Tx uint32
-}
-
-// ifreqData is struct ifreq with ifr_data.
-type ifreqData struct {
-	Name [unix.IFNAMSIZ]byte
-	Data unsafe.Pointer
-	_    [16]byte
-}
-
-// ringMax asks the driver for its ring sizes (ethtool -g).
-func ringMax(ifname string) (rx, tx uint32, err error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer unix.Close(fd)
-	rp := ethtoolRingparam{Cmd: unix.ETHTOOL_GRINGPARAM}
-	var ifr ifreqData
-	copy(ifr.Name[:], ifname)
-	ifr.Data = unsafe.Pointer(&rp)
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
-		return 0, 0, fmt.Errorf("ETHTOOL_GRINGPARAM %s: %w", ifname, e)
-	}
-	return rp.RxMax, rp.TxMax, nil
 }
