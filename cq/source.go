@@ -44,8 +44,12 @@ type Source interface {
 	// next Poll or ReadErr. ok is false when the head is not an error.
 	ReadErr(e *ErrEntry) (data []byte, ok bool)
 	// Arm asks the device to interrupt when threshold entries are queued
-	// (solicitedOnly: only for solicited or error completions). One
-	// interrupt per Arm; arming again before it fires has no more effect.
+	// (solicitedOnly: only for solicited or error completions), at once
+	// when they are queued already: the CQ arms each of several sources
+	// for its share of a threshold, counted just before, which the
+	// device may have reached meanwhile. One interrupt per Arm (a
+	// spurious one is allowed, a lost one is not); arming again before
+	// it fires has no more effect.
 	// Threshold 0 asks for the next entry beyond those the ring holds now
 	// (verbs' ibv_req_notify_cq: entries present at the arm raise no
 	// interrupt).

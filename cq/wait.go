@@ -151,7 +151,10 @@ func (c *CQ) arm(thr int) error {
 // device's receive and transmit rings bound to one CQ) each is armed for
 // its share of what is missing beyond what it holds, d = ceil((thr -
 // held) / n) more: once thr entries are queued, one source has d more and
-// fires. A source that fires first only wakes the reader to count again.
+// fires. A source that fires first only wakes the reader to count again;
+// one that holds its share already when armed (the device got there
+// between the count and the arm) fires at once (Source.Arm), or the
+// reader would sleep through it.
 func (c *CQ) armLocked(thr int) error {
 	if c.closed {
 		return nil

@@ -630,14 +630,24 @@ func (s *Source) Arm(solicitedOnly bool, threshold int) error {
 		return err
 	}
 	late, ok := q.ring.Arm(threshold)
-	switch {
-	case !ok:
+	if !ok {
 		return q.NoInterrupt()
-	case late && s.irq != nil:
-		// The completion after those present came while arming: the
-		// device may have passed the event before it saw it, and an arm
-		// that never fires would lose verbs' request-notify event. A
-		// spurious wake-up is allowed; a lost one is not.
+	}
+	// threshold entries already there at the arm (counted after it:
+	// virtio's store of its event is a full barrier) were used before the
+	// device could see the event, which it compares only with entries
+	// it uses later (QEMU's virtio: vring_need_event over the entries of
+	// each flush): it never fires. A CQ fed by several sources arms each
+	// for a share of its threshold counted just before (cq's armLocked)
+	// and then waits for the whole threshold, so it would sleep through
+	// that share. Threshold 0 (late from the ring): the completion after
+	// those present came while arming, and an arm that never fires would
+	// lose verbs' request-notify event. A spurious wake-up is allowed; a
+	// lost one is not.
+	if threshold > 0 && !late {
+		late = q.pending(threshold) >= threshold
+	}
+	if late && s.irq != nil {
 		return s.irq.Add(1)
 	}
 	return nil
