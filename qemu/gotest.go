@@ -351,16 +351,24 @@ func ParseTestEvents(r io.Reader) ([]TestResult, error) {
 	return res, nil
 }
 
-// emulatorCrashed says QEMU died of a signal it was not sent while no
-// guest test had reported a failure (those cut short by the crash report
-// none).
-func emulatorCrashed(rep *TestReport) bool {
-	if rep == nil || rep.Result == nil || rep.Result.Signal == "" {
-		return false
+// emulatorFault says why a guest run says nothing of its tests, or ""
+// if it does: QEMU died of a signal it was not sent while no guest test
+// had reported a failure (those cut short by the crash report none), or
+// the kernel never reached /init.
+func emulatorFault(rep *TestReport, err error) string {
+	if errors.Is(err, ErrBootFailed) {
+		return "the guest did not boot"
 	}
-	return !slices.ContainsFunc(rep.Tests, func(tr TestResult) bool {
+	if rep == nil || rep.Result == nil || rep.Result.Signal == "" {
+		return ""
+	}
+	if slices.ContainsFunc(rep.Tests, func(tr TestResult) bool {
 		return tr.Status == TestFail && !strings.Contains(tr.Output, noResult)
-	})
+	}) {
+		return ""
+	}
+	return fmt.Sprintf("QEMU crashed (signal: %s) %v into the run, no guest test having failed before it",
+		rep.Result.Signal, rep.Result.Duration.Round(time.Millisecond))
 }
 
 // noResult ends the output of a test that started and never reported.
@@ -487,8 +495,9 @@ func (r *TestReport) outputTail() string {
 // of t (see Report). The guest console is logged when the run failed.
 // Under go test -v (and when cfg.Output is nil) the guest test binary's
 // output is logged line by line as the guest prints it. If QEMU itself
-// crashes (Result.Signal) before any guest test failed, the crash is
-// logged and the guest run once more; a second crash fails t.
+// crashes (Result.Signal) before any guest test failed, or the guest does
+// not boot (ErrBootFailed, Config.BootTimeout), that is logged and the
+// guest run once more; a second such fault fails t.
 //
 // The test binary is built static (CGO_ENABLED=0, GOOS=linux,
 // GOARCH=amd64) whatever the caller's environment: the guest has no
@@ -504,17 +513,16 @@ func RunGoTestT(t *testing.T, cfg Config, gt GoTest) *TestReport {
 		cfg.Output = &lineLogger{logf: t.Logf}
 	}
 	rep, err := RunGoTest(ctx, cfg, gt)
-	if emulatorCrashed(rep) && ctx.Err() == nil {
-		// QEMU itself died (a failed assertion in the emulator, the OOM
-		// killer), with no guest test failed before it: that says
-		// nothing of the tests, which run once more. A second crash is
-		// the verdict. QEMU 10's TCG aborts now and then on
+	if why := emulatorFault(rep, err); why != "" && ctx.Err() == nil {
+		// Nothing of the guest's tests is judged by a run the emulator
+		// spoiled: they run once more, and a second fault is the
+		// verdict. QEMU 10's TCG aborts now and then on
 		// "iotlb_to_section: Assertion `section_index <
-		// d->map.sections_nb' failed" behind the vIOMMU: 2 of 75 runs
+		// d->map.sections_nb' failed" behind the vIOMMU (2 of 75 runs
 		// of tests/virtiovm's packed conformance guest, one of them
-		// before the guest's /init ran.
-		t.Logf("QEMU crashed (signal: %s) %v into the run, no guest test having failed before it; running the guest once more: %v",
-			rep.Result.Signal, rep.Result.Duration.Round(time.Millisecond), err)
+		// before the guest's /init ran), and a guest's vCPU 0 once
+		// stopped taking timer interrupts during the kernel's boot.
+		t.Logf("%s; running the guest once more: %v", why, err)
 		rep, err = RunGoTest(ctx, cfg, gt)
 	}
 	if rep == nil {

@@ -540,10 +540,10 @@ func TestLineLogger(t *testing.T) {
 	require.Equal(t, []string{"guest: === RUN   TestX", "guest: --- PASS: TestX (0.00s)"}, got)
 }
 
-// TestEmulatorCrashed: a QEMU that died of a signal is told from one that
+// TestEmulatorFault: a QEMU that died of a signal is told from one that
 // exited, and RunGoTestT runs the guest again only when no guest test had
-// failed before the crash.
-func TestEmulatorCrashed(t *testing.T) {
+// failed before the crash, or when the guest did not boot.
+func TestEmulatorFault(t *testing.T) {
 	require.Equal(t, "aborted", exitSignal(exec.Command("sh", "-c", "kill -ABRT $$").Run()))
 	require.Empty(t, exitSignal(exec.Command("sh", "-c", "exit 3").Run()))
 	require.Empty(t, exitSignal(nil))
@@ -552,12 +552,13 @@ func TestEmulatorCrashed(t *testing.T) {
 	tests, err := ParseTestOutput(t.Context(), "p", out)
 	require.NoError(t, err)
 	crashed := &TestReport{Result: &Result{Signal: "aborted"}, Tests: tests}
-	require.True(t, emulatorCrashed(crashed), "TestB cut short by the crash: %+v", tests)
-	require.False(t, emulatorCrashed(&TestReport{Result: &Result{}, Tests: tests}), "QEMU exited")
-	require.False(t, emulatorCrashed(nil))
+	require.Contains(t, emulatorFault(crashed, ErrPayloadIncomplete), "QEMU crashed (signal: aborted)", "TestB cut short by the crash: %+v", tests)
+	require.Empty(t, emulatorFault(&TestReport{Result: &Result{}, Tests: tests}, ErrPayloadIncomplete), "QEMU exited")
+	require.Empty(t, emulatorFault(nil, nil))
+	require.NotEmpty(t, emulatorFault(&TestReport{Result: &Result{}}, fmt.Errorf("%w: the kernel did not reach /init", ErrBootFailed)))
 
 	failedFirst, err := ParseTestOutput(t.Context(), "p", "\x16=== RUN   TestA\n\x16--- FAIL: TestA (0.00s)\n"+"\x16=== RUN   TestB\n")
 	require.NoError(t, err)
-	require.False(t, emulatorCrashed(&TestReport{Result: &Result{Signal: "aborted"}, Tests: failedFirst}),
+	require.Empty(t, emulatorFault(&TestReport{Result: &Result{Signal: "aborted"}, Tests: failedFirst}, ErrPayloadIncomplete),
 		"a guest test failed before the crash: that is the verdict")
 }

@@ -103,6 +103,17 @@ func TestVMFailures(t *testing.T) {
 		require.Contains(t, err.Error(), "while the kernel booted")
 		require.Equal(t, -1, res.ExitCode)
 	})
+	t.Run("boot timeout", func(t *testing.T) {
+		// A kernel not at /init by BootTimeout is killed as hung, long
+		// before Timeout.
+		start := time.Now()
+		res, err := Run(t.Context(), Config{BootTimeout: 300 * time.Millisecond}, Command{GuestPath: "/bin/true"})
+		require.ErrorIs(t, err, ErrBootFailed)
+		require.False(t, errors.Is(err, ErrTimeout), "%v", err)
+		require.Contains(t, err.Error(), "did not reach /init within 300ms")
+		require.Empty(t, res.Signal, "QEMU was killed by Run, not crashed")
+		require.Less(t, time.Since(start), DefaultTimeout/2)
+	})
 	t.Run("setup fails", func(t *testing.T) {
 		// More hugepages than the guest can hold: /init stops before the payload.
 		res, err := Run(t.Context(), Config{MemoryMB: 256, Hugepages: 120}, Command{GuestPath: "/bin/true"})
