@@ -255,10 +255,23 @@ func (q *Queue) Arm(threshold int) error {
 	if q.EFD == nil {
 		return q.NoInterrupt()
 	}
-	if _, ok := q.ring.Arm(threshold); !ok {
+	if _, ok := q.ring.Arm(q.ringThreshold(threshold)); !ok {
 		return q.NoInterrupt()
 	}
 	return nil
+}
+
+// ringThreshold is what the ring is armed for so that threshold
+// completions, counted from the next one to read, raise the interrupt:
+// the ring counts from its own head, past the completions the core
+// already took from it (those held after an error completion), so those
+// are taken off, leaving at least one. Threshold 0 (the completion after
+// those present) is the ring's. Called locked.
+func (q *Queue) ringThreshold(threshold int) int {
+	if threshold <= 0 {
+		return threshold
+	}
+	return max(threshold-(q.bt-q.bh), 1)
 }
 
 // SRead implements nic.Queue.
@@ -629,7 +642,7 @@ func (s *Source) Arm(solicitedOnly bool, threshold int) error {
 	if err := q.Usable(); err != nil {
 		return err
 	}
-	late, ok := q.ring.Arm(threshold)
+	late, ok := q.ring.Arm(q.ringThreshold(threshold))
 	if !ok {
 		return q.NoInterrupt()
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vfnic/vfnic/cq"
 	cqring "github.com/vfnic/vfnic/cq/ring"
+	"github.com/vfnic/vfnic/eventfd"
 	"github.com/vfnic/vfnic/nic"
 )
 
@@ -18,6 +19,7 @@ type fakeRing struct {
 	posted  int
 	disarms int
 	publish int
+	armed   []int // the thresholds Arm was asked for
 }
 
 func (r *fakeRing) Read(cs []cqring.Completion) int {
@@ -35,7 +37,7 @@ func (r *fakeRing) Pending(max int) int                          { return min(le
 func (r *fakeRing) Outstanding() int                             { return r.posted }
 func (r *fakeRing) Broken() bool                                 { return false }
 func (r *fakeRing) Notify() (bool, bool)                         { return true, false }
-func (r *fakeRing) Arm(int) (bool, bool)                         { return false, true }
+func (r *fakeRing) Arm(t int) (bool, bool)                       { r.armed = append(r.armed, t); return false, true }
 func (r *fakeRing) Disarm()                                      { r.disarms++ }
 func (r *fakeRing) Err(c *cqring.Completion) error               { return c.Prov.Refusal() }
 func (r *fakeRing) StrError(cq.ProvErrno, []byte) (string, bool) { return "", false }
@@ -91,4 +93,35 @@ func TestHeldAfterAnError(t *testing.T) {
 		got = append(got, out[0].Context)
 	}
 	require.Equal(t, []any{"e", "f", "g", "h"}, got, "in posting order")
+}
+
+// TestArmCountsHeld: the ring is armed for what the threshold still needs
+// beyond the completions the core already took from it (held after an
+// error completion), since the ring counts from its own head; at least
+// one, and threshold 0 unchanged.
+func TestArmCountsHeld(t *testing.T) {
+	tab, err := cqring.NewSingleThreadedTable(8, 3)
+	require.NoError(t, err)
+	q := &Queue{Core: Core[Source]{Name: "rx0", Vector: -1}}
+	r := &fakeRing{tab: tab}
+	q.Init(r, 8, nil)
+	efd, err := eventfd.New()
+	require.NoError(t, err)
+	defer efd.Close()
+	q.EFD = efd
+	ok := func(seq uint64) cqring.Completion {
+		return cqring.Completion{Context: seq, Len: 64, Done: true, Word: seq << 16}
+	}
+	bad := ok(1)
+	bad.Err, bad.Prov = cq.EIO, cq.ProvBadLen
+	r.posted = 8
+	r.ready = []cqring.Completion{ok(0), bad, ok(2), ok(3), ok(4)}
+	out := make([]nic.Completion, 8)
+	require.Equal(t, 2, q.Poll(out), "up to and including the error")
+	require.Equal(t, 3, q.Ready(8), "three held")
+	for _, c := range []struct{ threshold, ring int }{{8, 5}, {4, 1}, {3, 1}, {1, 1}, {0, 0}} {
+		r.armed = r.armed[:0]
+		require.NoError(t, q.Arm(c.threshold))
+		require.Equal(t, []int{c.ring}, r.armed, "threshold %d with 3 held", c.threshold)
+	}
 }
