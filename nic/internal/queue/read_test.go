@@ -43,24 +43,37 @@ func (r *fakeRing) Err(c *cqring.Completion) error               { return c.Prov
 func (r *fakeRing) StrError(cq.ProvErrno, []byte) (string, bool) { return "", false }
 func (r *fakeRing) Table() *cqring.Table                         { return r.tab }
 
+// newFakeQueue is a queue of 8 slots over a fakeRing whose table is
+// single-threaded.
+func newFakeQueue(t *testing.T, name string) (*Queue, *fakeRing) {
+	t.Helper()
+	tab, err := cqring.NewSingleThreadedTable(8, 3)
+	require.NoError(t, err)
+	q := &Queue{Core: Core[Source]{Name: name, Vector: -1}}
+	r := &fakeRing{tab: tab}
+	q.Init(r, 8, nil)
+	return q, r
+}
+
+// done is the completion of the seq-th operation posted, carrying ctx.
+func done(ctx any, seq uint64) cqring.Completion {
+	return cqring.Completion{Context: ctx, Len: 64, Done: true, Word: seq << 16}
+}
+
+// bad is done refused for a bad length.
+func bad(ctx any, seq uint64) cqring.Completion {
+	c := done(ctx, seq)
+	c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+	return c
+}
+
 // TestHeldAfterAnError: completions a driver's batch read took past an
 // error completion are handed out by the next Polls, in order, count as
 // outstanding until then, and are canceled in posting order with those
 // still posted when the device is taken back.
 func TestHeldAfterAnError(t *testing.T) {
-	tab, err := cqring.NewSingleThreadedTable(8, 3)
-	require.NoError(t, err)
-	q := &Queue{Core: Core[Source]{Name: "tx0", Vector: -1}}
-	r := &fakeRing{tab: tab}
-	q.Init(r, 8, nil)
-	done := func(ctx any, seq uint64) cqring.Completion {
-		return cqring.Completion{Context: ctx, Len: 64, Done: true, Word: seq << 16}
-	}
-	bad := func(ctx any, seq uint64) cqring.Completion {
-		c := done(ctx, seq)
-		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-		return c
-	}
+	q, r := newFakeQueue(t, "tx0")
+	tab := r.tab
 	// Posted a-h; the device completed a-e (b and d refused), which the
 	// driver's read took from the table; f-h stay posted.
 	for i := range 8 {
@@ -100,22 +113,13 @@ func TestHeldAfterAnError(t *testing.T) {
 // error completion), since the ring counts from its own head; at least
 // one, and threshold 0 unchanged.
 func TestArmCountsHeld(t *testing.T) {
-	tab, err := cqring.NewSingleThreadedTable(8, 3)
-	require.NoError(t, err)
-	q := &Queue{Core: Core[Source]{Name: "rx0", Vector: -1}}
-	r := &fakeRing{tab: tab}
-	q.Init(r, 8, nil)
+	q, r := newFakeQueue(t, "rx0")
 	efd, err := eventfd.New()
 	require.NoError(t, err)
 	defer efd.Close()
 	q.EFD = efd
-	ok := func(seq uint64) cqring.Completion {
-		return cqring.Completion{Context: seq, Len: 64, Done: true, Word: seq << 16}
-	}
-	bad := ok(1)
-	bad.Err, bad.Prov = cq.EIO, cq.ProvBadLen
 	r.posted = 8
-	r.ready = []cqring.Completion{ok(0), bad, ok(2), ok(3), ok(4)}
+	r.ready = []cqring.Completion{done(0, 0), bad(1, 1), done(2, 2), done(3, 3), done(4, 4)}
 	out := make([]nic.Completion, 8)
 	require.Equal(t, 2, q.Poll(out), "up to and including the error")
 	require.Equal(t, 3, q.Ready(8), "three held")
