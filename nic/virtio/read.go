@@ -131,16 +131,19 @@ func (q *vq) read(cs []cqring.Completion) int {
 		return 0
 	}
 	n := q.rd.NextBatch(cs)
+	ndescs, nbufs := 0, 0 // summed in locals, stored once
 	for i := range cs[:n] {
 		c := &cs[i]
-		if c.Prov == cq.ProvBadIndex {
+		if c.Err != 0 && c.Prov == cq.ProvBadIndex {
 			q.broken = true
 		}
 		if c.Done {
-			q.ndescs -= int(uint16(c.Word)) // the descriptors posted (reserve)
-			q.nbufs--
+			ndescs += int(uint16(c.Word)) // the descriptors posted (reserve)
+			nbufs++
 		}
 	}
+	q.ndescs -= ndescs
+	q.nbufs -= nbufs
 	return n
 }
 
@@ -169,53 +172,71 @@ func (q *vq) pending(max int) int {
 func (r rxRing) Read(cs []cqring.Completion) int {
 	q := r.q
 	n := r.v.read(cs)
+	mrg, csum, bufs := q.mrg, q.csum, &q.bufs
 	for i := range cs[:n] {
 		c := &cs[i]
-		if c.Err != 0 {
-			if c.Done && c.Buf != 0 && q.skip > 0 {
-				q.skip-- // a refused part of a frame is still one of its parts
-			}
+		// The common entry in this loop; a refused one, a later part of
+		// a frame and a short one in frame, out of line.
+		if c.Err != 0 || q.skip > 0 || c.Len < netHdrLen+nic.MinFrame {
+			r.odd(cs, i, n)
 			continue
 		}
-		if q.skip > 0 { // only the first buffer of a frame holds the header
-			q.skip--
-			q.multiBuffer(c, i, &nic.MultiBufferError{Queue: r.v.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
-			continue
-		}
-		if c.Len < netHdrLen+nic.MinFrame {
-			c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-			continue
-		}
-		if q.mrg {
-			hdr := q.bufs.Head(c.Buf)
-			if nb := int(hdr[netHdrNumBuffers]) | int(hdr[netHdrNumBuffers+1])<<8; nb != 1 {
-				e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
-				if nb > 1 {
-					// Bound the frame's claimed num_buffers by the
-					// buffers outstanding when the entry was taken:
-					// those still posted and those of the batch after
-					// it. Counted here, on the rare path.
-					later := 0
-					for j := i + 1; j < n; j++ {
-						if cs[j].Done {
-							later++
-						}
-					}
-					q.skip = min(nb-1, r.v.nbufs+later)
-					q.span = q.skip + 1
-					e.Buffers = q.span
-				}
-				q.multiBuffer(c, i, e)
+		if mrg {
+			// The one read of num_buffers, from the header the device
+			// wrote at the posted buffer's start.
+			if hdr := bufs.HeadAt(c.Buf); hdr[netHdrNumBuffers] != 1 || hdr[netHdrNumBuffers+1] != 0 {
+				r.multi(cs, i, n, int(hdr[netHdrNumBuffers])|int(hdr[netHdrNumBuffers+1])<<8)
 				continue
 			}
 		}
-		if q.csum && !q.takeRxHdr(c) { // checksum offload: the header checked (nethdr.go)
+		if csum && !q.takeRxHdr(c) { // checksum offload: the header checked (nethdr.go)
 			continue
 		}
 		c.Buf += netHdrLen
 		c.Len -= netHdrLen
 	}
 	return n
+}
+
+// odd is Read's pass over cs[i] when it is refused, a later part of a
+// frame spanning buffers (only the first holds the header), or too short
+// for the virtio-net header and an Ethernet header. Cold path.
+func (r rxRing) odd(cs []cqring.Completion, i, n int) {
+	q, c := r.q, &cs[i]
+	switch {
+	case c.Err != 0:
+		if c.Done && c.Buf != 0 && q.skip > 0 {
+			q.skip-- // a refused part of a frame is still one of its parts
+		}
+	case q.skip > 0:
+		q.skip--
+		q.multiBuffer(c, i, &nic.MultiBufferError{Queue: r.v.name, Buffer: q.span - 1 - q.skip, Buffers: q.span, Bytes: c.Len})
+	default:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+	}
+}
+
+// multi is Read's pass over cs[i], whose header's num_buffers (nb, read
+// once) is not 1: the first part of a frame spanning nb buffers, or a
+// header no device writes (0). Cold path.
+func (r rxRing) multi(cs []cqring.Completion, i, n, nb int) {
+	q, c := r.q, &cs[i]
+	e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
+	if nb > 1 {
+		// Bound the frame's claimed num_buffers by the buffers
+		// outstanding when the entry was taken: those still posted
+		// and those of the batch after it.
+		later := 0
+		for j := i + 1; j < n; j++ {
+			if cs[j].Done {
+				later++
+			}
+		}
+		q.skip = min(nb-1, r.v.nbufs+later)
+		q.span = q.skip + 1
+		e.Buffers = q.span
+	}
+	q.multiBuffer(c, i, e)
 }
 
 // multiBuffer turns c, the i-th of a batch, whose buffer holds part of a

@@ -305,25 +305,31 @@ func (q *Queue) Poll(out []nic.Completion) int {
 	}
 	n, errs := 0, 0
 	var bytes uint64
+	pair := q.Pair
 	for n < len(out) && errs == 0 && q.fill(len(out)-n) {
-		for q.bh < q.bt && n < len(out) {
-			c := &q.batch[q.bh]
-			q.bh++
-			o := &out[n]
-			n++
+		// The held completions in a local slice, the record written
+		// field by field: a composite literal would be built on the
+		// stack and copied (with a write-barrier check on the copy).
+		held := q.batch[q.bh:q.bt]
+		k := min(len(held), len(out)-n)
+		dst := out[n : n+k]
+		for i := range dst {
+			c, o := &held[i], &dst[i]
 			if c.Err != 0 {
-				*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair, Err: q.ring.Err(c)}
-				errs++
+				*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: pair, Err: q.ring.Err(c)}
+				k, errs = i+1, 1
 				break
 			}
-			// Each field written once, the record's one write.
+			o.Context, o.Buf, o.Len, o.Queue, o.Err = c.Context, c.Buf, c.Len, pair, nil
 			if q.recv {
-				*o = nic.Completion{Context: c.Context, Buf: c.Buf, Data: q.Bufs.Bytes(c.Buf, c.Len), Len: c.Len, Queue: q.Pair}
+				o.Data = q.Bufs.Bytes(c.Buf, c.Len)
 			} else {
-				*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: q.Pair}
+				o.Data = nil
 			}
 			bytes += uint64(c.Len)
 		}
+		q.bh += k
+		n += k
 	}
 	q.finish(n, errs, bytes)
 	return n
@@ -497,7 +503,7 @@ func (r *Rx) PostRecvBuf(ctx any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.q.Bufs.Bytes(r.q.Bufs.Start(b), r.maxFrame), nil
+	return r.q.Bufs.Bytes(r.q.Bufs.FrameStart(b), r.maxFrame), nil
 }
 
 // postFree posts a free pool buffer and returns its index.

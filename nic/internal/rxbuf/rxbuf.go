@@ -60,6 +60,10 @@ func New(p *dma.Pool, headroom int) Pool {
 // Start is the address of buffer b, as a posted operation records it.
 func (p *Pool) Start(b uint32) uintptr { return p.base + uintptr(b)*p.stride }
 
+// FrameStart is the address of the frame in buffer b, headroom bytes in,
+// as a good receive's completion reports it.
+func (p *Pool) FrameStart(b uint32) uintptr { return p.Start(b) + p.headroom }
+
 // Of is the buffer at addr, an address inside it that the ring reader
 // reported from a posted operation (not from the device).
 func (p *Pool) Of(addr uintptr) uint32 {
@@ -123,13 +127,15 @@ func (p *Pool) Frame(frame uintptr, length, max int) ([]byte, error) {
 	return p.frame(b, length), nil
 }
 
-// Bytes returns the first length bytes of the frame at frame, an address
-// the ring reader reported from a posted operation, for a completion's
-// Data. The reader has checked length against the posted buffer.
+// Bytes returns the first length bytes of the frame at frame, for a
+// completion's Data: frame is a posted buffer's start plus the headroom,
+// the address a driver reports for a good receive, and the reader has
+// checked length against the posted buffer. The slice's capacity ends
+// with the buffer. No division or multiplication: the frame's offset in
+// the pool is its address's.
 func (p *Pool) Bytes(frame uintptr, length int) []byte {
-	start := uintptr(p.Of(frame)) * p.stride
-	off := start + p.headroom
-	return p.mem[off : off+uintptr(length) : start+p.stride]
+	off := frame - p.base
+	return p.mem[off : off+uintptr(length) : off+p.stride-p.headroom]
 }
 
 func (p *Pool) frame(b uint32, length int) []byte {
@@ -137,12 +143,12 @@ func (p *Pool) frame(b uint32, length int) []byte {
 	return p.Buf(b)[h : h+length]
 }
 
-// Head returns the headroom bytes of the buffer at addr (the bytes before
-// its frame: virtio-net's header), an address the ring reader reported
-// from a posted operation.
-func (p *Pool) Head(addr uintptr) []byte {
-	start := uintptr(p.Of(addr)) * p.stride
-	return p.mem[start : start+p.headroom : start+p.headroom]
+// HeadAt returns the headroom bytes of the buffer that starts at addr
+// (the bytes before its frame: virtio-net's header), a posted buffer's
+// address as the ring reader reported it, found by offset like Bytes.
+func (p *Pool) HeadAt(addr uintptr) []byte {
+	off := addr - p.base
+	return p.mem[off : off+p.headroom : off+p.headroom]
 }
 
 // Counts returns how many buffers are posted to the device (neither free
