@@ -254,33 +254,17 @@ func (q *queue) untilSilent(n, end int) int {
 // pass is read's bookkeeping over a batch: it returns how many of cs are
 // kept, in place, after dropping context descriptors.
 func (q *queue) pass(cs []cqring.Completion) int {
+	if q.rx {
+		return q.rxPass(cs)
+	}
 	w := 0
 	for i := range cs {
 		c := &cs[i]
 		if !c.Done {
 			q.broken = true // an entry that named no posted descriptor
-		} else if q.out--; !q.rx {
-			if c.Context == any(ctxSlot) {
-				q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
-				continue
-			}
-		} else {
-			switch {
-			case c.Prov == provMultiBuffer:
-				q.skip = true // the rest of the frame follows
-			case c.Err == 0 && q.skip:
-				q.skip = false // the last part of a frame without EOP
-				c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
-			case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
-				// RCTL.SBP is off: a device that hands over a bad frame
-				// anyway misbehaves, and its frame is not one to deliver.
-				c.Err, c.Prov = cq.EIO, provRxError
-			case c.Err == 0 && c.Len < nic.MinFrame:
-				c.Err, c.Prov = cq.EIO, cq.ProvBadLen
-			}
-			if c.Err == 0 {
-				q.meta[q.bufs.Of(c.Buf)] = rxMeta{c.Meta[0], c.Meta[1]}
-			}
+		} else if q.out--; c.Context == any(ctxSlot) {
+			q.ctxOut-- // a context descriptor (SendChecksum): the queue's own
+			continue
 		}
 		if w != i {
 			cs[w] = *c
@@ -288,6 +272,48 @@ func (q *queue) pass(cs []cqring.Completion) int {
 		w++
 	}
 	return w
+}
+
+// rxPass is pass for a receive queue, which keeps every entry: the
+// common one (a whole good frame) in the loop, the others out of line.
+func (q *queue) rxPass(cs []cqring.Completion) int {
+	done := 0 // q.out's decrement, stored once
+	for i := range cs {
+		c := &cs[i]
+		if !c.Done {
+			q.broken = true // an entry that named no posted descriptor
+			continue
+		}
+		done++
+		if c.Err != 0 || q.skip || uint32(c.Meta[1])&rxdErrRXE != 0 || c.Len < nic.MinFrame {
+			q.rxOdd(c)
+			continue
+		}
+		q.meta[q.bufs.Of(c.Buf)] = rxMeta{c.Meta[0], c.Meta[1]}
+	}
+	q.out -= done
+	return len(cs)
+}
+
+// rxOdd is rxPass for an entry refused, part of a frame without EOP, with
+// the device's error bit, or shorter than a frame. Cold path.
+func (q *queue) rxOdd(c *cqring.Completion) {
+	switch {
+	case c.Prov == provMultiBuffer:
+		q.skip = true // the rest of the frame follows
+	case c.Err == 0 && q.skip:
+		q.skip = false // the last part of a frame without EOP
+		c.Err, c.Prov = cq.ETRUNC, provMultiBuffer
+	case c.Err == 0 && uint32(c.Meta[1])&rxdErrRXE != 0:
+		// RCTL.SBP is off: a device that hands over a bad frame
+		// anyway misbehaves, and its frame is not one to deliver.
+		c.Err, c.Prov = cq.EIO, provRxError
+	case c.Err == 0 && c.Len < nic.MinFrame:
+		c.Err, c.Prov = cq.EIO, cq.ProvBadLen
+	}
+	if c.Err == 0 {
+		q.meta[q.bufs.Of(c.Buf)] = rxMeta{c.Meta[0], c.Meta[1]}
+	}
 }
 
 // errOf maps the code of a refused completion to the nic error it carries

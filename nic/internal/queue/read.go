@@ -355,10 +355,11 @@ func (q *Queue) read(want int) int {
 	if !q.recv {
 		return k
 	}
-	for i := range k {
+	bufs := q.Bufs
+	for i := range q.batch[:k] {
 		c := &q.batch[i]
 		if c.Err == 0 {
-			q.Bufs.Lend(q.Bufs.Of(c.Buf))
+			bufs.Lend(bufs.Of(c.Buf))
 			continue
 		}
 		if c.Done && c.Buf != 0 {
