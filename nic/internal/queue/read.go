@@ -316,12 +316,14 @@ func (q *Queue) Poll(out []nic.Completion) int {
 		for i := range dst {
 			c, o := &held[i], &dst[i]
 			if c.Err != 0 {
+				q.settleRefused(c)
 				*o = nic.Completion{Context: c.Context, Len: c.Len, Queue: pair, Err: q.ring.Err(c)}
 				k, errs = i+1, 1
 				break
 			}
 			o.Context, o.Buf, o.Len, o.Queue, o.Err = c.Context, c.Buf, c.Len, pair, nil
 			if q.recv {
+				q.Bufs.Lend(q.Bufs.Of(c.Buf))
 				o.Data = q.Bufs.Bytes(c.Buf, c.Len)
 			} else {
 				o.Data = nil
@@ -346,28 +348,19 @@ func (q *Queue) fill(want int) bool {
 	return q.bt > 0
 }
 
-// read has the driver read up to want completions into q.batch and
-// settles their buffers: a good receive's is lent to the caller, a
-// refused one's goes back to the free list (its Buf then 0). Called
-// locked.
-func (q *Queue) read(want int) int {
-	k := q.ring.Read(q.batch[:want])
-	if !q.recv {
-		return k
+// read has the driver read up to want completions into q.batch. Their
+// buffers are settled as they are handed out: a good receive's lent to
+// the caller, a refused one's back on the free list (settleRefused).
+// Called locked.
+func (q *Queue) read(want int) int { return q.ring.Read(q.batch[:want]) }
+
+// settleRefused returns the buffer of a refused receive completion, which
+// is being handed out, to the free list (its Buf then 0). Called locked.
+func (q *Queue) settleRefused(c *cqring.Completion) {
+	if q.recv && c.Done && c.Buf != 0 {
+		q.Bufs.Recycle(q.Bufs.Of(c.Buf))
 	}
-	bufs := q.Bufs
-	for i := range q.batch[:k] {
-		c := &q.batch[i]
-		if c.Err == 0 {
-			bufs.Lend(bufs.Of(c.Buf))
-			continue
-		}
-		if c.Done && c.Buf != 0 {
-			q.Bufs.Recycle(q.Bufs.Of(c.Buf))
-		}
-		c.Buf = 0
-	}
-	return k
+	c.Buf = 0
 }
 
 // finish ends a batch of n completions, errs of them errors: the ring
@@ -433,8 +426,8 @@ func (q *Queue) CloseQueue(why error) {
 	}
 	var ops []op
 	for _, c := range q.batch[q.bh:q.bt] {
-		// Read and never handed out: flushed like those still posted. A
-		// good receive's buffer was lent ahead; a refused one's is back.
+		// Read and never handed out: flushed like those still posted,
+		// their buffers (neither lent nor free yet) recycled.
 		if c.Done {
 			ops = append(ops, op{c.Context, c.Buf, c.Word})
 		}
@@ -610,9 +603,13 @@ func (s *Source) ReadBatch(qs *cqring.QueueSource, ents []cq.Entry, bad *cqring.
 			c := &q.batch[q.bh]
 			q.bh++
 			if c.Err != 0 {
+				q.settleRefused(c)
 				*bad = *c
 				errs = 1
 				break
+			}
+			if q.recv {
+				q.Bufs.Lend(q.Bufs.Of(c.Buf))
 			}
 			qs.Store(&ents[n], c)
 			bytes += uint64(c.Len)
