@@ -135,6 +135,29 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		require.Zero(t, rx.Poll(comps[:]))
 	})
 
+	t.Run("multi-buffer-claim-beyond-posted", func(t *testing.T) {
+		// A header claiming more buffers than the device holds: the
+		// frame is bounded by the buffers outstanding when its first
+		// entry was taken (5 posted: that one and 4 more), counted the
+		// same whether the rest come in the same batch or later.
+		r := newRig(t, size, true, true, 64<<10)
+		rx := r.rxQueue(t, 16, 2048, true)
+		postN(t, rx, 5)
+		d := r.dev
+		tk := d.takeN(4)
+		d.complete(tk[0].id, writeFrame(tk[0], good, 200), 1)
+		for _, x := range tk[1:] {
+			d.complete(x.id, 100, 1)
+		}
+		for i := range 4 {
+			require.Equal(t, 1, rx.Poll(comps[:]))
+			var mb *nic.MultiBufferError
+			require.ErrorAs(t, comps[0].Err, &mb)
+			require.Equal(t, 5, mb.Buffers, "entry %d", i)
+			require.Equal(t, i, mb.Buffer)
+		}
+	})
+
 	t.Run("multi-buffer", func(t *testing.T) {
 		r := newRig(t, size, true, true, 64<<10)
 		rx := r.rxQueue(t, 16, 2048, true)

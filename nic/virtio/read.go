@@ -134,8 +134,8 @@ func (q *vq) read(cs []cqring.Completion) int {
 	ndescs, nbufs := 0, 0 // summed in locals, stored once
 	for i := range cs[:n] {
 		c := &cs[i]
-		if c.Err != 0 && c.Prov == cq.ProvBadIndex {
-			q.broken = true
+		if c.Err != 0 {
+			q.refused(c)
 		}
 		if c.Done {
 			ndescs += int(uint16(c.Word)) // the descriptors posted (reserve)
@@ -145,6 +145,14 @@ func (q *vq) read(cs []cqring.Completion) int {
 	q.ndescs -= ndescs
 	q.nbufs -= nbufs
 	return n
+}
+
+// refused is read's bookkeeping of an entry the ring reader refused: a
+// used index beyond the buffers made available breaks the queue.
+func (q *vq) refused(c *cqring.Completion) {
+	if c.Prov == cq.ProvBadIndex {
+		q.broken = true
+	}
 }
 
 // publishUsed ends a batch of next calls: the freed ids become postable.
@@ -170,22 +178,37 @@ func (q *vq) pending(max int) int {
 // cq.EIO, provBadNetHdr). A good buffer's c.Buf and c.Len are the frame's
 // (past the header).
 func (r rxRing) Read(cs []cqring.Completion) int {
-	q := r.q
-	n := r.v.read(cs)
+	q, v := r.q, r.v
+	if v.broken {
+		return 0
+	}
+	// The ring reader's batch, then one pass: the virtqueue's counts
+	// (vq.read's, here in the same loop) and virtio-net's checks.
+	n := v.rd.NextBatch(cs)
 	mrg, csum, bufs := q.mrg, q.csum, &q.bufs
+	ndescs := 0
 	for i := range cs[:n] {
 		c := &cs[i]
 		// The common entry in this loop; a refused one, a later part of
 		// a frame and a short one in frame, out of line.
 		if c.Err != 0 || q.skip > 0 || c.Len < netHdrLen+nic.MinFrame {
-			r.odd(cs, i, n)
+			if c.Err != 0 {
+				v.refused(c)
+			}
+			if c.Done {
+				ndescs += int(uint16(c.Word))
+				v.nbufs--
+			}
+			r.odd(c, i)
 			continue
 		}
+		ndescs += int(uint16(c.Word)) // the descriptors posted (reserve); a good entry is Done
+		v.nbufs--
 		if mrg {
 			// The one read of num_buffers, from the header the device
 			// wrote at the posted buffer's start.
 			if hdr := bufs.HeadAt(c.Buf); hdr[netHdrNumBuffers] != 1 || hdr[netHdrNumBuffers+1] != 0 {
-				r.multi(cs, i, n, int(hdr[netHdrNumBuffers])|int(hdr[netHdrNumBuffers+1])<<8)
+				r.multi(c, i, int(hdr[netHdrNumBuffers])|int(hdr[netHdrNumBuffers+1])<<8)
 				continue
 			}
 		}
@@ -195,14 +218,15 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 		c.Buf += netHdrLen
 		c.Len -= netHdrLen
 	}
+	v.ndescs -= ndescs
 	return n
 }
 
-// odd is Read's pass over cs[i] when it is refused, a later part of a
+// odd is Read's pass over c, the i-th of the batch, when it is refused, a later part of a
 // frame spanning buffers (only the first holds the header), or too short
 // for the virtio-net header and an Ethernet header. Cold path.
-func (r rxRing) odd(cs []cqring.Completion, i, n int) {
-	q, c := r.q, &cs[i]
+func (r rxRing) odd(c *cqring.Completion, i int) {
+	q := r.q
 	switch {
 	case c.Err != 0:
 		if c.Done && c.Buf != 0 && q.skip > 0 {
@@ -216,23 +240,18 @@ func (r rxRing) odd(cs []cqring.Completion, i, n int) {
 	}
 }
 
-// multi is Read's pass over cs[i], whose header's num_buffers (nb, read
+// multi is Read's pass over c, the i-th of the batch, whose header's num_buffers (nb, read
 // once) is not 1: the first part of a frame spanning nb buffers, or a
 // header no device writes (0). Cold path.
-func (r rxRing) multi(cs []cqring.Completion, i, n, nb int) {
-	q, c := r.q, &cs[i]
+func (r rxRing) multi(c *cqring.Completion, i, nb int) {
+	q := r.q
 	e := &nic.MultiBufferError{Queue: r.v.name, Buffers: nb, Bytes: c.Len - netHdrLen}
 	if nb > 1 {
 		// Bound the frame's claimed num_buffers by the buffers
-		// outstanding when the entry was taken: those still posted
-		// and those of the batch after it.
-		later := 0
-		for j := i + 1; j < n; j++ {
-			if cs[j].Done {
-				later++
-			}
-		}
-		q.skip = min(nb-1, r.v.nbufs+later)
+		// outstanding when the entry was taken: Read has counted
+		// those of the batch up to this one out of nbufs, not yet
+		// those after it.
+		q.skip = min(nb-1, r.v.nbufs)
 		q.span = q.skip + 1
 		e.Buffers = q.span
 	}
