@@ -207,8 +207,8 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 		if mrg {
 			// The one read of num_buffers, from the header the device
 			// wrote at the posted buffer's start.
-			if hdr := bufs.HeadAt(c.Buf); hdr[netHdrNumBuffers] != 1 || hdr[netHdrNumBuffers+1] != 0 {
-				r.multi(c, i, int(hdr[netHdrNumBuffers])|int(hdr[netHdrNumBuffers+1])<<8)
+			if nb := bufs.HeadUint16(c.Buf, netHdrNumBuffers); nb != 1 {
+				r.multi(c, i, int(nb))
 				continue
 			}
 		}

@@ -7,6 +7,7 @@
 package rxbuf
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"unsafe"
@@ -143,12 +144,13 @@ func (p *Pool) frame(b uint32, length int) []byte {
 	return p.Buf(b)[h : h+length]
 }
 
-// HeadAt returns the headroom bytes of the buffer that starts at addr
-// (the bytes before its frame: virtio-net's header), a posted buffer's
-// address as the ring reader reported it, found by offset like Bytes.
-func (p *Pool) HeadAt(addr uintptr) []byte {
-	off := addr - p.base
-	return p.mem[off : off+p.headroom : off+p.headroom]
+// HeadUint16 returns the little-endian 16-bit word at byte at of the
+// headroom of the buffer that starts at addr (virtio-net's header
+// fields), a posted buffer's address as the ring reader reported it: one
+// load, found by offset like Bytes.
+func (p *Pool) HeadUint16(addr, at uintptr) uint16 {
+	off := addr - p.base + at
+	return binary.LittleEndian.Uint16(p.mem[off : off+2 : off+2])
 }
 
 // Counts returns how many buffers are posted to the device (neither free
