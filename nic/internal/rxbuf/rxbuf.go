@@ -94,11 +94,17 @@ func (p *Pool) Recycle(b uint32) {
 // Lent maps the frame address of a buffer lent to the caller back to the
 // buffer.
 func (p *Pool) Lent(frame uintptr) (uint32, error) {
-	off := frame - p.base - p.headroom
-	if frame < p.base+p.headroom || off%p.stride != 0 || off/p.stride >= uintptr(len(p.lent)) {
+	// The buffer frame would be in, by Of's multiplication (no
+	// division: this runs for every buffer reposted), then the one
+	// offset its frame starts at. Below the pool, off wraps around.
+	off := frame - p.headroom - p.base
+	if off >= uintptr(len(p.mem)) {
 		return 0, ErrNotBuffer
 	}
-	b := uint32(off / p.stride)
+	b := p.Of(p.base + off)
+	if uintptr(b)*p.stride != off {
+		return 0, ErrNotBuffer
+	}
 	if !p.lent[b] {
 		return 0, ErrNotLent
 	}

@@ -39,7 +39,8 @@ func TestLifecycle(t *testing.T) {
 		got, err := p.Lent(frame)
 		require.NoError(t, err)
 		require.Equal(t, b, got)
-		for _, bad := range []uintptr{frame + 1, frame - 1, p.Start(0) + uintptr(headroom) - 1, p.Start(4) + uintptr(headroom), 0} {
+		for _, bad := range []uintptr{frame + 1, frame - 1, p.Start(0) + uintptr(headroom) - 1, p.Start(4) + uintptr(headroom), 0,
+			p.Start(1) + uintptr(headroom) + 1024, p.Start(3) + 2047, ^uintptr(0)} {
 			_, err := p.Lent(bad)
 			require.ErrorIs(t, err, ErrNotBuffer, "address %#x", bad)
 			require.ErrorIs(t, err, nic.ErrBadBuffer)
