@@ -129,6 +129,13 @@ type RxQueue interface {
 	// Repost posts the buffer of a received frame again, with a new
 	// context, without a round trip through the pool.
 	Repost(buf uintptr, ctx any) error
+	// RepostBurst is Repost for several buffers at once, as a DPDK driver
+	// refills its ring in bulk: it posts bufs in order, with the contexts
+	// in ctxs (nil: none; else as long as bufs), and returns how many it
+	// posted, with Repost's error for the first it refused (the rest are
+	// not posted, and stay lent). One lock and one check of the queue's
+	// state serve the whole burst.
+	RepostBurst(bufs []uintptr, ctxs []any) (int, error)
 	// Release returns the buffer of a received frame to the pool.
 	Release(buf uintptr) error
 	// MaxFrame is the longest frame a buffer holds.

@@ -132,6 +132,9 @@ func (s *sink) run(ctx context.Context, cores []*lcore.Core, p *progress) error 
 func (s *sink) handle(q *sinkQueue, batch []nic.Completion, done func()) error {
 	refill := false
 	var got, bad uint64
+	// The buffers go back in bursts, one lock each (RepostBurst).
+	var bufs [64]uintptr
+	n := 0
 	for i := range batch {
 		c := &batch[i]
 		if c.Err != nil {
@@ -141,7 +144,16 @@ func (s *sink) handle(q *sinkQueue, batch []nic.Completion, done func()) error {
 			continue
 		}
 		got++
-		if err := q.rx.Repost(c.Buf, nil); err != nil {
+		bufs[n] = c.Buf
+		if n++; n == len(bufs) {
+			if _, err := q.rx.RepostBurst(bufs[:n], nil); err != nil {
+				return err
+			}
+			n = 0
+		}
+	}
+	if n > 0 {
+		if _, err := q.rx.RepostBurst(bufs[:n], nil); err != nil {
 			return err
 		}
 	}

@@ -224,6 +224,16 @@ func (q *Queue) PostRecv(any) error { return q.count(q.usable()) }
 // Repost implements nic.RxQueue: it checks the buffer and counts.
 func (q *Queue) Repost(buf uintptr, _ any) error { return q.count(q.own(buf)) }
 
+// RepostBurst implements nic.RxQueue: Repost of each buffer in order.
+func (q *Queue) RepostBurst(bufs []uintptr, _ []any) (int, error) {
+	for i, b := range bufs {
+		if err := q.Repost(b, nil); err != nil {
+			return i, err
+		}
+	}
+	return len(bufs), nil
+}
+
 // Release implements nic.RxQueue: the buffer is the queue's own, so it
 // only checks it.
 func (q *Queue) Release(buf uintptr) error { return q.own(buf) }

@@ -881,3 +881,75 @@ func BenchmarkFrame(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/frame")
 }
+
+// TestRepostBurst: RepostBurst posts received buffers back in order with
+// their contexts, stops at the first it refuses (those before it posted,
+// it and those after still lent), refuses mismatched contexts and a closed
+// queue, and allocates nothing.
+func TestRepostBurst(t *testing.T) {
+	a, b := pair(t, nic.Config{QueueSize: 8})
+	rx, _ := b.Rx(0)
+	tx, _ := a.Tx(0)
+	fill(t, rx)
+	var frames [][]byte
+	for i := range 8 {
+		frames = append(frames, frame(b.MAC(), a.MAC(), i, 100))
+	}
+	send(t, tx, frames...)
+	comps := make([]nic.Completion, 8)
+	require.Equal(t, 8, rx.Poll(comps))
+	bufs := make([]uintptr, 8)
+	for i, c := range comps {
+		require.NoError(t, c.Err)
+		bufs[i] = c.Buf
+	}
+
+	_, err := rx.RepostBurst(bufs[:2], []any{"x"})
+	require.ErrorIs(t, err, nic.ErrInvalid, "one context for two buffers")
+	// bufs[3] named twice: the second is no longer lent.
+	n, err := rx.RepostBurst([]uintptr{bufs[0], bufs[1], bufs[2], bufs[3], bufs[3], bufs[4]}, []any{0, 1, 2, 3, 33, 4})
+	require.Equal(t, 4, n)
+	require.ErrorIs(t, err, nic.ErrBadBuffer)
+	n, err = rx.RepostBurst(bufs[4:], nil)
+	require.NoError(t, err, "those after the refused one were still lent")
+	require.Equal(t, 4, n)
+	require.NoError(t, rx.Flush())
+
+	// The reposted buffers carry the next frames with the contexts given.
+	send(t, tx, frames[:6]...)
+	require.Equal(t, 6, rx.Poll(comps))
+	want := []any{0, 1, 2, 3, nil, nil}
+	for i, c := range comps[:6] {
+		require.NoError(t, c.Err)
+		require.Equal(t, want[i], c.Context)
+		require.Equal(t, frames[i], c.Data)
+		bufs[i] = c.Buf
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if n, err := rx.RepostBurst(bufs[:6], nil); n != 6 || err != nil {
+			t.Fatal(n, err)
+		}
+		if err := rx.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames[:6] {
+			if err := tx.Send(f, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if tx.Poll(comps) != 6 || rx.Poll(comps) != 6 {
+			t.Fatal("frames lost")
+		}
+		for i, c := range comps[:6] {
+			bufs[i] = c.Buf
+		}
+	})
+	require.Zero(t, allocs)
+
+	require.NoError(t, b.Close())
+	_, err = rx.RepostBurst(bufs[:6], nil)
+	require.ErrorIs(t, err, nic.ErrClosed)
+}

@@ -531,6 +531,37 @@ func (r *Rx) Repost(buf uintptr, ctx any) error {
 	if err := q.Usable(); err != nil {
 		return err
 	}
+	return r.repost(buf, ctx)
+}
+
+// RepostBurst implements nic.RxQueue: Repost's checks of the queue once,
+// then each buffer's own.
+func (r *Rx) RepostBurst(bufs []uintptr, ctxs []any) (int, error) {
+	if ctxs != nil && len(ctxs) != len(bufs) {
+		return 0, fmt.Errorf("%w: %d contexts for %d buffers", nic.ErrInvalid, len(ctxs), len(bufs))
+	}
+	q := r.q
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if err := q.Usable(); err != nil {
+		return 0, err
+	}
+	for i, buf := range bufs {
+		var ctx any
+		if ctxs != nil {
+			ctx = ctxs[i]
+		}
+		if err := r.repost(buf, ctx); err != nil {
+			return i, err
+		}
+	}
+	return len(bufs), nil
+}
+
+// repost posts buf, a buffer lent to the caller, again. Called locked,
+// the queue usable.
+func (r *Rx) repost(buf uintptr, ctx any) error {
+	q := r.q
 	b, err := q.Bufs.Lent(buf)
 	if err != nil {
 		return err
