@@ -172,10 +172,12 @@ func (t *Table) Outstanding() int {
 // Post records op and returns the id to put in the descriptor. It fails
 // with ErrFull when every slot is outstanding.
 func (t *Table) Post(op Op) (uint32, error) {
-	if op.Len < 0 || uint64(op.Len) > 1<<32-1 {
+	// One unsigned comparison each: a negative value converts to one
+	// above the bound.
+	if uint64(op.Len) > 1<<32-1 {
 		return 0, fmt.Errorf("%w: post of %d bytes", cq.ErrInvalid, op.Len)
 	}
-	if op.Span < 0 || op.Span > 1<<16-1 {
+	if uint(op.Span) > 1<<16-1 {
 		return 0, fmt.Errorf("%w: operation spanning %d ring positions", cq.ErrInvalid, op.Span)
 	}
 	state := uint32(slotPosted)

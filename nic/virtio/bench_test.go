@@ -12,11 +12,13 @@ import (
 // BenchmarkRxPoll: the receive path per frame, ns/op per frame, in batches
 // of 32 (the fake device's work included: take, write the header, frame
 // and used entry; 64-byte frames), through the queue's Poll and through a
-// CQ the queue feeds.
+// CQ the queue feeds, the buffers reposted one by one (Repost) or per
+// batch (RepostBurst, burst=true).
 func BenchmarkRxPoll(b *testing.B) {
 	for _, packed := range []bool{true, false} {
-		for _, viaCQ := range []bool{false, true} {
-			b.Run(fmt.Sprintf("packed=%v/cq=%v", packed, viaCQ), func(b *testing.B) {
+		for _, mode := range []struct{ viaCQ, burst bool }{{false, false}, {false, true}, {true, false}} {
+			viaCQ, burst := mode.viaCQ, mode.burst
+			b.Run(fmt.Sprintf("packed=%v/cq=%v/burst=%v", packed, viaCQ, burst), func(b *testing.B) {
 				r := newRig(b, 256, packed, true, 2<<20)
 				rx := r.rxQueue(b, 512, 2048, true)
 				var c *cq.CQ
@@ -29,6 +31,7 @@ func BenchmarkRxPoll(b *testing.B) {
 				_ = rx.Flush()
 				f := frameFor(1, 64)
 				var comps [32]nic.Completion
+				var bufs [32]uintptr
 				ents := make([]cq.Entry, 32)
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -42,6 +45,12 @@ func BenchmarkRxPoll(b *testing.B) {
 						for _, e := range ents[:n] {
 							_ = rx.Repost(e.Buf, nil)
 						}
+					} else if burst {
+						n := rx.Poll(comps[:])
+						for i, cp := range comps[:n] {
+							bufs[i] = cp.Buf
+						}
+						_, _ = rx.RepostBurst(bufs[:n], nil)
 					} else {
 						n := rx.Poll(comps[:])
 						for _, cp := range comps[:n] {

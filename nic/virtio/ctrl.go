@@ -50,7 +50,7 @@ func (c *ctrlQueue) command(ctx context.Context, class, cmd uint8, data []byte, 
 		{addr: c.buf.IOVA + ctrlDataOff, len: uint32(len(data))},
 		{addr: c.buf.IOVA + ctrlAckOff, len: 1, flags: descWrite},
 	}
-	id, ok := c.vq.reserve(cqring.Op{Len: 1, Flags: cq.FlagRecv | cq.FlagMsg}, len(segs))
+	id, ok := c.vq.reserve(&cqring.Op{Len: 1, Flags: cq.FlagRecv | cq.FlagMsg}, len(segs))
 	if !ok || c.vq.room() < 0 {
 		c.broken = true
 		return fmt.Errorf("%w: %s: no free descriptor", nic.ErrDeviceFailed, name)

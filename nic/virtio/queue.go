@@ -128,7 +128,7 @@ func (r rxRing) Room(held int) bool { return r.v.room() >= 1+held }
 // are published at its end).
 func (r rxRing) PostBuf(b uint32, ctx any) error {
 	q := r.q
-	id, ok := r.v.reserve(cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: int(q.bufSize),
+	id, ok := r.v.reserve(&cqring.Op{Context: ctx, Buf: q.bufs.Start(b), Len: int(q.bufSize),
 		Flags: cq.FlagRecv | cq.FlagMsg, Word: q.Word(0)}, 1)
 	if !ok {
 		return qcore.ErrNoDesc
@@ -203,7 +203,7 @@ func (q *TxQueue) send(size int, ctx any, frame []byte, fill func([]byte), parti
 	if q.vq.room() < 1 {
 		return qcore.ErrNoDesc
 	}
-	id, ok := q.vq.reserve(cqring.Op{Context: ctx, Len: size, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)}, 1)
+	id, ok := q.vq.reserve(&cqring.Op{Context: ctx, Len: size, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)}, 1)
 	if !ok {
 		return qcore.ErrNoDesc
 	}

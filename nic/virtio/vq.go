@@ -144,13 +144,13 @@ func (q *vq) room() int { return int(q.size) - q.ndescs }
 // buffers, in the low 16 bits of op.Word, and returns its id; false when
 // every id is outstanding (the caller checked room, so only a table
 // whose freed ids are not yet published).
-func (q *vq) reserve(op cqring.Op, ndesc int) (uint16, bool) {
+func (q *vq) reserve(op *cqring.Op, ndesc int) (uint16, bool) {
 	op.Word = op.Word&^0xffff | uint64(ndesc)
 	op.Span = ndesc
 	if !q.packed {
 		op.Span = 0 // the used ring has one element per buffer
 	}
-	id, err := q.tab.Post(op)
+	id, err := q.tab.Post(*op)
 	if err != nil {
 		return 0, false
 	}
