@@ -85,6 +85,16 @@ func FindKernel() (*Kernel, error) {
 	return FindKernelIn(filepath.Join(CacheDir(), "kernel"))
 }
 
+// FindBackportsKernel returns the second guest kernel, in
+// CacheDir()/kernel-bpo: Debian trixie-backports' linux-image-amd64
+// (scripts/setup.sh fetches it), for a test that needs a newer kernel
+// than the default bookworm one passes it as Config.Kernel. The one
+// such test, tests/afxdpvm, needs virtio_net's AF_XDP zero-copy (Linux
+// 6.13 and later: bookworm's newest, 6.12, refuses XDP_ZEROCOPY).
+func FindBackportsKernel() (*Kernel, error) {
+	return FindKernelIn(filepath.Join(CacheDir(), "kernel-bpo"))
+}
+
 // FindKernelIn is FindKernel for a root laid out like an unpacked kernel
 // package (boot/vmlinuz-<v>, lib/modules/<v>/).
 func FindKernelIn(root string) (*Kernel, error) {

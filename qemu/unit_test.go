@@ -266,6 +266,30 @@ func TestFindKernelIn(t *testing.T) {
 	require.Equal(t, filepath.Join(root, "lib", "modules", "6.1.0-56-amd64"), k.ModulesDir)
 }
 
+// TestFindBackportsKernel: the second kernel is looked for in its own
+// folder of the cache, never the default kernel's.
+func TestFindBackportsKernel(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("VFNIC_CACHE", cache)
+	for _, k := range []struct{ d, v string }{{"kernel", "6.1.0-56-amd64"}, {"kernel-bpo", "7.3.4+deb13-amd64"}} {
+		d, v := k.d, k.v
+		require.NoError(t, os.MkdirAll(filepath.Join(cache, d, "boot"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(cache, d, "boot", "vmlinuz-"+v), nil, 0o644))
+		require.NoError(t, os.MkdirAll(filepath.Join(cache, d, "lib", "modules", v), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(cache, d, "lib", "modules", v, "modules.dep"), nil, 0o644))
+	}
+	k, err := FindBackportsKernel()
+	require.NoError(t, err)
+	require.Equal(t, "7.3.4+deb13-amd64", k.Version)
+	require.Equal(t, filepath.Join(cache, "kernel-bpo", "boot", "vmlinuz-7.3.4+deb13-amd64"), k.Image)
+	k, err = FindKernel()
+	require.NoError(t, err)
+	require.Equal(t, "6.1.0-56-amd64", k.Version, "the default stays bookworm's")
+	require.NoError(t, os.RemoveAll(filepath.Join(cache, "kernel-bpo")))
+	_, err = FindBackportsKernel()
+	require.ErrorIs(t, err, ErrNoKernel)
+}
+
 func TestEnvLookups(t *testing.T) {
 	t.Setenv("VFNIC_CACHE", "/x/cache")
 	require.Equal(t, "/x/cache", CacheDir())

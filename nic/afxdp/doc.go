@@ -32,8 +32,10 @@
 // (XDP_USE_NEED_WAKEUP): Flush publishes the ring and makes a system call
 // only when the ring's flag asks for one (Stats: Notifies, Suppressed).
 // Zero-copy binding is tried first and copy mode used when the driver
-// refuses it (veth does); Info.Features says "zero-copy" or "copy", and
-// "xdp-native" or "xdp-generic" for the XDP attach mode.
+// refuses it (veth does, and virtio_net before Linux 6.13; tests/afxdpvm
+// runs the zero-copy path on a later virtio_net in a guest); Info.Features
+// says "zero-copy" or "copy", and "xdp-native" or "xdp-generic" for the
+// XDP attach mode.
 //
 // Frames arrive as the interface received them. A veth peer's own TCP/IP
 // stack leaves transport checksums to the "device" (CHECKSUM_PARTIAL),
