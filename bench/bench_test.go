@@ -174,6 +174,19 @@ func TestReadersAgree(t *testing.T) {
 				string(table))
 		}
 	}
+	for _, layout := range []string{"packed", "split", "igb"} {
+		name := "virtio-" + layout
+		if layout == "igb" {
+			name = "igb"
+		}
+		for _, mode := range []string{"local", "filled"} {
+			require.Regexp(t, `(?m)^`+name+` +`+mode+`( +[0-9.]+){3}( +[0-9.]+x){3} +0$`, string(table),
+				"run.sh's table has no driver row for %s %s with both C references and zero Go allocations", layout, mode)
+			require.Regexp(t, `(?m)^batch 32, driver `+layout+` `+mode+`: Go Poll [0-9.]+ ns, C driver work [0-9.]+ ns per completion: Go/C = [0-9.]+x, (within|above) the 1\.10x target \(C ring reader [0-9.]+ ns: [0-9.]+x\)$`,
+				string(table))
+		}
+	}
+
 	for _, layout := range layouts {
 		for _, mode := range []string{"filled", "stream", "local"} {
 			want := uint64(testCount)
