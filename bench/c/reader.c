@@ -474,7 +474,6 @@ struct rxq {
 	uintptr_t base;    /* its address, as the table records posted buffers */
 	size_t stride;     /* bytes per buffer */
 	uint64_t recip;    /* ceil(2^64 / stride): buf_of multiplies by it */
-	uint32_t headroom; /* bytes before the frame: virtio-net's header, igb 0 */
 	uint32_t nbuf;
 	bool *lent;           /* per buffer: lent to the caller */
 	uint64_t (*meta)[2];  /* igb, per buffer: the write-back's two words */
@@ -490,7 +489,8 @@ struct rxq {
  * offset by the reciprocal of the stride and keeps the high word, as
  * nic/internal/rxbuf's Pool.Of does, where a division by a stride known
  * only at run time would take tens of cycles. Exact for offsets below
- * 2^64 / stride (rxq_init checks the whole area). */
+ * 2^64 / stride (rxq_init checks the whole area). The stride is a
+ * power of two here, but a driver's is what the MTU makes it. */
 ALWAYS_INLINE uint32_t buf_of(const struct rxq *r, uintptr_t a)
 {
 	return (uint32_t)(((unsigned __int128)(a - r->base) * r->recip) >> 64);
@@ -897,10 +897,12 @@ static const char *mode_name(uint32_t mode)
 
 /* rxq_init makes the driver variant's receive queue: n buffers of
  * VB_POST_LEN bytes in memory of its own (the driver reads virtio-net's
- * header in them), headroom bytes before each frame. */
-static void rxq_init(struct rxq *r, uint32_t n, uint32_t headroom, bool igb)
+ * header in them). */
+static void rxq_init(struct rxq *r, uint32_t n, bool igb)
 {
 	size_t stride = VB_POST_LEN, size = (size_t)n * stride;
+	if ((unsigned __int128)size * stride >> 64 != 0)
+		die("%u buffers: too many for buf_of's multiplication", n); /* not at n <= 2^24 */
 	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (mem == MAP_FAILED)
 		die("mmap %zu bytes of buffers: %s", size, strerror(errno));
@@ -908,9 +910,9 @@ static void rxq_init(struct rxq *r, uint32_t n, uint32_t headroom, bool igb)
 	r->mem = mem;
 	r->base = (uintptr_t)mem;
 	r->stride = stride;
-	/* buf_of is exact for offsets x below 2^64 / stride: here x < 2^39 */
+	/* exact for every offset below size (checked above): x * (recip *
+	 * stride - 2^64) < 2^64, so floor(x * recip / 2^64) = x / stride */
 	r->recip = UINT64_MAX / stride + 1;
-	r->headroom = headroom;
 	r->nbuf = n;
 	r->lent = calloc(n, sizeof *r->lent);
 	if (!r->lent || (igb && !(r->meta = calloc(n, sizeof *r->meta))))
@@ -1020,7 +1022,7 @@ int main(int argc, char **argv)
 	static struct rxq rx;
 	uint32_t hdr = layout == VB_LAYOUT_IGB ? 0 : NET_HDR; /* the driver's headroom */
 	if (driver) {
-		rxq_init(&rx, n, hdr, layout == VB_LAYOUT_IGB);
+		rxq_init(&rx, n, layout == VB_LAYOUT_IGB);
 		q.rx = &rx;
 		/* The producer (another process) writes no buffer: the headers
 		 * are written once here, and num_buffers 1 stays valid from lap
