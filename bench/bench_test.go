@@ -87,6 +87,34 @@ func expectDigest(n uint64, entries uint64, layout string) string {
 	return fmt.Sprintf("%016x", h)
 }
 
+// expectDriverDigest is the digest the C driver work (reader -D) must
+// report with -k for completions 0..n-1 on layout (packed, split, igb):
+// per completion the buffer index, the offsets of Buf and of Data from
+// the first buffer (past virtio-net's 12-byte header; igb has none), the
+// frame length in Data, Data's capacity to the buffer's end, Len, the
+// queue index, and igb's two write-back words kept for the buffer (the
+// packet-info word, which producer.c sets to the sequence number, and the
+// status DD|EOP with the length above it).
+func expectDriverDigest(n, entries uint64, layout string) string {
+	const postLen, prime = 2048, 0x100000001b3
+	hdr := uint64(12)
+	if layout == "igb" {
+		hdr = 0
+	}
+	h := uint64(0xcbf29ce484222325)
+	for s := uint64(0); s < n; s++ {
+		b, wire := s%entries, 64+s&1023
+		xs := []uint64{b, b*postLen + hdr, b*postLen + hdr, wire - hdr, postLen - hdr, wire - hdr, 0}
+		if layout == "igb" {
+			xs = append(xs, s, 3|wire<<32)
+		}
+		for _, x := range xs {
+			h = (h ^ x) * prime
+		}
+	}
+	return fmt.Sprintf("%016x", h)
+}
+
 // runPair runs the producer and one reader on a fresh file; for mode
 // "local" the reader alone. extra are the reader's locking flags.
 func runPair(ctx context.Context, t *testing.T, out, reader, layout, mode string, batch int, extra ...string) string {
@@ -146,6 +174,18 @@ func TestReadersAgree(t *testing.T) {
 				string(table))
 		}
 	}
+	for _, layout := range []string{"packed", "split", "igb"} {
+		name := "virtio-" + layout
+		if layout == "igb" {
+			name = "igb"
+		}
+		for _, mode := range []string{"local", "filled"} {
+			require.Regexp(t, `(?m)^`+name+` +`+mode+`( +[0-9.]+){3}( +[0-9.]+x){3} +0$`, string(table),
+				"run.sh's table has no driver row for %s %s with both C references and zero Go allocations", layout, mode)
+			require.Regexp(t, `(?m)^batch 32, driver `+layout+` `+mode+`: Go Poll [0-9.]+ ns, C driver work [0-9.]+ ns per completion: Go/C = [0-9.]+x, (within|above) the 1\.10x target \(C ring reader [0-9.]+ ns: [0-9.]+x\)$`,
+				string(table))
+		}
+	}
 
 	for _, layout := range layouts {
 		for _, mode := range []string{"filled", "stream", "local"} {
@@ -176,10 +216,44 @@ func TestReadersAgree(t *testing.T) {
 						require.Equal(t, "ok", kv["order"], name)
 						require.Equal(t, strconv.FormatUint(want, 10), kv["completions"], name)
 						require.Equal(t, digest, kv["digest"], name)
+						if reader == "reader" {
+							require.Equal(t, "ring", kv["work"], name)
+						}
 						if reader == "goreader" {
 							require.Equal(t, "0.0000", kv["allocs_per_completion"], name)
 						}
 					}
+				}
+			}
+		}
+	}
+
+	// The C driver work (-D) on the driver rows' layouts: every
+	// completion, in order, its record, lending and igb's kept words as
+	// the digest says, and its counters and counts checked by the reader
+	// itself at the end (it fails otherwise).
+	for _, layout := range []string{"packed", "split", "igb"} {
+		for _, mode := range []string{"filled", "stream", "local"} {
+			want := uint64(testCount)
+			if mode != "stream" {
+				want = (want + testEntries - 1) / testEntries * testEntries
+			}
+			digest := expectDriverDigest(want, testEntries, layout)
+			for _, batch := range []int{1, 32} {
+				for _, lock := range []string{"none", "mutex"} {
+					extra := []string{"-D"}
+					if lock == "mutex" {
+						extra = append(extra, "-T")
+					}
+					kv := parseLine(t, runPair(ctx, t, out, "reader", layout, mode, batch, extra...))
+					name := fmt.Sprintf("reader -D layout=%s mode=%s batch=%d lock=%s", layout, mode, batch, lock)
+					require.Equal(t, "driver", kv["work"], name)
+					require.Equal(t, layout, kv["layout"], name)
+					require.Equal(t, lock, kv["locking"], name)
+					require.Equal(t, mode, kv["mode"], name)
+					require.Equal(t, "ok", kv["order"], name)
+					require.Equal(t, strconv.FormatUint(want, 10), kv["completions"], name)
+					require.Equal(t, digest, kv["digest"], name)
 				}
 			}
 		}

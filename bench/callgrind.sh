@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # callgrind.sh: instructions per completion of the read path, counted by
 # valgrind's callgrind (exact, whatever the machine's load), for the
-# driver rows of run.sh and their C reference: the C reader's
-# cq_read_packed, cq_read_split and cq_read_igb (local mode, built without
-# inlining so that callgrind names them), and a real nic/virtio or nic/igb
+# driver rows of run.sh and their two C references: the C ring reader's
+# cq_read_packed, cq_read_split and cq_read_igb, and the C driver work's
+# drv_poll_packed, drv_poll_split and drv_poll_igb (reader -D -T: the same
+# ring reader plus the driver's work; local mode, built without inlining
+# so that callgrind names them), and a real nic/virtio or nic/igb
 # receive queue's Poll (BenchmarkDriverRead, local mode) with, inside it,
 # the ring reader's NextBatch. Each count is the function's inclusive cost
 # over the completions read.
@@ -35,11 +37,13 @@ per() {
 		END { if (found) printf "%.1f", v; else printf "?" }'
 }
 
-printf '%-14s %14s %14s %18s\n' layout "C read" "Go Poll" "Go NextBatch"
+printf '%-14s %14s %14s %10s %14s %10s\n' layout "C ring reader" "C driver work" "Go Poll" "Go NextBatch" "Go/C drv"
 for layout in packed split igb; do
 	count=$((ENTRIES * LAPS * 4))
 	valgrind --tool=callgrind --callgrind-out-file="$tmp/c" "$OUT/reader-cg" -l -L "$layout" -n "$ENTRIES" -c "$count" -b 32 >/dev/null 2>&1
 	c=$(per "$tmp/c" "cq_read_$layout" "$count")
+	valgrind --tool=callgrind --callgrind-out-file="$tmp/cd" "$OUT/reader-cg" -l -L "$layout" -n "$ENTRIES" -c "$count" -b 32 -D -T >/dev/null 2>&1
+	cd=$(per "$tmp/cd" "drv_poll_$layout" "$count")
 	bin=virtio.test lap=$ENTRIES name=virtio-$layout
 	if [ "$layout" = igb ]; then
 		bin=igb.test lap=$((ENTRIES - 1)) name=igb # igb posts all descriptors but one
@@ -60,7 +64,10 @@ for layout in packed split igb; do
 	[ -n "$ok" ] || { cat "$tmp/log" >&2; echo "callgrind.sh: $bin failed under valgrind" >&2; exit 1; }
 	poll=$(per "$tmp/go" "queue.(*Queue).Poll" "$comps")
 	nb=$(per "$tmp/go" "ring.(*RingSource).NextBatch" "$comps")
-	printf '%-14s %14s %14s %18s\n' "$name" "$c" "$poll" "$nb"
+	r=$(awk -v g="$poll" -v c="$cd" 'BEGIN { if (g + 0 > 0 && c + 0 > 0) printf "%.2fx", g / c; else printf "?" }')
+	printf '%-14s %14s %14s %10s %14s %10s\n' "$name" "$c" "$cd" "$poll" "$nb" "$r"
 done
-echo "(instructions per completion, inclusive; C: the whole cq_read_* call, doorbell and table flush included;"
+echo "(instructions per completion, inclusive; C ring reader: the whole cq_read_* call, doorbell and table flush"
+echo " included; C driver work: the whole drv_poll_* call, the same ring reader plus the queue's counts, the"
+echo " frame's checks, lending, a record with nic.Completion's fields and the batch's counters, see README.md;"
 echo " Go Poll: the queue's lock, the ring reader, the driver's pass, lending, nic.Completion)"

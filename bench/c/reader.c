@@ -41,13 +41,28 @@
  *     per batch);
  *   - no source addresses (ReadFrom) and no multi-source CQ loop.
  *
- * Usage: reader -f PATH -b BATCH [-k] [-t SECONDS]
- *        reader -l [-n ENTRIES] [-c COUNT] -b BATCH [-k]
+ * -D (layouts packed, split, igb) is the driver work, the like-for-like
+ * reference for the drivers' Poll (bench/run.sh's driver rows): on the
+ * same ring reader as cq_read_packed, cq_read_split and cq_read_igb, what
+ * nic/virtio's or nic/igb's pass and nic/internal/queue's Poll do per
+ * completion (drv_take: the queue's counts; virtio-net's length and
+ * num_buffers from the header in the buffer, or igb's length and its
+ * write-back words kept per buffer; the buffer lent; a record with
+ * nic.Completion's fields) and per batch (read_end: the interrupt
+ * disarmed if armed, the atomic packet and byte counters), in buffers of
+ * real memory, whose virtio-net headers it writes itself (the producer,
+ * another process, writes none): once at setup, and in local mode again
+ * in each lap's untimed fill. Run it with -T, since Go's sync.Mutex
+ * always locks. drv_poll_* is what bench/callgrind.sh counts.
+ *
+ * Usage: reader -f PATH -b BATCH [-D] [-k] [-T] [-t SECONDS]
+ *        reader -l [-L LAYOUT] [-n ENTRIES] [-c COUNT] -b BATCH [-D] [-k] [-T]
  * -l is local mode: no producer; the reader writes each lap itself (the
  * producer's code, untimed) and times its reads of the full ring, with the
  * entries hot in its own cache: the CPU cost of the read path alone.
  * -k computes a digest of every converted field (for the Go test). Prints
- * one line: reader=c mode=... batch=... ns_per_completion=... order=ok ...
+ * one line: reader=c work=ring|driver mode=... batch=... ns_per_completion=...
+ * order=ok ...
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -97,6 +112,7 @@ struct op {
 	uintptr_t buf;
 	size_t len;
 	uint64_t flags;
+	uint64_t word; /* the driver's word (cq/ring's Op.Word) */
 };
 
 enum { SLOT_FREE = 0, SLOT_POSTED = 1 };
@@ -116,6 +132,9 @@ struct table {
 	uint32_t n, slot_mask, id_mask, qmask;
 	unsigned slot_bits;
 	uint32_t *freeq;
+	/* the driver word of each slot, beside the slots as cq.Table keeps
+	 * them (Table.words): read only by the driver variant */
+	uint64_t *words;
 	/* posters, shared, completer: separate lines, as in cq.Table */
 	_Alignas(64) pthread_mutex_t mu;
 	uint32_t fhead;
@@ -133,7 +152,8 @@ static int table_init(struct table *t, uint32_t n, unsigned id_bits)
 	memset(t, 0, sizeof *t);
 	t->slots = calloc(n, sizeof *t->slots);
 	t->freeq = calloc(qn, sizeof *t->freeq);
-	if (!t->slots || !t->freeq)
+	t->words = calloc(qn, sizeof *t->words);
+	if (!t->slots || !t->freeq || !t->words)
 		return -ENOMEM;
 	t->n = n;
 	t->slot_bits = sb;
@@ -171,6 +191,7 @@ static int64_t table_post(struct table *t, const struct op *op)
 	s->flags = op->flags & ~FI_MULTI_RECV;
 	s->buf = op->buf;
 	s->ctx = op->ctx;
+	t->words[i] = op->word;
 	atomic_store_explicit(&s->state, SLOT_POSTED, memory_order_release);
 	uint32_t id = s->id;
 	pthread_mutex_unlock(&t->mu);
@@ -222,6 +243,7 @@ struct cq {
 	struct vb_used *used;  /* VB_LAYOUT_SPLIT */
 	struct vb_igb_wb *igb; /* VB_LAYOUT_IGB */
 	uint64_t (*meta)[2];   /* VB_LAYOUT_IGB: the write-back words per buffer, as nic/igb keeps them */
+	struct rxq *rx;        /* the driver variant's receive queue (-D) */
 	struct vb_cqe *base;
 	struct vb_ctrl *ctrl;
 	uint32_t n;
@@ -404,11 +426,144 @@ static int cq_read(struct cq *q, struct cq_data_entry *ents, int count)
 	return ret;
 }
 
-/* take_virtio checks and converts a used virtio buffer (id, len): the
- * table lookup, the length against the posted one, the posted flags (a
- * virtio ring has no status, opcode or data), the release. What cq/ring
- * does for virtio.PackedLayout and SplitLayout with no Codes. */
-static inline bool take_virtio(struct cq *q, uint32_t id, uint32_t ln, struct cq_data_entry *ent)
+/* ---- the ring readers of virtio's and igb's rings, and the driver work ----
+ *
+ * Each ring layout has one reader (read_packed, read_split, read_igb), which
+ * both the plain ring reader (cq_read_*: a fi_cq_data_entry per completion)
+ * and the driver variant (drv_poll_*: what a driver's Poll does) run; the
+ * constant `work` picks the per-entry step (take_entry) and the per-batch
+ * end (read_end). The readers and steps are always inlined, so that each
+ * cq_read_* and drv_poll_* is one loop with its step in it, also in
+ * bench/callgrind.sh's build without inlining, and a constant work leaves
+ * no test of it behind. */
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum work {
+	WORK_RING,   /* cq_read_*: the ring reader's record */
+	WORK_DRIVER, /* drv_poll_*: the driver's checks, counts, lending, record */
+};
+
+/* virtio-net's header before each received frame (no offloads: 12 bytes,
+ * num_buffers at byte 10, little-endian) and an Ethernet header, the least
+ * a frame holds (nic.MinFrame). */
+#define NET_HDR 12u
+#define NET_HDR_NUM_BUFFERS 10u
+#define ETH_HDR 14u
+
+/* struct drv_completion has nic.Completion's fields: Context (one pointer
+ * here; Go's interface is two words), Buf (the frame's address), Data (the
+ * frame: pointer, length, capacity to the buffer's end), Len, Queue and
+ * Err (NULL; Go's interface is two words): 64 bytes, where Go's is 80. */
+struct drv_completion {
+	void *ctx;
+	uintptr_t buf;
+	uint8_t *data;
+	size_t data_len, data_cap;
+	size_t len;
+	intptr_t queue;
+	const void *err;
+};
+_Static_assert(sizeof(struct drv_completion) == 64, "drv_completion");
+
+/* struct rxq is a receive queue's driver state beside its ring reader
+ * (struct cq): its buffers, which of them are lent to the caller, igb's
+ * write-back words per buffer, the queue's counts and counters. */
+struct rxq {
+	uint8_t *mem;      /* buffer 0 */
+	uintptr_t base;    /* its address, as the table records posted buffers */
+	size_t stride;     /* bytes per buffer */
+	uint64_t recip;    /* ceil(2^64 / stride): buf_of multiplies by it */
+	uint32_t nbuf;
+	bool *lent;           /* per buffer: lent to the caller */
+	uint64_t (*meta)[2];  /* igb, per buffer: the write-back's two words */
+	int ndescs, nbufs;    /* descriptors and buffers the device holds (igb: descriptors) */
+	intptr_t qidx;        /* the queue's index, in each record */
+	bool armed;           /* an interrupt armed: a read disarms it */
+	/* per batch, as nic/internal/queue's Core.Count (atomic.Uint64) */
+	_Alignas(64) _Atomic uint64_t packets, bytes;
+};
+
+/* buf_of is the buffer at address a inside it, an address the table
+ * recorded at the post (not one the device wrote): it multiplies the
+ * offset by the reciprocal of the stride and keeps the high word, as
+ * nic/internal/rxbuf's Pool.Of does, where a division by a stride known
+ * only at run time would take tens of cycles. Exact for offsets below
+ * 2^64 / stride (rxq_init checks the whole area). The stride is a
+ * power of two here, but a driver's is what the MTU makes it. */
+ALWAYS_INLINE uint32_t buf_of(const struct rxq *r, uintptr_t a)
+{
+	return (uint32_t)(((unsigned __int128)(a - r->base) * r->recip) >> 64);
+}
+
+/* drv_take is the driver's work per good entry, as nic/virtio's and
+ * nic/igb's pass over a batch and nic/internal/queue's Poll do it: the
+ * queue's counts (virtio: the descriptors posted with the buffer, from the
+ * slot's driver word, and the buffers; igb: the descriptors); virtio: the
+ * length covers virtio-net's header and an Ethernet header, and the
+ * header's num_buffers, read once, is 1; igb: the length covers an
+ * Ethernet header (DD|EOP without RXE is the ring reader's test), the two
+ * write-back words kept per buffer; then the buffer lent to the caller
+ * and the record written. A refused entry stops the read (Go's driver
+ * makes an error completion of it). */
+ALWAYS_INLINE bool drv_take(struct cq *q, uint32_t layout, void *out, int i, const struct slot *s, uint32_t id,
+			    uint32_t ln, uint64_t info, uint32_t st, uint64_t *bytes)
+{
+	struct rxq *r = q->rx;
+	uintptr_t a = s->buf;
+	uint32_t hdr;
+	if (layout == VB_LAYOUT_IGB) {
+		r->ndescs--;
+		if (ln < ETH_HDR) {
+			q->why = "frame shorter than an Ethernet header";
+			return false;
+		}
+		hdr = 0;
+	} else {
+		struct table *t = q->tabs[0];
+		r->ndescs -= (uint16_t)t->words[id & t->slot_mask];
+		r->nbufs--;
+		if (ln < NET_HDR + ETH_HDR) {
+			q->why = "frame shorter than virtio-net's and an Ethernet header";
+			return false;
+		}
+		const uint8_t *h = (const uint8_t *)a;
+		uint16_t nb = (uint16_t)(h[NET_HDR_NUM_BUFFERS] | h[NET_HDR_NUM_BUFFERS + 1] << 8);
+		if (nb != 1) {
+			q->why = "num_buffers not 1";
+			return false;
+		}
+		hdr = NET_HDR;
+	}
+	uint32_t b = buf_of(r, a);
+	if (layout == VB_LAYOUT_IGB) {
+		r->meta[b][0] = info;
+		r->meta[b][1] = (uint64_t)st | (uint64_t)ln << 32;
+	}
+	r->lent[b] = true;
+	size_t fl = ln - hdr;
+	struct drv_completion *o = &((struct drv_completion *)out)[i];
+	o->ctx = s->ctx;
+	o->buf = a + hdr;
+	o->data = (uint8_t *)a + hdr;
+	o->data_len = fl;
+	o->data_cap = r->stride - hdr;
+	o->len = fl;
+	o->queue = r->qidx;
+	o->err = NULL;
+	*bytes += fl;
+	return true;
+}
+
+/* take_entry is the per-entry work after the ring reader's ownership test
+ * and its one read of the entry's fields (id, len; igb's info and status
+ * words): the table lookup, the length against the posted one, the
+ * caller's record (work), the release of the slot. What cq/ring does for
+ * virtio.PackedLayout and SplitLayout with no Codes, and for igb's
+ * receive layout; WORK_DRIVER adds what the driver's pass and the queue
+ * core do per completion (drv_take). */
+ALWAYS_INLINE bool take_entry(struct cq *q, uint32_t layout, enum work work, void *out, int i, uint32_t id, uint32_t ln,
+			      uint64_t info, uint32_t st, uint64_t *bytes)
 {
 	struct table *t = q->tabs[0];
 	struct slot *s = table_lookup(t, id);
@@ -420,12 +575,17 @@ static inline bool take_virtio(struct cq *q, uint32_t id, uint32_t ln, struct cq
 		q->why = "bad length";
 		return false;
 	}
-	uint64_t fl = s->flags;
-	ent->op_context = s->ctx;
-	ent->flags = fl;
-	ent->len = ln;
-	ent->buf = (fl & FI_RECV) ? (void *)s->buf : NULL;
-	ent->data = 0;
+	if (work == WORK_RING) {
+		struct cq_data_entry *ent = &((struct cq_data_entry *)out)[i];
+		uint64_t fl = s->flags;
+		ent->op_context = s->ctx;
+		ent->flags = fl;
+		ent->len = ln;
+		ent->buf = (fl & FI_RECV) ? (void *)s->buf : NULL;
+		ent->data = 0;
+	} else if (!drv_take(q, layout, out, i, s, id, ln, info, st, bytes)) {
+		return false;
+	}
 	if (!s->multi) {
 		table_release(t, s, id);
 		if (!t->dirty)
@@ -434,21 +594,30 @@ static inline bool take_virtio(struct cq *q, uint32_t id, uint32_t ln, struct cq
 	return true;
 }
 
-/* cq_end ends a read: the doorbell, the table flushes, the unlock. */
-static inline int cq_end(struct cq *q, int n)
+/* read_end ends a read: the doorbell, the table flushes; the driver
+ * variant's per-batch work (the interrupt disarmed if armed, the packet
+ * and byte counters, as nic/internal/queue's finish); the unlock. */
+ALWAYS_INLINE int read_end(struct cq *q, enum work work, int n, uint64_t bytes)
 {
 	doorbell_ring(q, q->count);
 	for (int i = 0; i < q->ndirty; i++)
 		table_flush(q->dirty[i]);
 	q->ndirty = 0;
+	if (work == WORK_DRIVER && n > 0) {
+		struct rxq *r = q->rx;
+		if (r->armed)
+			r->armed = false;
+		atomic_fetch_add_explicit(&r->packets, (uint64_t)n, memory_order_relaxed);
+		atomic_fetch_add_explicit(&r->bytes, bytes, memory_order_relaxed);
+	}
 	pthread_mutex_unlock(&q->mu);
 	return n == 0 && q->staged ? -EIO : n;
 }
 
-/* cq_read_packed is cq_read over a virtio packed ring: a used descriptor
- * has AVAIL and USED both equal to the wrap counter (acquire load of the
- * flags), then its id and len are read once. */
-static int cq_read_packed(struct cq *q, struct cq_data_entry *ents, int count)
+/* read_packed reads a virtio packed ring: a used descriptor has AVAIL and
+ * USED both equal to the wrap counter (acquire load of the flags), then
+ * its id and len are read once. */
+ALWAYS_INLINE int read_packed(struct cq *q, enum work work, void *out, int count)
 {
 	pthread_mutex_lock(&q->mu);
 	if (q->staged) {
@@ -458,12 +627,13 @@ static int cq_read_packed(struct cq *q, struct cq_data_entry *ents, int count)
 	struct vb_desc *ring = q->descs;
 	uint32_t head = q->head, cnt = q->count, size = q->n;
 	uint16_t want = q->want ? VB_PACKED_AVAIL | VB_PACKED_USED : 0;
+	uint64_t bytes = 0;
 	int n = 0;
 	while (n < count) {
 		struct vb_desc *d = &ring[head];
 		if ((atomic_load_explicit(&d->flags, memory_order_acquire) & (VB_PACKED_AVAIL | VB_PACKED_USED)) != want)
 			break;
-		if (!take_virtio(q, d->id, d->len, &ents[n])) {
+		if (!take_entry(q, VB_LAYOUT_PACKED, work, out, n, d->id, d->len, 0, 0, &bytes)) {
 			q->staged = true;
 			break;
 		}
@@ -478,12 +648,12 @@ static int cq_read_packed(struct cq *q, struct cq_data_entry *ents, int count)
 	q->head = head;
 	q->want = want != 0;
 	q->count = cnt;
-	return cq_end(q, n);
+	return read_end(q, work, n, bytes);
 }
 
-/* cq_read_split is cq_read over a virtio split used ring: one acquire load
- * of the used index, then the elements before it. */
-static int cq_read_split(struct cq *q, struct cq_data_entry *ents, int count)
+/* read_split reads a virtio split used ring: one acquire load of the used
+ * index, then the elements before it. */
+ALWAYS_INLINE int read_split(struct cq *q, enum work work, void *out, int count)
 {
 	pthread_mutex_lock(&q->mu);
 	if (q->staged) {
@@ -500,9 +670,10 @@ static int cq_read_split(struct cq *q, struct cq_data_entry *ents, int count)
 	}
 	int k = avail < (uint32_t)count ? avail : count, n = 0;
 	struct vb_used_elem *ring = q->used->ring;
+	uint64_t bytes = 0;
 	while (n < k) {
 		struct vb_used_elem *e = &ring[cnt & (size - 1)];
-		if (!take_virtio(q, e->id, e->len, &ents[n])) {
+		if (!take_entry(q, VB_LAYOUT_SPLIT, work, out, n, e->id, e->len, 0, 0, &bytes)) {
 			q->staged = true;
 			break;
 		}
@@ -510,18 +681,17 @@ static int cq_read_split(struct cq *q, struct cq_data_entry *ents, int count)
 		n++;
 	}
 	q->count = cnt;
-	return cq_end(q, n);
+	return read_end(q, work, n, bytes);
 }
 
-/* cq_read_igb is cq_read over igb's receive write-back descriptors, what
- * nic/igb does per descriptor: acquire load of the status word and the DD
+/* read_igb reads igb's receive write-back descriptors, what nic/igb's ring
+ * reader does per descriptor: acquire load of the status word and the DD
  * test, then the packet-info quadword and the length read once; the
- * status must be DD|EOP without RXE; the position is the id; the two
- * write-back quadwords kept per buffer (igb's offload words); the
- * consumed descriptor's DD cleared (cq/ring's DescriptorDone consume).
- * When the ring runs dry, a written descriptor after the head is a hole,
- * as cq/ring checks. */
-static int cq_read_igb(struct cq *q, struct cq_data_entry *ents, int count)
+ * status must be DD|EOP without RXE; the position is the id; the consumed
+ * descriptor's DD cleared (cq/ring's DescriptorDone consume). When the
+ * ring runs dry, a written descriptor after the head is a hole, as cq/ring
+ * checks. */
+ALWAYS_INLINE int read_igb(struct cq *q, enum work work, void *out, int count)
 {
 	pthread_mutex_lock(&q->mu);
 	if (q->staged) {
@@ -530,13 +700,19 @@ static int cq_read_igb(struct cq *q, struct cq_data_entry *ents, int count)
 	}
 	struct vb_igb_wb *ring = q->igb;
 	uint32_t head = q->head, cnt = q->count, size = q->n;
+	uint64_t bytes = 0;
 	int n = 0;
 	while (n < count) {
 		struct vb_igb_wb *d = &ring[head];
 		uint32_t st = atomic_load_explicit(&d->status, memory_order_acquire);
 		if (!(st & VB_IGB_DD)) {
+			/* the head checked again after the next, so that a
+			 * descriptor written meanwhile is not taken for a hole
+			 * (as cq/ring's hole; in stream mode the device writes
+			 * while this runs) */
 			uint32_t next = head + 1 == size ? 0 : head + 1;
-			if (atomic_load_explicit(&ring[next].status, memory_order_acquire) & VB_IGB_DD) {
+			if ((atomic_load_explicit(&ring[next].status, memory_order_acquire) & VB_IGB_DD) &&
+			    !(atomic_load_explicit(&d->status, memory_order_acquire) & VB_IGB_DD)) {
 				q->why = "descriptor done after one that is not (hole)";
 				q->staged = true;
 			}
@@ -549,12 +725,16 @@ static int cq_read_igb(struct cq *q, struct cq_data_entry *ents, int count)
 			q->staged = true;
 			break;
 		}
-		if (!take_virtio(q, head, ln, &ents[n])) {
+		if (!take_entry(q, VB_LAYOUT_IGB, work, out, n, head, ln, info, st, &bytes)) {
 			q->staged = true;
 			break;
 		}
-		q->meta[head][0] = info;
-		q->meta[head][1] = (uint64_t)st | (uint64_t)ln << 32;
+		if (work == WORK_RING) {
+			/* igb's offload words, kept per descriptor (the driver
+			 * keeps them per buffer: drv_take) */
+			q->meta[head][0] = info;
+			q->meta[head][1] = (uint64_t)st | (uint64_t)ln << 32;
+		}
 		atomic_store_explicit(&d->status, 0, memory_order_relaxed);
 		head++;
 		cnt++;
@@ -564,9 +744,43 @@ static int cq_read_igb(struct cq *q, struct cq_data_entry *ents, int count)
 	}
 	q->head = head;
 	q->count = cnt;
-	return cq_end(q, n);
+	return read_end(q, work, n, bytes);
 }
 
+/* cq_read_packed, cq_read_split and cq_read_igb are the ring readers
+ * alone: each completion into a fi_cq_data_entry (posted context, flags,
+ * length, buffer), igb's write-back words kept per descriptor. */
+static int cq_read_packed(struct cq *q, struct cq_data_entry *ents, int count)
+{
+	return read_packed(q, WORK_RING, ents, count);
+}
+
+static int cq_read_split(struct cq *q, struct cq_data_entry *ents, int count)
+{
+	return read_split(q, WORK_RING, ents, count);
+}
+
+static int cq_read_igb(struct cq *q, struct cq_data_entry *ents, int count)
+{
+	return read_igb(q, WORK_RING, ents, count);
+}
+
+/* drv_poll_packed, drv_poll_split and drv_poll_igb are a driver's Poll of
+ * a receive queue on the same readers (drv_take, read_end). */
+static int drv_poll_packed(struct cq *q, struct drv_completion *out, int count)
+{
+	return read_packed(q, WORK_DRIVER, out, count);
+}
+
+static int drv_poll_split(struct cq *q, struct drv_completion *out, int count)
+{
+	return read_split(q, WORK_DRIVER, out, count);
+}
+
+static int drv_poll_igb(struct cq *q, struct drv_completion *out, int count)
+{
+	return read_igb(q, WORK_DRIVER, out, count);
+}
 /* ---- the benchmark ---- */
 
 struct rxbuf {
@@ -621,8 +835,8 @@ static inline uint64_t fnv(uint64_t h, uint64_t x)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: reader -f PATH -b BATCH [-k] [-T] [-t SECONDS]\n"
-			"       reader -l [-L sim|packed|split|igb] [-n ENTRIES] [-c COUNT] -b BATCH [-k] [-T]\n");
+	fprintf(stderr, "usage: reader -f PATH -b BATCH [-D] [-k] [-T] [-t SECONDS]\n"
+			"       reader -l [-L sim|packed|split|igb] [-n ENTRIES] [-c COUNT] -b BATCH [-D] [-k] [-T]\n");
 	exit(2);
 }
 
@@ -681,17 +895,67 @@ static const char *mode_name(uint32_t mode)
 	return "?";
 }
 
+/* rxq_init makes the driver variant's receive queue: n buffers of
+ * VB_POST_LEN bytes in memory of its own (the driver reads virtio-net's
+ * header in them). */
+static void rxq_init(struct rxq *r, uint32_t n, bool igb)
+{
+	size_t stride = VB_POST_LEN, size = (size_t)n * stride;
+	if ((unsigned __int128)size * stride >> 64 != 0)
+		die("%u buffers: too many for buf_of's multiplication", n); /* not at n <= 2^24 */
+	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (mem == MAP_FAILED)
+		die("mmap %zu bytes of buffers: %s", size, strerror(errno));
+	memset(r, 0, sizeof *r);
+	r->mem = mem;
+	r->base = (uintptr_t)mem;
+	r->stride = stride;
+	/* exact for every offset below size (checked above): x * (recip *
+	 * stride - 2^64) < 2^64, so floor(x * recip / 2^64) = x / stride */
+	r->recip = UINT64_MAX / stride + 1;
+	r->nbuf = n;
+	r->lent = calloc(n, sizeof *r->lent);
+	if (!r->lent || (igb && !(r->meta = calloc(n, sizeof *r->meta))))
+		die("out of memory");
+}
+
+/* write_net_hdrs writes virtio-net's header, as the device does before
+ * each frame it receives (no offloads, num_buffers 1), into every buffer. */
+static void write_net_hdrs(struct rxq *r)
+{
+	for (uint32_t b = 0; b < r->nbuf; b++) {
+		uint8_t *h = r->mem + (size_t)b * r->stride;
+		memset(h, 0, NET_HDR);
+		h[NET_HDR_NUM_BUFFERS] = 1;
+	}
+}
+
+/* drv_repost posts buffer b again, as the driver's Repost: the buffer
+ * must be lent, and is not afterwards; the driver word holds the posting
+ * order and the descriptors used (1), as nic/internal/queue's Word. */
+static void drv_repost(struct table *tab, struct rxq *rx, struct rxbuf *b, uint64_t order)
+{
+	if (!rx->lent[b->idx])
+		die("re-post of buffer %u, which is not lent", b->idx);
+	rx->lent[b->idx] = false;
+	struct op op = {b, b->addr, VB_POST_LEN, FI_RECV | FI_MSG, order << 16 | 1};
+	if (table_post(tab, &op) < 0)
+		die("re-post of buffer %u: table full", b->idx);
+	rx->ndescs++;
+	rx->nbufs++; /* igb counts descriptors alone */
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = NULL;
 	int batch = 32;
-	bool check = false, local = false;
+	bool check = false, local = false, driver = false;
 	uint32_t local_n = 4096;
 	uint64_t local_count = 2000000;
 	int local_layout = VB_LAYOUT_SIM;
 	bool threaded = false;
 	int c;
-	while ((c = getopt(argc, argv, "f:b:kt:ln:c:L:T")) != -1) {
+	while ((c = getopt(argc, argv, "f:b:kt:ln:c:L:TD")) != -1) {
 		switch (c) {
 		case 'L':
 			local_layout = vb_parse_layout(optarg);
@@ -700,6 +964,9 @@ int main(int argc, char **argv)
 			break;
 		case 'T':
 			threaded = true;
+			break;
+		case 'D':
+			driver = true;
 			break;
 		case 'f':
 			path = optarg;
@@ -735,6 +1002,8 @@ int main(int argc, char **argv)
 	uint32_t n = ctrl->entries;
 	if ((uint32_t)batch > ctrl->slack)
 		die("batch %d above the producer's slack %u", batch, ctrl->slack);
+	if (driver && layout == VB_LAYOUT_SIM)
+		die("-D (a driver's Poll) needs the packed, split or igb layout");
 	uint32_t mode = ctrl->mode;
 	uint64_t total = ctrl->total;
 	unsigned shift = (unsigned)__builtin_ctz(n);
@@ -750,18 +1019,36 @@ int main(int argc, char **argv)
 	cq_init(&q, ctrl, ring, layout, n, tabs, 1);
 	if (layout == VB_LAYOUT_IGB && !(q.meta = calloc(n, sizeof *q.meta)))
 		die("out of memory");
+	static struct rxq rx;
+	uint32_t hdr = layout == VB_LAYOUT_IGB ? 0 : NET_HDR; /* the driver's headroom */
+	if (driver) {
+		rxq_init(&rx, n, layout == VB_LAYOUT_IGB);
+		q.rx = &rx;
+		/* The producer (another process) writes no buffer: the headers
+		 * are written once here, and num_buffers 1 stays valid from lap
+		 * to lap; local mode writes them again in each lap's fill. */
+		if (layout != VB_LAYOUT_IGB)
+			write_net_hdrs(&rx);
+	}
 
 	struct rxbuf *bufs = calloc(n, sizeof *bufs);
 	struct cq_data_entry *ents = calloc((size_t)batch, sizeof *ents);
-	if (!bufs || !ents)
+	struct drv_completion *douts = calloc((size_t)batch, sizeof *douts);
+	if (!bufs || !ents || !douts)
 		die("out of memory");
 	const uint64_t recv_flags = FI_RECV | FI_MSG;
 	for (uint32_t i = 0; i < n; i++) {
-		bufs[i] = (struct rxbuf){i, (uintptr_t)(VB_BUF_BASE + (uint64_t)i * VB_POST_LEN)};
-		struct op op = {&bufs[i], bufs[i].addr, VB_POST_LEN, recv_flags};
+		uintptr_t a = driver ? rx.base + (uintptr_t)i * rx.stride : (uintptr_t)(VB_BUF_BASE + (uint64_t)i * VB_POST_LEN);
+		bufs[i] = (struct rxbuf){i, a};
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct op op = {&bufs[i], bufs[i].addr, VB_POST_LEN, recv_flags, (uint64_t)i << 16 | 1};
 		if (table_post(&tab, &op) != (int64_t)i)
 			die("initial post %u did not get its index as id", i);
+		rx.ndescs++;
+		rx.nbufs++;
 	}
+	uint64_t posts = n;
 	atomic_store_explicit(&ctrl->reader_ready, 1, memory_order_release);
 
 	uint64_t seq = 0, reads = 0, empty = 0, digest = 0xcbf29ce484222325ull;
@@ -775,6 +1062,8 @@ int main(int argc, char **argv)
 		uint64_t end = lapped ? (uint64_t)(lap + 1) * n : total;
 		if (mode == VB_MODE_LOCAL) {
 			vb_put_any(ring, layout, (uint64_t)lap * n, n, n, shift);
+			if (driver && layout != VB_LAYOUT_IGB)
+				write_net_hdrs(&rx); /* as the Go fake device writes them in its fill */
 			t0 = vb_now_s();
 		} else if (mode == VB_MODE_FILLED) {
 			while (atomic_load_explicit(&ctrl->produced, memory_order_acquire) < end) {
@@ -789,10 +1078,13 @@ int main(int argc, char **argv)
 			t0 = vb_now_s();
 		}
 		while (seq < end) {
-			int k = layout == VB_LAYOUT_PACKED  ? cq_read_packed(&q, ents, batch)
-				: layout == VB_LAYOUT_SPLIT ? cq_read_split(&q, ents, batch)
-				: layout == VB_LAYOUT_IGB   ? cq_read_igb(&q, ents, batch)
-							    : cq_read(&q, ents, batch);
+			int k = driver ? (layout == VB_LAYOUT_PACKED  ? drv_poll_packed(&q, douts, batch)
+					  : layout == VB_LAYOUT_SPLIT ? drv_poll_split(&q, douts, batch)
+								      : drv_poll_igb(&q, douts, batch))
+				: layout == VB_LAYOUT_PACKED ? cq_read_packed(&q, ents, batch)
+				: layout == VB_LAYOUT_SPLIT  ? cq_read_split(&q, ents, batch)
+				: layout == VB_LAYOUT_IGB    ? cq_read_igb(&q, ents, batch)
+							     : cq_read(&q, ents, batch);
 			reads++;
 			if (k <= 0) {
 				if (k < 0)
@@ -807,25 +1099,61 @@ int main(int argc, char **argv)
 				continue;
 			}
 			for (int i = 0; i < k; i++) {
-				struct cq_data_entry *e = &ents[i];
-				struct rxbuf *b = e->op_context;
-				if (layout == VB_LAYOUT_SIM ? e->data != seq
-							    : b->idx != (uint32_t)(seq & (n - 1)) || e->len != VB_LEN(seq))
-					die("out of order at completion %" PRIu64 ": data %" PRIu64 ", buffer %u, len %zu", seq,
-					    e->data, b->idx, e->len);
-				if (check) {
-					digest = fnv(digest, b->idx);
-					digest = fnv(digest, e->flags);
-					digest = fnv(digest, e->len);
-					digest = fnv(digest, (uint64_t)(uintptr_t)e->buf - VB_BUF_BASE);
-					digest = fnv(digest, e->data);
+				struct rxbuf *b;
+				if (driver) {
+					struct drv_completion *o = &douts[i];
+					b = o->ctx;
+					if (b->idx != (uint32_t)(seq & (n - 1)) || o->len != VB_LEN(seq) - hdr)
+						die("out of order at completion %" PRIu64 ": buffer %u, len %zu", seq,
+						    b->idx, o->len);
+					if (check) {
+						/* every field of the record, and what the
+						 * queue kept of the buffer, against what it
+						 * must hold (bench_test.go recomputes the
+						 * digest from the producer's sequence) */
+						uint32_t bi = b->idx;
+						if (o->buf != b->addr + hdr || o->data != (uint8_t *)o->buf ||
+						    o->data_len != o->len || o->data_cap != rx.stride - hdr || o->queue != 0 ||
+						    o->err != NULL || !rx.lent[bi])
+							die("completion %" PRIu64 ": record or lent flag wrong", seq);
+						digest = fnv(digest, bi);
+						digest = fnv(digest, o->buf - rx.base);
+						digest = fnv(digest, (uint64_t)(o->data - rx.mem));
+						digest = fnv(digest, o->data_len);
+						digest = fnv(digest, o->data_cap);
+						digest = fnv(digest, o->len);
+						digest = fnv(digest, (uint64_t)o->queue);
+						if (layout == VB_LAYOUT_IGB) {
+							digest = fnv(digest, rx.meta[bi][0]);
+							digest = fnv(digest, rx.meta[bi][1]);
+						}
+					}
+				} else {
+					struct cq_data_entry *e = &ents[i];
+					b = e->op_context;
+					if (layout == VB_LAYOUT_SIM ? e->data != seq
+								    : b->idx != (uint32_t)(seq & (n - 1)) || e->len != VB_LEN(seq))
+						die("out of order at completion %" PRIu64 ": data %" PRIu64
+						    ", buffer %u, len %zu",
+						    seq, e->data, b->idx, e->len);
+					if (check) {
+						digest = fnv(digest, b->idx);
+						digest = fnv(digest, e->flags);
+						digest = fnv(digest, e->len);
+						digest = fnv(digest, (uint64_t)(uintptr_t)e->buf - VB_BUF_BASE);
+						digest = fnv(digest, e->data);
+					}
 				}
 				seq++;
 				if (lapped)
 					continue; /* re-posted after the timed reads */
-				struct op op = {b, b->addr, VB_POST_LEN, recv_flags};
-				if (table_post(&tab, &op) < 0)
-					die("re-post at completion %" PRIu64 ": table full", seq);
+				if (driver) {
+					drv_repost(&tab, &rx, b, posts++);
+				} else {
+					struct op op = {b, b->addr, VB_POST_LEN, recv_flags, 0};
+					if (table_post(&tab, &op) < 0)
+						die("re-post at completion %" PRIu64 ": table full", seq);
+				}
 			}
 		}
 		if (lapped) {
@@ -833,7 +1161,11 @@ int main(int argc, char **argv)
 			/* The lap completed ids 0..N-1 in order (data == sequence
 			 * checked above), so the buffers go back in that order. */
 			for (uint32_t i = 0; i < n; i++) {
-				struct op op = {&bufs[i], bufs[i].addr, VB_POST_LEN, recv_flags};
+				if (driver) {
+					drv_repost(&tab, &rx, &bufs[i], posts++);
+					continue;
+				}
+				struct op op = {&bufs[i], bufs[i].addr, VB_POST_LEN, recv_flags, 0};
 				if (table_post(&tab, &op) < 0)
 					die("re-post of buffer %u after lap %u: table full", i, lap);
 			}
@@ -843,13 +1175,25 @@ int main(int argc, char **argv)
 	}
 	if (!lapped)
 		timed = vb_now_s() - t0;
+	if (driver) {
+		/* the counters and counts: every completion counted once, every
+		 * buffer posted again */
+		uint64_t want_bytes = 0;
+		for (uint64_t s = 0; s < seq; s++)
+			want_bytes += VB_LEN(s) - hdr;
+		if (atomic_load(&rx.packets) != seq || atomic_load(&rx.bytes) != want_bytes || rx.ndescs != (int)n ||
+		    (layout != VB_LAYOUT_IGB && rx.nbufs != (int)n))
+			die("counters %" PRIu64 " packets, %" PRIu64 " bytes (want %" PRIu64 ", %" PRIu64
+			    "), %d descriptors and %d buffers outstanding (want %u)",
+			    atomic_load(&rx.packets), atomic_load(&rx.bytes), seq, want_bytes, rx.ndescs, rx.nbufs, n);
+	}
 	char dig[32] = "-";
 	if (check)
 		snprintf(dig, sizeof dig, "%016" PRIx64, digest);
-	printf("reader=c layout=%s locking=%s mode=%s batch=%d entries=%u completions=%" PRIu64
+	printf("reader=c work=%s layout=%s locking=%s mode=%s batch=%d entries=%u completions=%" PRIu64
 	       " ns_per_completion=%.3f reads=%" PRIu64 " empty_reads=%" PRIu64
 	       " allocs_per_completion=n/a order=ok digest=%s\n",
-	       vb_layout_names[layout], threaded ? "mutex" : "none", mode_name(mode), batch, n,
-	       seq, timed * 1e9 / (double)seq, reads, empty, dig);
+	       driver ? "driver" : "ring", vb_layout_names[layout], threaded ? "mutex" : "none", mode_name(mode), batch,
+	       n, seq, timed * 1e9 / (double)seq, reads, empty, dig);
 	return 0;
 }
