@@ -89,8 +89,9 @@ func FindKernel() (*Kernel, error) {
 // CacheDir()/kernel-bpo: Debian trixie-backports' linux-image-amd64
 // (scripts/setup.sh fetches it), for a test that needs a newer kernel
 // than the default bookworm one passes it as Config.Kernel. The one
-// such test, tests/afxdpvm, needs virtio_net's AF_XDP zero-copy (Linux
-// 6.13 and later: bookworm's newest, 6.12, refuses XDP_ZEROCOPY).
+// such test, tests/afxdpvm, needs virtio_net's and igb's AF_XDP
+// zero-copy (Linux 6.13 and 6.14: bookworm's newest, 6.12, refuses
+// XDP_ZEROCOPY).
 func FindBackportsKernel() (*Kernel, error) {
 	return FindKernelIn(filepath.Join(CacheDir(), "kernel-bpo"))
 }

@@ -1,6 +1,6 @@
-// Package ethtool reads and sets the ring sizes of a Linux interface
-// through the SIOCETHTOOL ioctl (what ethtool -g and -G do), for the
-// guests' tests, whose busybox has no ethtool.
+// Package ethtool reads and sets the ring sizes and channels of a Linux
+// interface through the SIOCETHTOOL ioctl (what ethtool -g and -G, -l
+// and -L do), for the guests' tests, whose busybox has no ethtool.
 package ethtool
 
 import (
@@ -32,7 +32,7 @@ type ifreqData struct {
 // GetRings asks the driver of ifname for its ring sizes.
 func GetRings(ifname string) (Rings, error) {
 	rp := ringparam{Cmd: unix.ETHTOOL_GRINGPARAM}
-	if err := ioctl(ifname, &rp); err != nil {
+	if err := ioctl(ifname, rp.Cmd, unsafe.Pointer(&rp)); err != nil {
 		return Rings{}, err
 	}
 	return Rings{RxMax: rp.RxMax, TxMax: rp.TxMax, Rx: rp.Rx, Tx: rp.Tx}, nil
@@ -42,14 +42,48 @@ func GetRings(ifname string) (Rings, error) {
 // interface to do it: its link goes down and up).
 func SetRings(ifname string, rx, tx uint32) error {
 	rp := ringparam{Cmd: unix.ETHTOOL_GRINGPARAM}
-	if err := ioctl(ifname, &rp); err != nil {
+	if err := ioctl(ifname, rp.Cmd, unsafe.Pointer(&rp)); err != nil {
 		return err
 	}
 	rp.Cmd, rp.Rx, rp.Tx = unix.ETHTOOL_SRINGPARAM, rx, tx
-	return ioctl(ifname, &rp)
+	return ioctl(ifname, rp.Cmd, unsafe.Pointer(&rp))
 }
 
-func ioctl(ifname string, rp *ringparam) error {
+// Channels are an interface's queue counts (struct ethtool_channels):
+// the driver's maxima and the counts in use.
+type Channels struct {
+	MaxRx, MaxTx, MaxOther, MaxCombined uint32
+	Rx, Tx, Other, Combined             uint32
+}
+
+// channels is struct ethtool_channels.
+type channels struct {
+	Cmd uint32
+	Channels
+}
+
+// GetChannels asks the driver of ifname for its queue counts.
+func GetChannels(ifname string) (Channels, error) {
+	ch := channels{Cmd: unix.ETHTOOL_GCHANNELS}
+	if err := ioctl(ifname, ch.Cmd, unsafe.Pointer(&ch)); err != nil {
+		return Channels{}, err
+	}
+	return ch.Channels, nil
+}
+
+// SetCombined sets ifname's combined queue count, the others left as
+// they are (drivers such as igb restart the interface to do it).
+func SetCombined(ifname string, n uint32) error {
+	ch := channels{Cmd: unix.ETHTOOL_GCHANNELS}
+	if err := ioctl(ifname, ch.Cmd, unsafe.Pointer(&ch)); err != nil {
+		return err
+	}
+	ch.Cmd, ch.Combined = unix.ETHTOOL_SCHANNELS, n
+	return ioctl(ifname, ch.Cmd, unsafe.Pointer(&ch))
+}
+
+// ioctl runs the ethtool command cmd on ifname with its structure at p.
+func ioctl(ifname string, cmd uint32, p unsafe.Pointer) error {
 	if len(ifname) >= unix.IFNAMSIZ {
 		return fmt.Errorf("ethtool: interface name %q too long", ifname)
 	}
@@ -60,9 +94,9 @@ func ioctl(ifname string, rp *ringparam) error {
 	defer unix.Close(fd)
 	var ifr ifreqData
 	copy(ifr.Name[:], ifname)
-	ifr.Data = unsafe.Pointer(rp)
+	ifr.Data = p
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
-		return fmt.Errorf("ethtool: command %#x on %s: %w", rp.Cmd, ifname, e)
+		return fmt.Errorf("ethtool: command %#x on %s: %w", cmd, ifname, e)
 	}
 	return nil
 }

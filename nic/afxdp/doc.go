@@ -33,9 +33,14 @@
 // only when the ring's flag asks for one (Stats: Notifies, Suppressed).
 // Zero-copy binding is tried first and copy mode used when the driver
 // refuses it (veth does, and virtio_net before Linux 6.13; tests/afxdpvm
-// runs the zero-copy path on a later virtio_net in a guest); Info.Features
-// says "zero-copy" or "copy", and "xdp-native" or "xdp-generic" for the
-// XDP attach mode.
+// runs the zero-copy path on a later virtio_net and on igb in a guest);
+// Info.Features says "zero-copy" or "copy", and "xdp-native" or
+// "xdp-generic" for the XDP attach mode. On igb (Linux 6.14 and later)
+// zero-copy receives only with the interface's queues paired on shared
+// interrupt vectors (an 82576 pairs them when more than 4 are in use:
+// ethtool -L IF combined 8) and with 4096-byte chunks (Config.BufferSize):
+// of a 2048-byte chunk igb gives the hardware 1 KiB, and its zero-copy
+// path delivers a longer frame as pieces.
 //
 // Frames arrive as the interface received them. A veth peer's own TCP/IP
 // stack leaves transport checksums to the "device" (CHECKSUM_PARTIAL),

@@ -7,10 +7,13 @@ import (
 	"github.com/vfnic/vfnic/qemu"
 )
 
-// Guest NICs: vfnic's (afxdp) and Linux's, on one hub.
+// Guest NICs, in two pairs, each on a hub of its own: vfnic's (afxdp) and
+// Linux's peer.
 const (
-	slotVfnic = 4
-	slotLinux = 5
+	slotVirtio     = 4 // virtio-net, vfnic's
+	slotVirtioPeer = 5 // virtio-net, Linux's, hub 1
+	slotIGB        = 6 // igb (82576), vfnic's
+	slotIGBPeer    = 7 // virtio-net, Linux's, hub 2
 )
 
 // TestVM boots the guest on the backports kernel and runs
@@ -29,17 +32,23 @@ func TestVM(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	// Split rings on both NICs: a packed-ring Linux NIC can stop
-	// transmitting for good on QEMU 10 (tests/netstackvm, TestVMPeerStall).
+	// Split rings on the virtio-net NICs: a packed-ring Linux NIC can
+	// stop transmitting for good on QEMU 10 (tests/netstackvm,
+	// TestVMPeerStall). The igb pair's peer is a virtio-net NIC, the
+	// Linux driver known to keep up on a hub.
 	nics := []qemu.NIC{
-		{Model: qemu.VirtioNet, Slot: slotVfnic, Net: qemu.Hub(1), Bind: qemu.BindLinux},
-		{Model: qemu.VirtioNet, Slot: slotLinux, Net: qemu.Hub(1), Bind: qemu.BindLinux},
+		{Model: qemu.VirtioNet, Slot: slotVirtio, Net: qemu.Hub(1), Bind: qemu.BindLinux},
+		{Model: qemu.VirtioNet, Slot: slotVirtioPeer, Net: qemu.Hub(1), Bind: qemu.BindLinux},
+		{Model: qemu.IGB, Slot: slotIGB, Net: qemu.Hub(2), Bind: qemu.BindLinux},
+		{Model: qemu.VirtioNet, Slot: slotIGBPeer, Net: qemu.Hub(2), Bind: qemu.BindLinux},
 	}
 	// xsk_diag: the kernel's listing of AF_XDP sockets (sock_diag).
-	cfg := qemu.Config{NICs: nics, Kernel: k, Modules: []string{"xsk_diag"}, Timeout: 3 * time.Minute, OneTCGThread: true}
+	// One TCG thread: the igb suites froze multi-threaded TCG guests
+	// (qemu.Config.OneTCGThread).
+	cfg := qemu.Config{NICs: nics, Kernel: k, Modules: []string{"xsk_diag"}, Timeout: 4 * time.Minute, OneTCGThread: true}
 	qemu.RunGoTestT(t, cfg, qemu.GoTest{
 		Package: "github.com/vfnic/vfnic/tests/afxdpvm",
 		Run:     "^TestGuestZeroCopy$",
-		Args:    []string{"-test.timeout=150s"},
+		Args:    []string{"-test.timeout=210s"},
 	})
 }
