@@ -92,8 +92,11 @@ type Queue interface {
 	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
 	// loops that poll(2) it themselves; the queue keeps ownership. For a
 	// device without MSI-X it stands for the descriptor whose readiness
-	// says completions are ready (eventfd.Readable: an AF_XDP socket):
-	// poll it for POLLIN the same way.
+	// says completions are ready (eventfd.Readable: an AF_XDP socket;
+	// eventfd.Writable: the same socket for its transmit queue in copy
+	// mode, made writable as sends complete): poll it for POLLIN, or
+	// POLLOUT when FD.WriteReadiness says so, edge-triggered (FD.Readiness:
+	// it can last with nothing new).
 	Interrupt() *eventfd.FD
 	// WaitInterrupt sleeps until the queue's interrupt fires (nil), the
 	// deadline passes (ErrTimeout; a zero deadline waits forever), ctx
