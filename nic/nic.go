@@ -161,7 +161,16 @@ type TxQueue interface {
 	// is not called when the send is refused (Send's errors, and
 	// ErrInvalid for a nil fill).
 	SendFunc(n int, ctx any, fill func(buf []byte)) error
-	// MaxFrame is the longest frame Send and SendFunc take.
+	// SendBurst is Send for a batch, as DPDK's rte_eth_tx_burst: it posts
+	// frames in order, frames[i] with ctxs[i] (ctxs nil: no contexts;
+	// else one per frame, or an error matching ErrInvalid and nothing
+	// posted), under one lock, until one is refused. It returns how many
+	// were posted and, when fewer than len(frames), why the next was not:
+	// ErrFull (read completions first), ErrFrameSize (that frame's size;
+	// those before it are posted), the queue closed. Like Send it does
+	// not Flush, and it keeps neither slice.
+	SendBurst(frames [][]byte, ctxs []any) (int, error)
+	// MaxFrame is the longest frame Send, SendFunc and SendBurst take.
 	MaxFrame() int
 }
 
