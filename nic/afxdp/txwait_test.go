@@ -119,6 +119,36 @@ func TestTxAdaptiveCoreWakesOnCompletion(t *testing.T) {
 	require.NoError(t, tx.Flush())
 	require.Eventually(t, func() bool { return got.Load() == txWaitSends }, 5*time.Second, time.Millisecond,
 		"the core woke for the completions")
+	// Wake-ups are published at the core's next sleep.
+	require.Eventually(t, func() bool { return core.Stats().Sleeps > st.Sleeps }, 5*time.Second, time.Millisecond, "asleep again")
 	end := core.Stats()
 	t.Logf("core: %d wake-ups for the completions", end.Wakeups-st.Wakeups)
+}
+
+// TestTxSReadDrainsBeyondOneKick: sends flushed in a number the kernel's
+// copy mode takes several kicks to send (32 a kick) all complete within
+// one SRead asleep on the write readiness: each kick's completions raise
+// events whose poll of the socket (xsk_poll) drives the transmit ring on,
+// as the kernel does for a poll(2) in copy mode. With TxOwedWait an hour,
+// no bounded sleep does it.
+func TestTxSReadDrainsBeyondOneKick(t *testing.T) {
+	dev, tx := copyModeTx(t)
+	const sends = 200 // of a 256-entry ring
+	frame := vt.MakeFrame(make([]byte, 2048), dev.MAC(), dev.MAC(), 1)
+	for i := range sends {
+		require.NoError(t, tx.Send(frame, i))
+	}
+	require.NoError(t, tx.Flush())
+	out := make([]nic.Completion, sends)
+	start := time.Now()
+	n, err := tx.SRead(context.Background(), out, sends, 10*time.Second)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, sends, n)
+	for i, c := range out[:n] {
+		require.NoError(t, c.Err)
+		require.Equal(t, i, c.Context)
+	}
+	t.Logf("%d sends completed %v after the Flush; %d wake-ups, %d kicks", sends, took, tx.Stats().Interrupts, tx.Stats().Notifies)
+	require.Less(t, took, 5*time.Second, "not left to the SRead's timeout")
 }
