@@ -53,7 +53,9 @@
 // ring after each such event (the socket stays writable with nothing
 // new while its transmit ring has room). On veth the kernel completes a
 // send within the kick that sent it, so a sleeper is woken by the kick of
-// another thread's Flush. Zero-copy drivers write completions with no
+// another thread's Flush; and as the kernel's poll of the socket sends
+// on in copy mode (xsk_poll), each batch's events have the epoll that
+// waits send the next, with no kick from the sleeper. Zero-copy drivers write completions with no
 // wake-up (xsk_tx_completed; the write readiness is raised only as the
 // transmit ring is consumed): there the transmit queue sleeps on the
 // pair's read readiness, and while sends are owed its WaitInterrupt
