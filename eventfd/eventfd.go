@@ -3,9 +3,10 @@
 // one CPU, with that thread asleep in the kernel. vfnic uses
 // eventfds for MSI-X interrupts (VFIO writes them), for the software device's
 // interrupts and for completion-queue wait objects. An FD made by Readable
-// stands for another descriptor's readiness instead (an AF_XDP socket,
-// readable while its receive ring holds entries), so that one wait path
-// serves both kinds of interrupt.
+// or Writable stands for another descriptor's readiness instead (an AF_XDP
+// socket, readable while its receive ring holds entries, made writable
+// as the kernel completes its sends), so that one wait path serves both
+// kinds of interrupt.
 package eventfd
 
 import (
@@ -43,10 +44,11 @@ var errNotMade = fmt.Errorf("eventfd: FD not made by New: %w", os.ErrInvalid)
 // which belongs to someone else.
 type FD struct {
 	fd int
-	// level: the FD is another descriptor's readiness (Readable), with
-	// no counter to read: a wait returns when it is readable, and what
-	// made it so is consumed elsewhere (the ring it reports on).
-	level bool
+	// level: the FD is another descriptor's readiness (Readable,
+	// Writable), with no counter to read: a wait returns when it is ready,
+	// and what made it so is consumed elsewhere (the ring it reports on).
+	// out: the readiness is for writing (POLLOUT), not reading.
+	level, out bool
 
 	// turn is held by the one goroutine that sleeps on the runtime poller:
 	// a read deadline belongs to the os.File, not to the goroutine, and the
@@ -109,7 +111,18 @@ func New() (*FD, error) {
 // count of 1 from Wait and Await alike and no read of fd: the readiness
 // lasts until the caller consumes what caused it. Take and TakeLeft
 // return 0, and Add fails (nobody but fd's owner signals it).
-func Readable(fd int) (*FD, error) {
+func Readable(fd int) (*FD, error) { return readiness(fd, false) }
+
+// Writable is Readable for the write readiness of fd (POLLOUT): an
+// AF_XDP socket's, which the kernel raises as it frees the buffers of
+// the sends it completed in copy mode (sock_wfree), so that a transmit
+// queue sleeps until its completions are written. Waits on it are
+// Readable's, on POLLOUT: a descriptor that stays writable with nothing
+// new (a socket whose send buffer has room) wants WaitFor.
+func Writable(fd int) (*FD, error) { return readiness(fd, true) }
+
+// readiness is Readable (out false) and Writable (out true).
+func readiness(fd int, out bool) (*FD, error) {
 	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: dup of fd %d: %w", fd, err)
@@ -118,7 +131,7 @@ func Readable(fd int) (*FD, error) {
 		_ = unix.Close(d)
 		return nil, fmt.Errorf("eventfd: non-blocking fd %d: %w", fd, err)
 	}
-	return &FD{fd: d, level: true, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
+	return &FD{fd: d, level: true, out: out, drained: make(chan struct{}), spare: -1, turn: make(chan struct{}, 1)}, nil
 }
 
 // Readiness reports whether the FD stands for another descriptor's
@@ -127,6 +140,20 @@ func Readable(fd int) (*FD, error) {
 // registers such an FD edge-triggered (EPOLLET) and looks at what it
 // reports on after each wake-up, as WaitFor does on the runtime poller.
 func (e *FD) Readiness() bool { return e.level }
+
+// WriteReadiness reports whether the FD stands for another descriptor's
+// write readiness (Writable): a sleeper on Fd in an epoll set of its own
+// waits for EPOLLOUT instead of EPOLLIN (edge-triggered, as for any
+// readiness).
+func (e *FD) WriteReadiness() bool { return e.out }
+
+// events is the poll(2) event the FD waits for.
+func (e *FD) events() int16 {
+	if e.out {
+		return unix.POLLOUT
+	}
+	return unix.POLLIN
+}
 
 // errLevelAdd is Add on an FD made by Readable.
 var errLevelAdd = fmt.Errorf("eventfd: Add on a readiness FD (Readable): %w", os.ErrInvalid)
@@ -271,7 +298,8 @@ func (e *FD) wait(ctx context.Context, deadline time.Time, takeIt bool) (uint64,
 // the FD's events announce (a ring holding entries), asked at once and
 // again after each event; it returns nil as soon as ready says true.
 // Its errors are Wait's. ready runs on the waiting goroutine, for a
-// readiness FD with the descriptor's read lock held: it must not block,
+// readiness FD with the descriptor's read lock held (its write lock for
+// Writable's): it must not block,
 // nor wait for anything a caller of Close may hold (Close waits for it
 // to return).
 //
@@ -342,7 +370,7 @@ func (e *FD) pollerFile() (*os.File, error) {
 				if e.cond != nil {
 					return e.cond()
 				}
-				ready, err := readable(int(fd))
+				ready, err := pollReady(int(fd), e.events())
 				e.lookErr = err
 				return ready || err != nil
 			}
@@ -376,7 +404,7 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time, ready func() bo
 	}
 	var b [8]byte
 	for {
-		if err := f.SetReadDeadline(deadline); err != nil {
+		if err := e.setDeadline(f, deadline); err != nil {
 			return 0, e.mapErr(ctx, err)
 		}
 		// After the deadline is set: a context that ends from here on
@@ -386,7 +414,7 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time, ready func() bo
 		}
 		n, err := 8, error(nil)
 		if e.level {
-			err = e.awaitReadable(ready)
+			err = e.awaitReady(ready)
 			putU64(b[:], 1)
 		} else {
 			n, err = f.Read(b[:])
@@ -405,15 +433,31 @@ func (e *FD) waitPoller(ctx context.Context, deadline time.Time, ready func() bo
 	}
 }
 
-// awaitReadable parks on the runtime poller until the descriptor of a
-// readiness FD is readable, or ready (not nil) says so, or the file's
-// read deadline passes: the poller's wait without a read, which a socket
-// would not answer as an eventfd does. RawConn.Read resets the poller's
-// token, then looks, then sleeps for the next token (WaitFor relies on
-// that order). Called by the sleeper on the poller.
-func (e *FD) awaitReadable(ready func() bool) error {
+// setDeadline sets the deadline of the poller's wait on f: the read
+// deadline, or the write deadline of a write readiness (Writable), whose
+// wait is the file's write.
+func (e *FD) setDeadline(f *os.File, t time.Time) error {
+	if e.out {
+		return f.SetWriteDeadline(t)
+	}
+	return f.SetReadDeadline(t)
+}
+
+// awaitReady parks on the runtime poller until the descriptor of a
+// readiness FD is readable (writable: Writable), or ready (not nil) says
+// so, or the file's deadline passes: the poller's wait without a read or
+// write, which a socket would not answer as an eventfd does. RawConn.Read
+// and Write reset the poller's token, then look, then sleep for the next
+// token (WaitFor relies on that order). Called by the sleeper on the
+// poller.
+func (e *FD) awaitReady(ready func() bool) error {
 	e.cond, e.lookErr = ready, nil
-	err := e.rc.Read(e.look)
+	var err error
+	if e.out {
+		err = e.rc.Write(e.look)
+	} else {
+		err = e.rc.Read(e.look)
+	}
 	perr := e.lookErr
 	e.cond, e.lookErr = nil, nil
 	if err != nil {
@@ -422,10 +466,11 @@ func (e *FD) awaitReadable(ready func() bool) error {
 	return perr
 }
 
-// readable polls fd once without sleeping: ready when it has input (or an
-// error or hang-up to report, which the caller's next operation returns).
-func readable(fd int) (bool, error) {
-	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+// pollReady polls fd once for events without sleeping: ready when it has
+// them (or an error or hang-up to report, which the caller's next
+// operation returns).
+func pollReady(fd int, events int16) (bool, error) {
+	p := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
 	for {
 		n, err := unix.Poll(p[:], 0)
 		if err == unix.EINTR {
@@ -578,7 +623,7 @@ func (e *FD) waitThread(ctx context.Context, deadline time.Time, takeIt bool) (u
 			return 0, err
 		}
 	}
-	fds := [2]unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}, {Fd: int32(cancel), Events: unix.POLLIN}}
+	fds := [2]unix.PollFd{{Fd: int32(e.fd), Events: e.events()}, {Fd: int32(cancel), Events: unix.POLLIN}}
 	for {
 		var ts *unix.Timespec
 		if !deadline.IsZero() {

@@ -77,15 +77,15 @@ func (e *FD) unwatch(w *watch) {
 
 // wakeAll wakes every sleeper, for a context that ended: the thread
 // sleepers through their cancel eventfds, the one on the runtime poller
-// by expiring its read deadline.
+// by expiring its deadline.
 func (e *FD) wakeAll() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.kickSleepers()
 	if !e.closing && e.f != nil {
-		_ = e.f.SetReadDeadline(expired)
+		_ = e.setDeadline(e.f, expired)
 	}
 }
 
-// expired is a read deadline in the past.
+// expired is a deadline in the past.
 var expired = time.Unix(1, 0)

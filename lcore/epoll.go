@@ -8,7 +8,8 @@ import (
 )
 
 // epoller sleeps the core's locked thread in epoll_wait on its queues'
-// interrupt eventfds and its wake eventfd. The eventfds stay registered
+// interrupt eventfds (or the readiness they stand for: EPOLLOUT for a
+// write readiness) and its wake eventfd. The eventfds stay registered
 // with Go's runtime poller too (an fd may be in several epoll sets); only
 // this thread reads them while the core runs. A queue's interrupt that
 // closes (its device closed, or taken back by the kernel) leaves the set
@@ -41,10 +42,14 @@ func newEpoller(wake *eventfd.FD, queues []queueEntry) (*epoller, error) {
 		added[n] = true
 		// Level-triggered: a counter left non-zero wakes the next wait.
 		// A socket's readiness has no counter and can last with nothing
-		// to read (AF_PACKET's, while a handler keeps the last frame):
-		// edge-triggered, it wakes the core for new events only, and the
-		// round after the arm sees what came before the sleep.
+		// to read (AF_PACKET's, while a handler keeps the last frame; an
+		// AF_XDP socket's write readiness, while its transmit ring has
+		// room): edge-triggered, it wakes the core for new events only,
+		// and the round after the arm sees what came before the sleep.
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: tag}
+		if efd.WriteReadiness() {
+			ev.Events = unix.EPOLLOUT
+		}
 		if efd.Readiness() {
 			ev.Events |= unix.EPOLLET
 		}

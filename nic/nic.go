@@ -92,8 +92,11 @@ type Queue interface {
 	// Interrupt is the eventfd the queue's MSI-X vector signals, for event
 	// loops that poll(2) it themselves; the queue keeps ownership. For a
 	// device without MSI-X it stands for the descriptor whose readiness
-	// says completions are ready (eventfd.Readable: an AF_XDP socket):
-	// poll it for POLLIN the same way.
+	// says completions are ready (eventfd.Readable: an AF_XDP socket;
+	// eventfd.Writable: the same socket for its transmit queue in copy
+	// mode, made writable as sends complete): poll it for POLLIN, or
+	// POLLOUT when FD.WriteReadiness says so, edge-triggered (FD.Readiness:
+	// it can last with nothing new).
 	Interrupt() *eventfd.FD
 	// WaitInterrupt sleeps until the queue's interrupt fires (nil), the
 	// deadline passes (ErrTimeout; a zero deadline waits forever), ctx
@@ -165,7 +168,16 @@ type TxQueue interface {
 	// is not called when the send is refused (Send's errors, and
 	// ErrInvalid for a nil fill).
 	SendFunc(n int, ctx any, fill func(buf []byte)) error
-	// MaxFrame is the longest frame Send and SendFunc take.
+	// SendBurst is Send for a batch, as DPDK's rte_eth_tx_burst: it posts
+	// frames in order, frames[i] with ctxs[i] (ctxs nil: no contexts;
+	// else one per frame, or an error matching ErrInvalid and nothing
+	// posted), under one lock, until one is refused. It returns how many
+	// were posted and, when fewer than len(frames), why the next was not:
+	// ErrFull (read completions first), ErrFrameSize (that frame's size;
+	// those before it are posted), the queue closed. Like Send it does
+	// not Flush, and it keeps neither slice.
+	SendBurst(frames [][]byte, ctxs []any) (int, error)
+	// MaxFrame is the longest frame Send, SendFunc and SendBurst take.
 	MaxFrame() int
 }
 

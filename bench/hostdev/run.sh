@@ -44,7 +44,10 @@
 # vfnic-afpacket-adaptive dpdk-afpacket go-mmsg; also, receive only and not
 # in the default list, go-tpacket-v2 and go-tpacket-v3: this folder's Go
 # program on a PACKET_RX_RING of either version), TOOL_CPU (1), GEN_CPU (0),
-# QSIZE (dpdk), OUT (build and log folder, default bench/out), GO (go command).
+# QSIZE (dpdk), OUT (build and log folder, default bench/out), GO (go command),
+# BASE (a checkout of a base build, as from "git worktree add DIR main": tools
+# named with @base, as vfnic-afxdp-busy@base, run its vfnic, so that a change
+# and its base alternate in one run; they go together).
 # Needs root (namespaces, AF_XDP). Prints each run as it ends, then the table;
 # README.md has the measured tables and where the time goes.
 set -euo pipefail
@@ -62,6 +65,7 @@ TOOL_CPU=${TOOL_CPU:-1}
 GEN_CPU=${GEN_CPU:-0}
 QSIZE=${QSIZE:-dpdk}
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+BASE=${BASE:-}
 DST=02:00:00:00:00:00
 
 die() { echo "run.sh: $*" >&2; exit 1; }
@@ -69,6 +73,10 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 command -v ip >/dev/null || die "needs the ip command (iproute2)"
 command -v taskset >/dev/null || die "needs taskset (util-linux)"
 [ "$(nproc)" -ge 2 ] || die "needs 2 CPUs (the tool and the generator on different ones)"
+case " $TOOLS" in
+*@base*) [ -n "$BASE" ] || die "tools named @base need BASE, a checkout of the base build" ;;
+*) [ -z "$BASE" ] || die "BASE=$BASE: no tool named @base runs it" ;;
+esac
 case $QSIZE in
 dpdk | default) ;;
 *) [[ $QSIZE =~ ^[1-9][0-9]*$ ]] || die "QSIZE=$QSIZE: want dpdk, default or a ring size" ;;
@@ -87,6 +95,10 @@ mkdir -p "$OUT"
 (cd "$root" && CGO_ENABLED=0 "$GO" build -o "$OUT/vfnic" ./cmd/vfnic && CGO_ENABLED=0 "$GO" build -o "$OUT/hostdev" ./bench/hostdev)
 VFNIC=$OUT/vfnic
 MMSG=$OUT/hostdev
+VFNIC_BASE=$OUT/vfnic-base
+if [ -n "$BASE" ]; then
+	(cd "$BASE" && CGO_ENABLED=0 "$GO" build -o "$VFNIC_BASE" ./cmd/vfnic) || die "build the base vfnic in $BASE"
+fi
 
 tmp=$(mktemp -d)
 A=vfnic-hostdev-$$-a
@@ -98,7 +110,7 @@ cleanup() {
 	local p
 	for p in $(cat "$tmp/pids" 2>/dev/null); do
 		case $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") in
-		*"$VFNIC "* | *"$MMSG "* | *dpdk-testpmd*"hostdev$$"*) kill -KILL "$p" 2>/dev/null || true ;;
+		*"$VFNIC "* | *"$VFNIC_BASE "* | *"$MMSG "* | *dpdk-testpmd*"hostdev$$"*) kill -KILL "$p" 2>/dev/null || true ;;
 		esac
 	done
 	ip netns del "$A" 2>/dev/null || true
@@ -187,8 +199,12 @@ tp_stop() {
 
 # vfnic_cmd DIR TOOL SIZE SECONDS: the vfnic command line of a cell.
 vfnic_cmd() {
-	local kind mode
+	local kind mode bin=$VFNIC
 	kind=${2#vfnic-}
+	if [[ $kind == *@base ]]; then
+		kind=${kind%@base}
+		bin=$VFNIC_BASE
+	fi
 	mode=${kind#*-}
 	kind=${kind%%-*}
 	case $QSIZE:$kind in
@@ -198,9 +214,9 @@ vfnic_cmd() {
 	*) q="-queue-size $QSIZE" ;;
 	esac
 	if [ "$1" = tx ]; then
-		echo "$VFNIC pktgen -mode $mode -cpu $TOOL_CPU $q -size $3 -dst-mac $DST -duration ${4}s $kind:vfx0"
+		echo "$bin pktgen -mode $mode -cpu $TOOL_CPU $q -size $3 -dst-mac $DST -duration ${4}s $kind:vfx0"
 	else
-		echo "$VFNIC sink -mode $mode -cpu $TOOL_CPU $q -duration ${4}s $kind:vfx0"
+		echo "$bin sink -mode $mode -cpu $TOOL_CPU $q -duration ${4}s $kind:vfx0"
 	fi
 }
 
@@ -277,7 +293,7 @@ one() {
 }
 
 echo "host devices on a veth pair: vfnic against DPDK testpmd $(dpdk-testpmd -v 2>&1 </dev/null | sed -n 's/.*\(DPDK [0-9.]*\).*/\1/p' | head -1) and plain AF_PACKET sockets"
-echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs; kernel $(uname -r); vfnic $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'); load at start: $(load)"
+echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs; kernel $(uname -r); vfnic $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')${BASE:+, @base $(git -C "$BASE" rev-parse --short HEAD 2>/dev/null || echo '?') ($BASE)}; load at start: $(load)"
 echo "$REPEAT rounds, ${DUR} s windows after ${WARM} s; vfnic ring sizes: QSIZE=$QSIZE; tool on CPU $TOOL_CPU, RX generator (hostdev tx, sendmmsg) on CPU $GEN_CPU; logs in $OUT/hostdev-logs"
 rm -rf "$OUT/hostdev-logs"
 mkdir -p "$OUT/hostdev-logs"
@@ -291,10 +307,10 @@ for ((i = 1; i <= REPEAT; i++)); do
 				if out=$(one "$dir" "$size" "$tool" "$log" 2>"$log.err") && [ -n "$out" ]; then
 					set -- $out
 					echo "$1" >>"$tmp/$dir.$size.$tool"
-					printf 'round %d %s %5s %-24s %10s frames/s%s  (load %s)\n' "$i" "$dir" "$size" "$tool" "$1" "${2:+, mean frame $2 bytes at the peer}" "$(load)"
+					printf 'round %d %s %5s %-26s %10s frames/s%s  (load %s)\n' "$i" "$dir" "$size" "$tool" "$1" "${2:+, mean frame $2 bytes at the peer}" "$(load)"
 				else
 					failed=$((failed + 1))
-					printf 'round %d %s %5s %-24s FAILED: %s\n' "$i" "$dir" "$size" "$tool" "$(tr '\n' ' ' <"$log.err")"
+					printf 'round %d %s %5s %-26s FAILED: %s\n' "$i" "$dir" "$size" "$tool" "$(tr '\n' ' ' <"$log.err")"
 				fi
 			done
 		done
@@ -303,21 +319,21 @@ done
 
 ref() { case $1 in *afxdp*) echo dpdk-afxdp ;; *) echo dpdk-afpacket ;; esac; }
 echo
-printf '%-3s %5s %-24s %10s %23s %9s %s\n' dir bytes tool "median/s" "min-max" "vs DPDK" "runs"
+printf '%-3s %5s %-26s %10s %23s %9s %s\n' dir bytes tool "median/s" "min-max" "vs DPDK" "runs"
 for dir in $DIRS; do
 	for size in $SIZES; do
 		for tool in $TOOLS; do
 			case $dir:$tool in tx:go-tpacket-*) continue ;; esac
 			f=$tmp/$dir.$size.$tool
 			if [ ! -s "$f" ]; then
-				printf '%-3s %5s %-24s %10s\n' "$dir" "$size" "$tool" "no runs"
+				printf '%-3s %5s %-26s %10s\n' "$dir" "$size" "$tool" "no runs"
 				continue
 			fi
 			m=$(median <"$f")
 			rf=$tmp/$dir.$size.$(ref "$tool")
 			ratio=-
 			[ -s "$rf" ] && ratio=$(awk -v a="$m" -v b="$(median <"$rf")" 'BEGIN {printf "%.2fx", a/b}')
-			printf '%-3s %5s %-24s %10.0f %11.0f-%-11.0f %9s %s\n' "$dir" "$size" "$tool" "$m" "$(sort -g "$f" | head -1)" "$(sort -g "$f" | tail -1)" "$ratio" "$(wc -l <"$f")"
+			printf '%-3s %5s %-26s %10.0f %11.0f-%-11.0f %9s %s\n' "$dir" "$size" "$tool" "$m" "$(sort -g "$f" | head -1)" "$(sort -g "$f" | tail -1)" "$ratio" "$(wc -l <"$f")"
 		done
 	done
 done

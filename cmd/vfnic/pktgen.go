@@ -330,6 +330,12 @@ func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 	}
 	var cur []byte
 	fill := func(b []byte) { copy(b, cur[:min(head, len(cur))]) }
+	// Frames that stay valid from one call to the next (a pcap's) go to
+	// the queue in one SendBurst per round: one lock for the batch.
+	var batch [][]byte
+	if _, ok := g.src.(kept); ok && head == 0 {
+		batch = make([][]byte, 0, lcore.DefaultBatch)
+	}
 	return core.AddFunc(func() (int, error) {
 		if done {
 			return 0, nil
@@ -361,36 +367,42 @@ func (g *pktgen) attach(core *lcore.Core, finished func()) error {
 			}
 			limit = min(limit, due-sent)
 		}
-		n := 0
-		for ; uint64(n) < limit; n++ {
-			frame := g.src.next(g.first + sent*stride)
-			var err error
-			if head > 0 {
-				cur = frame
-				err = g.tx.SendFunc(len(frame), nil, fill)
-			} else {
-				err = g.tx.Send(frame, nil)
+		n, err := 0, error(nil)
+		if batch != nil {
+			batch = batch[:0]
+			for i := range limit {
+				batch = append(batch, g.src.next(g.first+(sent+i)*stride))
 			}
-			if errors.Is(err, nic.ErrFull) {
-				// Counted once per wait: the core polls the ring again
-				// (or sleeps on its interrupt) until the device completes some.
-				if !g.blocked {
-					g.full.Add(1)
-					g.blocked = true
+			n, err = g.tx.SendBurst(batch, nil)
+		} else {
+			for ; uint64(n) < limit; n++ {
+				frame := g.src.next(g.first + (sent+uint64(n))*stride)
+				if head > 0 {
+					cur = frame
+					err = g.tx.SendFunc(len(frame), nil, fill)
+				} else {
+					err = g.tx.Send(frame, nil)
 				}
-				break
+				if err != nil {
+					break
+				}
 			}
-			if err != nil {
-				g.sent.Store(sent)
-				return n, err
-			}
-			g.blocked = false
-			sent++
 		}
+		sent += uint64(n)
 		if n > 0 {
+			g.blocked = false
 			g.sent.Store(sent)
 		}
-		return n, nil
+		if errors.Is(err, nic.ErrFull) {
+			// Counted once per wait: the core polls the ring again
+			// (or sleeps on its interrupt) until the device completes some.
+			if !g.blocked {
+				g.full.Add(1)
+				g.blocked = true
+			}
+			err = nil
+		}
+		return n, err
 	})
 }
 
@@ -435,6 +447,12 @@ func stopNote(count int, d time.Duration) string {
 // frameSource gives frame i of a run (valid until the next call).
 type frameSource interface {
 	next(i uint64) []byte
+}
+
+// kept is a frameSource whose frames stay valid after the next call, so
+// that a round's frames can be gathered and posted in one SendBurst.
+type kept interface {
+	kept()
 }
 
 // headed is a frameSource whose frames differ only in their first head()
@@ -537,6 +555,9 @@ func parseFlows(spec *flowSpec, dstMAC, srcMAC, srcIP, dstIP, port, srcPort stri
 type replayFrames struct{ frames [][]byte }
 
 func (r *replayFrames) next(i uint64) []byte { return r.frames[i%uint64(len(r.frames))] }
+
+// kept implements kept: the frames are loaded once.
+func (r *replayFrames) kept() {}
 
 // maxReplayBytes bounds what -replay loads into memory.
 const maxReplayBytes = 1 << 30

@@ -303,6 +303,27 @@ func (q *Queue) SendFunc(n int, ctx any, fill func([]byte)) error {
 	return q.count(err)
 }
 
+// SendBurst implements nic.TxQueue as Send does: when the ring fills, its
+// completions are reclaimed and the rest of the burst posted.
+func (q *Queue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	n, err := q.tx.SendBurst(frames, ctxs)
+	if errors.Is(err, nic.ErrFull) {
+		if err = q.tx.Flush(); err == nil {
+			for q.tx.Poll(q.txc) == len(q.txc) {
+			}
+			var rest []any
+			if ctxs != nil {
+				rest = ctxs[n:]
+			}
+			var k int
+			k, err = q.tx.SendBurst(frames[n:], rest)
+			n += k
+		}
+	}
+	q.posts.Add(uint64(n))
+	return n, err
+}
+
 // count counts a successful post.
 func (q *Queue) count(err error) error {
 	if err == nil {

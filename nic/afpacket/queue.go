@@ -274,12 +274,24 @@ func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
 	return qcore.SendFunc(q.enqueue, n, ctx, fill)
 }
 
+// SendBurst implements nic.TxQueue: one lock for the burst, whose
+// frames Flush hands to the kernel as Send's.
+func (q *TxQueue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	return q.BurstVia(frames, ctxs, q.maxFrame, q.post)
+}
+
 // enqueue posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) enqueue(n int, ctx any, frame []byte, fill func([]byte)) error {
 	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
+	return q.post(n, ctx, frame, fill)
+}
+
+// post is enqueue's qcore.Post: the frame into the buffer of a free slot,
+// the slot into the order the next Flush sends in.
+func (q *TxQueue) post(n int, ctx any, frame []byte, fill func([]byte)) error {
 	id, err := q.free.Post(q.sr.Tab, cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return err

@@ -49,14 +49,25 @@
 // stack on vfnic's end verifies checksums, as netstack does.
 //
 // A queue's interrupt (nic.Queue.Interrupt) is the socket's readiness,
-// through eventfd.Readable: readable while the receive ring holds frames,
 // so SRead and adaptive lcore cores sleep on it through the same wait
-// path as on an MSI-X eventfd. AF_XDP reports no readiness for transmit
-// completions: the transmit queue shares the pair's socket readiness, and
-// its Arm kicks the kernel to send what is posted; while sends are owed
-// its WaitInterrupt returns after at most TxOwedWait (a spurious wake-up,
-// which SRead allows) so that their completions are read. In copy mode the
-// kernel completes a send within the kick on most drivers, veth included.
+// path as on an MSI-X eventfd. A receive queue's is the read readiness
+// (eventfd.Readable): readable while the receive ring holds frames. A
+// transmit queue's Arm kicks the kernel to send what is posted; in copy
+// mode its interrupt is the write readiness (eventfd.Writable): the
+// kernel writes a send's completion when it frees the send's skb
+// (xsk_destruct_skb), then wakes the socket's write-space waiters
+// (sock_wfree), and the wait, edge-triggered, looks at the completion
+// ring after each such event (the socket stays writable with nothing
+// new while its transmit ring has room). On veth the kernel completes a
+// send within the kick that sent it, so a sleeper is woken by the kick of
+// another thread's Flush; and as the kernel's poll of the socket sends
+// on in copy mode (xsk_poll), each batch's events have the epoll that
+// waits send the next, with no kick from the sleeper. Zero-copy drivers write completions with no
+// wake-up (xsk_tx_completed; the write readiness is raised only as the
+// transmit ring is consumed): there the transmit queue sleeps on the
+// pair's read readiness, and while sends are owed its WaitInterrupt
+// returns after at most TxOwedWait (a spurious wake-up, which SRead
+// allows) so that their completions are read.
 //
 // Errors: ErrNoInterface, ErrPermission (not root, or without CAP_NET_RAW
 // and CAP_BPF), ErrBusy (the queue is bound by another socket, after

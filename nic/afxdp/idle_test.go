@@ -21,9 +21,10 @@ func cpuTime(t testing.TB) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// TestIdle: an SRead on queue pair 0 and an adaptive lcore core on pair 1
-// sleep on their sockets' readiness: idle for 10 s together they use
-// under 1% of a CPU (getrusage over the whole process). A frame for each
+// TestIdle: an SRead on each queue of pair 0 and an adaptive lcore core on
+// pair 1 sleep on their sockets' readiness (the transmit queues' on its
+// write readiness, which stays on with nothing new): idle for 10 s
+// together they use under 1% of a CPU (getrusage over the whole process). A frame for each
 // queue then wakes each (the peer's sending CPU picks the veth queue).
 func TestIdle(t *testing.T) {
 	if testing.Short() {
@@ -34,7 +35,7 @@ func TestIdle(t *testing.T) {
 	var p *vt.Peer
 	require.NoError(t, vt.In(v.B, func() (err error) { p, err = vt.NewPeer("vfx1"); return err }))
 	defer p.Close()
-	rx0, rx1, tx1 := dev.rx[0], dev.rx[1], dev.tx[1]
+	rx0, rx1, tx0, tx1 := dev.rx[0], dev.rx[1], dev.tx[0], dev.tx[1]
 	for _, q := range []*RxQueue{rx0, rx1} {
 		for q.PostRecv(nil) == nil {
 		}
@@ -78,6 +79,11 @@ func TestIdle(t *testing.T) {
 		return ch
 	}
 	idle := sread(10*time.Second + 500*time.Millisecond)
+	txIdle := make(chan error, 1)
+	go func() {
+		_, err := tx0.SRead(ctx, make([]nic.Completion, 8), 1, 10*time.Second+500*time.Millisecond)
+		txIdle <- err
+	}()
 	time.Sleep(300 * time.Millisecond) // the core's idle interval, the reader asleep
 	sleeps := core.Stats().Sleeps
 	c0, w0 := cpuTime(t), time.Now()
@@ -85,6 +91,7 @@ func TestIdle(t *testing.T) {
 	used, wall := cpuTime(t)-c0, time.Since(w0)
 	r := <-idle
 	require.ErrorIs(t, r.err, nic.ErrTimeout, "nothing to read")
+	require.ErrorIs(t, <-txIdle, nic.ErrTimeout, "no send to complete")
 	st := core.Stats()
 	t.Logf("idle %v: %v of CPU (%.3f%%); core slept %d times, woke %d, %d polls", wall.Round(time.Millisecond), used,
 		100*used.Seconds()/wall.Seconds(), st.Sleeps, st.Wakeups, st.Polls)

@@ -14,8 +14,11 @@ import (
 )
 
 // TxOwedWait is the longest a transmit queue's WaitInterrupt sleeps while
-// sends are owed: AF_XDP signals no completion, so the completion ring is
-// looked at again after it.
+// sends are owed on a socket bound in zero-copy mode: there the driver
+// writes completions (xsk_tx_completed) with no wake-up, so the
+// completion ring is looked at again after it. In copy mode the kernel
+// raises the socket's write readiness for each send it completes, and a
+// transmit queue sleeps on that with no bound.
 var TxOwedWait = time.Millisecond
 
 // queue is what receive and transmit queues share: the core's queue
@@ -213,6 +216,12 @@ func newTxQueue(x *xsk, pair int, name string, maxFrame int) (*TxQueue, error) {
 	q := &TxQueue{maxFrame: maxFrame, free: qcore.NewFreeSlots(int(x.tx.n))}
 	q.x, q.prod = x, &x.tx
 	q.Name, q.Pair, q.Vector, q.EFD, q.QNum, q.Driver = "tx-"+name, pair, -1, x.irq, uint32(2*pair+1), "afxdp"
+	if x.wirq != nil {
+		// Copy mode: the write readiness lasts (the transmit ring has
+		// room) with nothing completed; each completion raises an event,
+		// after which the wait looks at the completion ring.
+		q.EFD, q.Lasting = x.wirq, true
+	}
 	if err := q.init(txReader{reader{&q.sr, &q.queue}, q}, &x.comp, CompLayout(int(x.comp.n), x.shift), int(x.tx.n), nil); err != nil {
 		return nil, err
 	}
@@ -231,12 +240,23 @@ func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
 	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
+// SendBurst implements nic.TxQueue: one lock for the burst.
+func (q *TxQueue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	return q.BurstVia(frames, ctxs, q.maxFrame, q.post)
+}
+
 // send posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
 	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
+	return q.post(n, ctx, frame, fill)
+}
+
+// post is send's qcore.Post: the frame into the chunk of a free slot, its
+// descriptor into the transmit ring.
+func (q *TxQueue) post(n int, ctx any, frame []byte, fill func([]byte)) error {
 	chunk, err := q.free.Post(q.sr.Tab, cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg, Word: q.Word(0)})
 	if err != nil {
 		return err
@@ -249,10 +269,15 @@ func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
 	return nil
 }
 
-// WaitInterrupt implements nic.Queue: the pair's socket readiness, for at
-// most TxOwedWait while sends are owed (a spurious wake-up then, as
-// nic.Queue allows, so that their completions are read).
+// WaitInterrupt implements nic.Queue. In copy mode it sleeps on the
+// socket's write readiness until the completion ring holds a completion.
+// In zero-copy mode, which signals no completion, it sleeps on the pair's
+// read readiness, for at most TxOwedWait while sends are owed (a spurious
+// wake-up then, as nic.Queue allows, so that their completions are read).
 func (q *TxQueue) WaitInterrupt(ctx context.Context, deadline time.Time) error {
+	if q.x.wirq != nil {
+		return q.Queue.WaitInterrupt(ctx, deadline)
+	}
 	q.Mu.Lock()
 	owed := q.sr.Out > 0 && !q.Closed
 	q.Mu.Unlock()
@@ -324,7 +349,9 @@ func (r txReader) Notify() (rang, suppressed bool) {
 }
 
 // Arm implements qcore.Ring: the kernel is kicked for sends still in the
-// transmit ring. AF_XDP raises nothing when it completes a send: the
+// transmit ring (in copy mode it sends a bounded batch per kick, and
+// completes nothing it was not kicked for). Its write readiness then
+// reports their completions; in zero-copy mode nothing does, and the
 // wait after this arm is bounded while sends are owed (WaitInterrupt).
 func (r txReader) Arm(threshold int) (late, ok bool) {
 	r.rekick()

@@ -101,15 +101,20 @@ type xsk struct {
 	umem  *dma.Region
 	// mem is umem's bytes, kept so that Send does not take the region's
 	// lock per frame; the queue lock and its closed check keep it valid.
-	mem     []byte
-	chunk   int // chunk size, a power of two
-	shift   int // log2(chunk)
-	fill    ring
-	comp    ring
-	rx      ring
-	tx      ring
-	zc      bool
-	irq     *eventfd.FD // the socket's readiness
+	mem   []byte
+	chunk int // chunk size, a power of two
+	shift int // log2(chunk)
+	fill  ring
+	comp  ring
+	rx    ring
+	tx    ring
+	zc    bool
+	irq   *eventfd.FD // the socket's read readiness
+	// wirq is the socket's write readiness, the transmit queue's
+	// interrupt in copy mode (nil in zero-copy mode): the kernel raises
+	// it as it frees each sent skb, after writing the send's completion
+	// (xsk_destruct_skb, then sock_wfree's write-space wake-up).
+	wirq    *eventfd.FD
 	ifindex int
 	queue   int
 }
@@ -185,6 +190,11 @@ func newXSK(c xskConfig) (x *xsk, err error) {
 	if x.irq, err = eventfd.Readable(fd); err != nil {
 		return x, err
 	}
+	if !x.zc {
+		if x.wirq, err = eventfd.Writable(fd); err != nil {
+			return x, err
+		}
+	}
 	return x, nil
 }
 
@@ -250,8 +260,10 @@ func (x *xsk) kickFill() error {
 // kernel stops using the UMEM when the socket goes.
 func (x *xsk) close() error {
 	var errs []error
-	if x.irq != nil {
-		errs = append(errs, x.irq.Close())
+	for _, e := range []*eventfd.FD{x.irq, x.wirq} {
+		if e != nil {
+			errs = append(errs, e.Close())
+		}
 	}
 	for _, r := range []*ring{&x.fill, &x.comp, &x.rx, &x.tx} {
 		errs = append(errs, r.unmap())

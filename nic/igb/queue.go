@@ -399,12 +399,24 @@ func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
 	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
+// SendBurst implements nic.TxQueue: one lock for the burst, a data
+// descriptor per frame as Send's.
+func (q *TxQueue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	return q.BurstVia(frames, ctxs, q.maxFrame, q.post)
+}
+
 // send posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
 	if err := q.LockSend(n, q.maxFrame); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
+	return q.post(n, ctx, frame, fill)
+}
+
+// post is send's qcore.Post: the frame into the buffer at the tail, its
+// descriptor written.
+func (q *TxQueue) post(n int, ctx any, frame []byte, fill func([]byte)) error {
 	if !q.room() {
 		return errNoDesc
 	}

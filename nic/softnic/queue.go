@@ -373,12 +373,23 @@ func (q *TxQueue) SendFunc(n int, ctx any, fill func([]byte)) error {
 	return qcore.SendFunc(q.send, n, ctx, fill)
 }
 
+// SendBurst implements nic.TxQueue: one lock for the burst.
+func (q *TxQueue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	return q.BurstVia(frames, ctxs, q.max, q.postFrame)
+}
+
 // send posts an n-byte frame, copied from frame or written by fill.
 func (q *TxQueue) send(n int, ctx any, frame []byte, fill func([]byte)) error {
 	if err := q.LockSend(n, q.max); err != nil {
 		return err
 	}
 	defer q.Mu.Unlock()
+	return q.postFrame(n, ctx, frame, fill)
+}
+
+// postFrame is send's qcore.Post: the frame into the buffer of its table
+// slot, the descriptor written.
+func (q *TxQueue) postFrame(n int, ctx any, frame []byte, fill func([]byte)) error {
 	op := cqring.Op{Context: ctx, Len: n, Flags: cq.FlagSend | cq.FlagMsg}
 	ds, slot, err := q.post(&op, 0)
 	if err != nil {

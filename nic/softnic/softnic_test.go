@@ -553,11 +553,13 @@ func TestSteering(t *testing.T) {
 }
 
 // TestRemove: the kernel taking the device back fails operations with
-// ErrRemoved and completes the posted receives with ErrCanceled.
+// ErrRemoved and completes the posted receives with ErrCanceled; a burst
+// sent then posts nothing and says why.
 func TestRemove(t *testing.T) {
 	a, b := pair(t, nic.Config{QueueSize: 8})
 	_ = a
 	rx, _ := b.Rx(0)
+	tx, _ := b.Tx(0)
 	for i := range 3 {
 		require.NoError(t, rx.PostRecv(i))
 	}
@@ -565,6 +567,11 @@ func TestRemove(t *testing.T) {
 	require.NoError(t, b.Remove())
 	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrRemoved)
 	require.ErrorIs(t, rx.PostRecv(nil), nic.ErrClosed)
+	f := frame(a.MAC(), b.MAC(), 1, 60)
+	n, err := tx.SendBurst([][]byte{f, f}, nil)
+	require.ErrorIs(t, err, nic.ErrRemoved)
+	require.ErrorIs(t, err, nic.ErrClosed)
+	require.Zero(t, n)
 	var comps [4]nic.Completion
 	for i := range 3 {
 		require.Equal(t, 1, rx.Poll(comps[:]))

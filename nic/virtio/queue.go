@@ -200,6 +200,22 @@ func (q *TxQueue) send(size int, ctx any, frame []byte, fill func([]byte), parti
 	if err := q.Usable(); err != nil {
 		return err
 	}
+	return q.put(size, ctx, frame, fill, partial)
+}
+
+// SendBurst implements nic.TxQueue: one lock for the burst, a descriptor
+// per frame as Send's.
+func (q *TxQueue) SendBurst(frames [][]byte, ctxs []any) (int, error) {
+	return q.BurstVia(frames, ctxs, q.maxFrame, q.postPlain)
+}
+
+// postPlain is SendBurst's qcore.Post: put without the checksum offload.
+func (q *TxQueue) postPlain(n int, ctx any, frame []byte, fill func([]byte)) error {
+	return q.put(n, ctx, frame, fill, false)
+}
+
+// put posts a checked size-byte frame on a usable queue. Called locked.
+func (q *TxQueue) put(size int, ctx any, frame []byte, fill func([]byte), partial bool) error {
 	if q.vq.room() < 1 {
 		return qcore.ErrNoDesc
 	}

@@ -2,7 +2,10 @@
 // nic.TxQueue.SendFunc, the in-place send: its refusals, frames written in
 // place arriving intact with their contexts, and the contract that a
 // transmit buffer keeps what the last frame sent from it left there (zeros
-// in one never used), which lets a sender write only the bytes that change.
+// in one never used), which lets a sender write only the bytes that change;
+// and on nic.TxQueue.SendBurst: refusals part-way (a bad frame, a full
+// ring) leaving the frames before posted, contexts in order, no
+// allocation.
 package sendcheck
 
 import (
@@ -29,8 +32,9 @@ const hdr = 22
 // fails t.
 type Wire func(t testing.TB, n int) [][]byte
 
-// Run checks tx's SendFunc; dst and src go into the frames' headers. The
-// queue must be fresh (nothing sent from it yet) and have no other sender.
+// Run checks tx's SendFunc, then its SendBurst; dst and src go into the
+// frames' headers. The queue must be fresh (nothing sent from it yet) and
+// have no other sender.
 func Run(t *testing.T, tx nic.TxQueue, dst, src net.HardwareAddr, wire Wire) {
 	t.Helper()
 	called := false
@@ -160,5 +164,82 @@ func Run(t *testing.T, tx nic.TxQueue, dst, src net.HardwareAddr, wire Wire) {
 		l := max(lens[s%len(lens)], hdr)
 		require.Equal(t, full(s, l), f, "in-place frame %d", k)
 	}
+	seq += n
 	reclaim(ctxs)
+
+	burstCheck(t, tx, full, wire, reclaim, seq)
+}
+
+// burstCheck checks tx's SendBurst, with full(seq, n) making frame seq of
+// n bytes, wire and reclaim Run's, and seq the next frame's number.
+func burstCheck(t *testing.T, tx nic.TxQueue, full func(seq, n int) []byte, wire Wire, reclaim func(ctxs []any), seq int) {
+	const size = 100
+	// frames makes k frames numbered from seq on, with contexts seq, ...
+	frames := func(k int) ([][]byte, []any) {
+		fs, cs := make([][]byte, k), make([]any, k)
+		for i := range fs {
+			fs[i], cs[i] = full(seq+i, size), seq+i
+		}
+		return fs, cs
+	}
+	arrive := func(n int, what string) {
+		t.Helper()
+		got := wire(t, n)
+		require.Len(t, got, n, what)
+		for k, f := range got {
+			require.Equal(t, full(seq+k, size), f, "%s: frame %d", what, k)
+		}
+	}
+
+	n, err := tx.SendBurst(nil, nil)
+	require.NoError(t, err, "an empty burst")
+	require.Zero(t, n)
+	fs, cs := frames(2)
+	n, err = tx.SendBurst(fs, cs[:1])
+	require.ErrorIs(t, err, nic.ErrInvalid, "one context for two frames")
+	require.Zero(t, n, "nothing posted with the wrong contexts")
+
+	// A bad frame part-way: those before it are posted, with their
+	// contexts, and go out at the Flush; the bad one and those after it
+	// are not.
+	fs, cs = frames(5)
+	short, long := make([]byte, nic.MinFrame-1), make([]byte, tx.MaxFrame()+1)
+	n, err = tx.SendBurst([][]byte{fs[0], fs[1], short, fs[4]}, []any{cs[0], cs[1], "short", cs[4]})
+	require.ErrorIs(t, err, nic.ErrFrameSize, "a short frame third")
+	require.Equal(t, 2, n, "the two frames before it posted")
+	n, err = tx.SendBurst([][]byte{fs[2], long, fs[4]}, nil)
+	require.ErrorIs(t, err, nic.ErrFrameSize, "a long frame second")
+	require.Equal(t, 1, n)
+	require.NoError(t, tx.Flush())
+	arrive(3, "a burst refused part-way")
+	reclaim([]any{cs[0], cs[1], nil})
+	seq += 3
+
+	// A burst longer than the ring: posted until it is full.
+	fs, cs = frames(4*tx.Size() + 4)
+	n, err = tx.SendBurst(fs, cs)
+	require.ErrorIs(t, err, nic.ErrFull, "a burst longer than the ring")
+	require.Positive(t, n)
+	require.Less(t, n, len(fs))
+	require.NoError(t, tx.Flush())
+	arrive(n, "a burst up to a full ring")
+	reclaim(cs[:n])
+	seq += n
+
+	// No allocation, per frame or per burst.
+	const runs = 2
+	k := max(1, min(8, tx.Size()/(2*(runs+1))))
+	fs, cs = frames(k * (runs + 1))
+	i := 0
+	allocs := testing.AllocsPerRun(runs, func() {
+		n, err := tx.SendBurst(fs[i:i+k], cs[i:i+k])
+		if n != k || err != nil {
+			t.Fatalf("burst of %d: %d posted, %v", k, n, err)
+		}
+		i += k
+	})
+	require.Zero(t, allocs, "allocations per burst of %d", k)
+	require.NoError(t, tx.Flush())
+	arrive(len(fs), "the bursts measured")
+	reclaim(cs)
 }
