@@ -14,9 +14,34 @@ import (
 // call it after LockSend, its SendBurst through BurstVia.
 type Post func(n int, ctx any, frame []byte, fill func([]byte)) error
 
-// ErrBurstContexts is SendBurst's error for contexts that are neither nil
-// nor one per frame.
-var ErrBurstContexts = fmt.Errorf("%w: SendBurst with a context slice whose length is not the frames'", nic.ErrInvalid)
+// ErrBurstContexts is a burst's error (SendBurst, RepostBurst) for
+// contexts that are neither nil nor one per frame or buffer.
+var ErrBurstContexts = fmt.Errorf("%w: a burst's context slice is neither nil nor as long as its frames or buffers", nic.ErrInvalid)
+
+// checkContexts checks a burst of n items' contexts: nil, or one each.
+func checkContexts(n int, ctxs []any) error {
+	if ctxs != nil && len(ctxs) != n {
+		return ErrBurstContexts
+	}
+	return nil
+}
+
+// contextAt is item i's context in a burst (nil when ctxs is).
+func contextAt(ctxs []any, i int) any {
+	if ctxs == nil {
+		return nil
+	}
+	return ctxs[i]
+}
+
+// checkFrame is every send's check of a frame's length: ErrFrameSize
+// outside [nic.MinFrame, max].
+func checkFrame(n, max int) error {
+	if n < nic.MinFrame || n > max {
+		return ErrFrameSize
+	}
+	return nil
+}
 
 // BurstVia is nic.TxQueue.SendBurst over a driver's post, for a queue
 // that takes frames of at most max bytes: the frames posted in order
@@ -24,8 +49,8 @@ var ErrBurstContexts = fmt.Errorf("%w: SendBurst with a context slice whose leng
 // with frames[i]. It returns how many were posted and why the next was
 // not (ErrFrameSize, the ring full, the queue closed or broken).
 func (q *Queue) BurstVia(frames [][]byte, ctxs []any, max int, post Post) (int, error) {
-	if ctxs != nil && len(ctxs) != len(frames) {
-		return 0, ErrBurstContexts
+	if err := checkContexts(len(frames), ctxs); err != nil {
+		return 0, err
 	}
 	if len(frames) == 0 {
 		return 0, nil
@@ -36,14 +61,10 @@ func (q *Queue) BurstVia(frames [][]byte, ctxs []any, max int, post Post) (int, 
 		return 0, err
 	}
 	for i, f := range frames {
-		if len(f) < nic.MinFrame || len(f) > max {
-			return i, ErrFrameSize
+		if err := checkFrame(len(f), max); err != nil {
+			return i, err
 		}
-		var ctx any
-		if ctxs != nil {
-			ctx = ctxs[i]
-		}
-		if err := post(len(f), ctx, f, nil); err != nil {
+		if err := post(len(f), contextAt(ctxs, i), f, nil); err != nil {
 			return i, err
 		}
 	}

@@ -537,8 +537,8 @@ func (r *Rx) Repost(buf uintptr, ctx any) error {
 // RepostBurst implements nic.RxQueue: Repost's checks of the queue once,
 // then each buffer's own.
 func (r *Rx) RepostBurst(bufs []uintptr, ctxs []any) (int, error) {
-	if ctxs != nil && len(ctxs) != len(bufs) {
-		return 0, fmt.Errorf("%w: %d contexts for %d buffers", nic.ErrInvalid, len(ctxs), len(bufs))
+	if err := checkContexts(len(bufs), ctxs); err != nil {
+		return 0, err
 	}
 	q := r.q
 	q.Mu.Lock()
@@ -547,11 +547,7 @@ func (r *Rx) RepostBurst(bufs []uintptr, ctxs []any) (int, error) {
 		return 0, err
 	}
 	for i, buf := range bufs {
-		var ctx any
-		if ctxs != nil {
-			ctx = ctxs[i]
-		}
-		if err := r.repost(buf, ctx); err != nil {
+		if err := r.repost(buf, contextAt(ctxs, i)); err != nil {
 			return i, err
 		}
 	}

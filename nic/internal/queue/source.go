@@ -129,8 +129,8 @@ func Write(b, frame []byte, fill func([]byte)) {
 // most max: nil with Mu held (the caller unlocks), or why not (the
 // frame's size, the queue closed or broken) with Mu not held.
 func (q *Queue) LockSend(n, max int) error {
-	if n < nic.MinFrame || n > max {
-		return ErrFrameSize
+	if err := checkFrame(n, max); err != nil {
+		return err
 	}
 	q.Mu.Lock()
 	if err := q.Usable(); err != nil {
