@@ -52,16 +52,23 @@ func accounted(t *testing.T, rx *RxQueue, lent int) {
 	require.Equal(t, posted, rx.vq.nbufs, "posted buffers are the outstanding ones")
 }
 
+// misbehaveRx is a misbehaving-device case's start: a receive queue of
+// a ring of size (packed, with merged buffers; or split, without), with
+// posted buffers posted and flushed, and its fake device.
+func misbehaveRx(t *testing.T, size int, packed bool, posted int) (*RxQueue, *fakeDev) {
+	r := newRig(t, size, packed, true, 64<<10)
+	rx := r.rxQueue(t, 16, 2048, packed)
+	postN(t, rx, posted)
+	return rx, r.dev
+}
+
 func TestMisbehavingPackedDevice(t *testing.T) {
 	const size = 8
 	var comps [8]nic.Completion
 	good := frameFor(1, 64)
 
 	t.Run("bad-ids", func(t *testing.T) {
-		r := newRig(t, size, true, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, true)
-		postN(t, rx, 4)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, true, 4)
 		tk := d.takeN(4)
 		// Position 0: an id far outside the ring; position 1: an id inside
 		// it that was never posted; then the device "completes" id 2 twice.
@@ -91,10 +98,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 	})
 
 	t.Run("bad-lengths", func(t *testing.T) {
-		r := newRig(t, size, true, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, true)
-		postN(t, rx, 4)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, true, 4)
 		tk := d.takeN(4)
 		writeFrame(tk[0], good, 1)
 		d.complete(tk[0].id, 4096, 1) // beyond the 2048-byte buffer
@@ -115,10 +119,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 	})
 
 	t.Run("out-of-phase", func(t *testing.T) {
-		r := newRig(t, size, true, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, true)
-		postN(t, rx, 2)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, true, 2)
 		x, _ := d.take()
 		// USED set to the wrap counter while AVAIL is not: never written
 		// by a correct device.
@@ -140,10 +141,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 		// frame is bounded by the buffers outstanding when its first
 		// entry was taken (5 posted: that one and 4 more), counted the
 		// same whether the rest come in the same batch or later.
-		r := newRig(t, size, true, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, true)
-		postN(t, rx, 5)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, true, 5)
 		tk := d.takeN(4)
 		d.complete(tk[0].id, writeFrame(tk[0], good, 200), 1)
 		for _, x := range tk[1:] {
@@ -159,10 +157,7 @@ func TestMisbehavingPackedDevice(t *testing.T) {
 	})
 
 	t.Run("multi-buffer", func(t *testing.T) {
-		r := newRig(t, size, true, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, true)
-		postN(t, rx, 5)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, true, 5)
 		tk := d.takeN(4)
 		d.complete(tk[0].id, writeFrame(tk[0], good, 3), 1) // a frame in 3 buffers
 		d.complete(tk[1].id, 2048, 1)
@@ -195,10 +190,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 	}
 
 	t.Run("bad-ids-and-lengths", func(t *testing.T) {
-		r := newRig(t, size, false, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, false)
-		postN(t, rx, 4)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, false, 4)
 		tk := d.takeN(4)
 		usedEntry(d, 0, 1<<31, 100)                                   // id far out of range
 		usedEntry(d, 1, 7, 100)                                       // in range, never posted
@@ -219,10 +211,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 	})
 
 	t.Run("index-beyond-posted", func(t *testing.T) {
-		r := newRig(t, size, false, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, false)
-		postN(t, rx, 4)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, false, 4)
 		d.usedIdx = 1000 // claims 1000 used buffers with 4 outstanding
 		d.publishUsed()
 		require.Equal(t, 1, rx.Poll(comps[:]))
@@ -240,10 +229,7 @@ func TestMisbehavingSplitDevice(t *testing.T) {
 	// posted again look valid (split ids carry no generation). One bad
 	// index error, no completion of a buffer the device never used.
 	t.Run("index-within-a-ring-beyond-available", func(t *testing.T) {
-		r := newRig(t, size, false, true, 64<<10)
-		rx := r.rxQueue(t, 16, 2048, false)
-		postN(t, rx, size)
-		d := r.dev
+		rx, d := misbehaveRx(t, size, false, size)
 		for _, tk := range d.takeN(size) {
 			d.complete(tk.id, writeFrame(tk, frameFor(int(tk.id), 64), 1), 1)
 		}
