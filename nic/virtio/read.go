@@ -113,13 +113,7 @@ func (q *vq) next(c *cqring.Completion) bool {
 	if q.broken || !q.rd.Next(c) {
 		return false
 	}
-	if c.Prov == cq.ProvBadIndex {
-		q.broken = true
-	}
-	if c.Done {
-		q.ndescs -= int(uint16(c.Word)) // the descriptors posted (reserve)
-		q.nbufs--
-	}
+	q.ndescs -= q.took(c)
 	return true
 }
 
@@ -131,28 +125,28 @@ func (q *vq) read(cs []cqring.Completion) int {
 		return 0
 	}
 	n := q.rd.NextBatch(cs)
-	ndescs, nbufs := 0, 0 // summed in locals, stored once
+	ndescs := 0 // summed in a local, stored once
 	for i := range cs[:n] {
-		c := &cs[i]
-		if c.Err != 0 {
-			q.refused(c)
-		}
-		if c.Done {
-			ndescs += int(uint16(c.Word)) // the descriptors posted (reserve)
-			nbufs++
-		}
+		ndescs += q.took(&cs[i])
 	}
 	q.ndescs -= ndescs
-	q.nbufs -= nbufs
 	return n
 }
 
-// refused is read's bookkeeping of an entry the ring reader refused: a
-// used index beyond the buffers made available breaks the queue.
-func (q *vq) refused(c *cqring.Completion) {
-	if c.Prov == cq.ProvBadIndex {
+// took is the virtqueue's count of one entry the ring reader took (next,
+// read, a receive queue's Read): a used index beyond the buffers made
+// available breaks the queue, and a completed buffer leaves the
+// outstanding ones. It returns the descriptors the buffer freed, for the
+// caller to take from ndescs (once per batch).
+func (q *vq) took(c *cqring.Completion) int {
+	if c.Err != 0 && c.Prov == cq.ProvBadIndex {
 		q.broken = true
 	}
+	if !c.Done {
+		return 0
+	}
+	q.nbufs--
+	return int(uint16(c.Word)) // the descriptors posted (reserve)
 }
 
 // publishUsed ends a batch of next calls: the freed ids become postable.
@@ -192,17 +186,13 @@ func (r rxRing) Read(cs []cqring.Completion) int {
 		// The common entry in this loop; a refused one, a later part of
 		// a frame and a short one in frame, out of line.
 		if c.Err != 0 || q.skip > 0 || c.Len < netHdrLen+nic.MinFrame {
-			if c.Err != 0 {
-				v.refused(c)
-			}
-			if c.Done {
-				ndescs += int(uint16(c.Word))
-				v.nbufs--
-			}
+			ndescs += v.took(c)
 			r.odd(c, i)
 			continue
 		}
-		ndescs += int(uint16(c.Word)) // the descriptors posted (reserve); a good entry is Done
+		// took's count for a good entry, which is Done: inline here, the
+		// per-frame path.
+		ndescs += int(uint16(c.Word))
 		v.nbufs--
 		if mrg {
 			// The one read of num_buffers, from the header the device
